@@ -1,0 +1,5 @@
+import sys
+
+from gembench.harness.cli import main
+
+sys.exit(main())

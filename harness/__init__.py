@@ -1,0 +1,1 @@
+"""Measuring: hardware, staged steps, metrics, results, comparison and gates."""

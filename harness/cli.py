@@ -1,0 +1,65 @@
+"""`gembench` command line: one subcommand per module, loaded only when used.
+
+Each command module exposes ``configure(parser)`` to add its arguments and ``main(args) -> int``
+to run. Expected mistakes raise UsageError and end as one line on stderr with exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from gembench.harness.errors import UsageError
+
+# name -> (module, one-line help). Keep in the order a new user meets them.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("gembench.harness.cmd_run", "train a config for a few steps and report MFU per stage"),
+    "describe": ("gembench.harness.cmd_describe", "parameters, memory and FLOPs of a config, without running it"),
+}
+
+EPILOG = """\
+examples:
+  gembench run                          # default config (small), table + JSON under results/runs/
+  gembench run --config tiny --steps 5 --out r.json
+  gembench describe --config xl         # sizes and FLOPs of a config no laptop runs
+  gembench <command> --help             # every flag of a command
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gembench",
+        description="Benchmarks and regression gates for GEM-like recommendation training: "
+        "MFU, embedding imbalance and communication overhead, recorded across commits.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_text) in COMMANDS.items():
+        command = importlib.import_module(module)
+        p = sub.add_parser(
+            name,
+            help=help_text,
+            description=(command.__doc__ or help_text).strip(),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        command.configure(p)
+        p.set_defaults(_main=command.main)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(args._main(args) or 0)
+    except UsageError as err:
+        print(f"gembench {args.command}: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print(f"gembench {args.command}: interrupted; nothing was written", file=sys.stderr)
+        return 130

@@ -1,0 +1,1 @@
+"""Pure functions from samples and traces to numbers."""
