@@ -1,0 +1,261 @@
+"""Model and data configurations: TOML files read into typed, validated dataclasses.
+
+A config is data, not code: `models/configs/<name>.toml` for the shipped tiers, or any path a
+user passes. Every mistake names the file and the field. The sections mirror the model's Arch
+modules (TorchRec's vocabulary), so a reader can map each line of a file to a block.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gembench.harness.errors import UsageError
+
+CONFIG_DIR = Path(__file__).parent / "configs"
+KINDS = ("gem", "dlrm", "dcnv2")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Synthetic batches: sizes and the distributions of IDs, pooling and sequence lengths."""
+
+    global_batch: int
+    dense_features: int = 13
+    zipf_item: float = 1.05  # exponent for sequence item IDs (the hottest feature in ads)
+    zipf_user: float = 0.6  # exponent for the first pooled table (user-like, flatter)
+    zipf_other: float = 1.2  # exponent for every other pooled table
+    pooling: str = "uniform"  # "fixed": exactly pooling[i] IDs; "uniform": 1..pooling[i]; "lognormal"
+    pooling_cap: int = 100  # upper bound for lognormal pooling
+    positive_rate: float = 0.1  # share of positive labels per task (CTR-like)
+
+
+@dataclass(frozen=True)
+class SparseConfig:
+    """SparseArch: pooled embedding tables (one feature each), all of width ``dim``."""
+
+    dim: int
+    rows: tuple[int, ...]
+    pooling: tuple[int, ...]  # mean (lognormal), max (uniform) or exact (fixed) IDs per example
+
+
+@dataclass(frozen=True)
+class SequenceConfig:
+    """One user-behaviour sequence: item-ID table and truncated-lognormal length."""
+
+    name: str
+    rows: int
+    max_len: int
+    mean_len: int
+
+
+@dataclass(frozen=True)
+class HSTUConfig:
+    """SequenceArch: HSTU layers over the jagged sequences (arXiv 2402.17152)."""
+
+    layers: int
+    dim: int
+    heads: int
+
+
+@dataclass(frozen=True)
+class CrossConfig:
+    """InterFormer-style summaries (arXiv 2411.09852): CLS + PMA seeds + most recent tokens."""
+
+    pma_seeds: int = 2
+    recent: int = 2
+
+
+@dataclass(frozen=True)
+class WukongConfig:
+    """InteractionArch: stacked Wukong layers (arXiv 2403.02545)."""
+
+    layers: int
+    n_fm: int
+    n_lcb: int
+    rank: int
+    mlp: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class DenseConfig:
+    """DenseArch: bottom MLP over the continuous features (its last width becomes one token)."""
+
+    mlp: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class OverConfig:
+    """OverArch / TaskArch: shared MLP over the interaction output, then one head per task."""
+
+    mlp: tuple[int, ...]
+    tasks: int = 1
+
+
+@dataclass(frozen=True)
+class DCNConfig:
+    """DCNv2 cross layers (low rank), used by kind = "dcnv2"."""
+
+    layers: int = 3
+    rank: int = 512
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A whole benchmark configuration: one GEM-like or reference model plus its data."""
+
+    name: str
+    kind: str
+    description: str
+    data: DataConfig
+    sparse: SparseConfig
+    dense: DenseConfig
+    over: OverConfig
+    sequences: tuple[SequenceConfig, ...] = ()
+    hstu: HSTUConfig | None = None
+    cross: CrossConfig | None = None
+    wukong: WukongConfig | None = None
+    dcn: DCNConfig | None = None
+    source: str = ""  # the file it was read from
+
+    @property
+    def hash(self) -> str:
+        """Stable hash of the content (not the file path): equal configs compare as equal."""
+        content = dataclasses.asdict(self)
+        content.pop("source")
+        return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def known_configs() -> list[str]:
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.toml"))
+
+
+def load_config(name_or_path: str | Path) -> ModelConfig:
+    """Read a shipped config by name (``small``) or any TOML file by path."""
+    text = str(name_or_path)
+    path = Path(text)
+    if not (path.suffix == ".toml" or path.exists()):
+        path = CONFIG_DIR / f"{text}.toml"
+        if not path.exists():
+            raise UsageError(
+                f"unknown config {text!r}: known configs are {', '.join(known_configs())}, "
+                "or pass the path of a .toml file"
+            )
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as err:
+        raise UsageError(f"{path}: not valid TOML: {err}") from None
+    raw.setdefault("name", path.stem)
+    cfg = _build(ModelConfig, raw, str(path), "")
+    cfg = dataclasses.replace(cfg, source=str(path))
+    validate(cfg)
+    return cfg
+
+
+# --- parsing: generic over the dataclasses above, so every field is checked the same way ---
+
+
+def _build(cls, raw, path: str, where: str):
+    if not isinstance(raw, dict):
+        raise UsageError(f"{path}: [{where or 'top level'}] must be a table, got {raw!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "source"}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise UsageError(
+            f"{path}: unknown field {_join(where, unknown[0])!r}; "
+            f"fields of [{where or 'top level'}] are {', '.join(fields)}"
+        )
+    values = {}
+    for name, f in fields.items():
+        key = _join(where, name)
+        if name not in raw:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise UsageError(f"{path}: missing field {key!r}")
+            continue
+        values[name] = _convert(hints[name], raw[name], path, key)
+    return cls(**values)
+
+
+def _convert(hint, value, path: str, key: str):
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        (inner,) = [a for a in args if a is not type(None)]
+        return _convert(inner, value, path, key)
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, path, key)
+    if origin is tuple:
+        if not isinstance(value, list):
+            raise UsageError(f"{path}: field {key!r} must be a list, got {value!r}")
+        if args[-1] is Ellipsis:
+            return tuple(_convert(args[0], v, path, f"{key}[{i}]") for i, v in enumerate(value))
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint in (int, float, str) and (type(value) is not hint):
+        raise UsageError(f"{path}: field {key!r} must be {hint.__name__}, got {value!r}")
+    return value
+
+
+def _join(where: str, name: str) -> str:
+    return f"{where}.{name}" if where else name
+
+
+# --- validation: sizes that cannot make a model ---
+
+
+def validate(cfg: ModelConfig) -> None:
+    path = cfg.source or cfg.name
+
+    def need(ok: bool, key: str, what: str) -> None:
+        if not ok:
+            raise UsageError(f"{path}: field {key!r} {what}")
+
+    need(cfg.kind in KINDS, "kind", f"must be one of {', '.join(KINDS)}, got {cfg.kind!r}")
+    d, s = cfg.data, cfg.sparse
+    need(d.global_batch > 0, "data.global_batch", "must be positive")
+    need(d.dense_features > 0, "data.dense_features", "must be positive")
+    need(d.pooling in ("fixed", "uniform", "lognormal"), "data.pooling", "must be fixed, uniform or lognormal")
+    need(0 < d.positive_rate < 1, "data.positive_rate", "must be between 0 and 1")
+    for key in ("zipf_item", "zipf_user", "zipf_other"):
+        need(getattr(d, key) >= 0, f"data.{key}", "must be >= 0 (0 is uniform)")
+    need(s.dim > 0, "sparse.dim", "must be positive")
+    need(len(s.rows) > 0, "sparse.rows", "must list at least one table")
+    need(len(s.pooling) == len(s.rows), "sparse.pooling", f"must have one entry per table ({len(s.rows)})")
+    need(all(r > 0 for r in s.rows), "sparse.rows", "must all be positive")
+    need(all(p > 0 for p in s.pooling), "sparse.pooling", "must all be positive")
+    need(all(w > 0 for w in cfg.dense.mlp) and cfg.dense.mlp, "dense.mlp", "must be positive widths")
+    need(all(w > 0 for w in cfg.over.mlp), "over.mlp", "must be positive widths")
+    need(cfg.over.tasks > 0, "over.tasks", "must be positive")
+    if cfg.kind == "gem":
+        need(cfg.hstu is not None, "hstu", "is required for kind = 'gem'")
+        need(cfg.wukong is not None, "wukong", "is required for kind = 'gem'")
+        need(len(cfg.sequences) > 0, "sequences", "must list at least one sequence for kind = 'gem'")
+        need(cfg.dense.mlp[-1] == s.dim, "dense.mlp", f"must end at sparse.dim ({s.dim}): it becomes one token")
+        h, w = cfg.hstu, cfg.wukong
+        need(h.layers >= 0 and h.dim > 0 and h.heads > 0, "hstu", "needs layers >= 0, dim > 0, heads > 0")
+        need(h.dim % h.heads == 0, "hstu.dim", f"must be divisible by hstu.heads ({h.heads})")
+        need(w.layers > 0 and w.n_fm > 0 and w.n_lcb > 0 and w.rank > 0, "wukong", "sizes must be positive")
+        need(all(x > 0 for x in w.mlp), "wukong.mlp", "must be positive widths")
+        for i, q in enumerate(cfg.sequences):
+            key = f"sequences[{i}]"
+            need(q.rows > 0, f"{key}.rows", "must be positive")
+            need(q.max_len > 0, f"{key}.max_len", "must be positive")
+            need(0 < q.mean_len <= q.max_len, f"{key}.mean_len", f"must be in 1..max_len ({q.max_len})")
+        if cfg.cross is not None:
+            need(cfg.cross.pma_seeds >= 0 and cfg.cross.recent >= 0, "cross", "sizes must be >= 0")
+    if cfg.kind == "dcnv2":
+        need(cfg.dcn is not None, "dcn", "is required for kind = 'dcnv2'")
+        need(cfg.dcn.layers > 0 and cfg.dcn.rank > 0, "dcn", "layers and rank must be positive")
+    if cfg.kind in ("dlrm", "dcnv2"):
+        need(cfg.dense.mlp[-1] == s.dim, "dense.mlp", f"must end at sparse.dim ({s.dim})")
+        need(not cfg.sequences, "sequences", f"are not used by kind = {cfg.kind!r}")

@@ -1,0 +1,154 @@
+"""Seeded synthetic batches shaped like ads-ranking traffic.
+
+IDs follow a bounded Zipf law per table (hot items, flatter users), pooling factors follow the
+configured distribution, and sequence lengths a truncated lognormal around the configured mean.
+Batch ``i`` of rank ``r`` depends only on (seed, i, r), never on what was drawn before, so the
+same seed gives the same batches on any machine and in any order.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from gembench.models.config import ModelConfig
+
+SEQUENCE_SIGMA = 0.6  # lognormal shape of sequence lengths; mean stays at the configured mean
+POOLING_SIGMA = 1.0  # lognormal shape of list-feature pooling factors
+
+
+@dataclass
+class Batch:
+    """One training batch.
+
+    dense:  (B, dense_features) float32 continuous features
+    sparse: KeyedJaggedTensor of pooled features, keys ``t0..t{F-1}``, lengths = pooling factors
+    seq:    KeyedJaggedTensor of sequence item IDs, keys = sequence names, lengths = real lengths
+            (None for models without sequences)
+    labels: (B, tasks) float32 in {0, 1}
+    """
+
+    dense: torch.Tensor
+    sparse: KeyedJaggedTensor
+    seq: KeyedJaggedTensor | None
+    labels: torch.Tensor
+
+    @property
+    def size(self) -> int:
+        return self.dense.shape[0]
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
+        return Batch(
+            dense=self.dense.to(device, non_blocking=non_blocking),
+            sparse=self.sparse.to(device, non_blocking=non_blocking),
+            seq=None if self.seq is None else self.seq.to(device, non_blocking=non_blocking),
+            labels=self.labels.to(device, non_blocking=non_blocking),
+        )
+
+    def record_stream(self, stream) -> None:  # TorchRec's Pipelineable protocol
+        for t in (self.dense, self.labels):
+            t.record_stream(stream)
+        self.sparse.record_stream(stream)
+        if self.seq is not None:
+            self.seq.record_stream(stream)
+
+    def pin_memory(self) -> "Batch":
+        return Batch(self.dense.pin_memory(), self.sparse.pin_memory(),
+                     None if self.seq is None else self.seq.pin_memory(), self.labels.pin_memory())
+
+
+def zipf_ids(rng: np.random.Generator, rows: int, alpha: float, size: int) -> np.ndarray:
+    """Draw ``size`` IDs in [0, rows) from a bounded power law of exponent ``alpha``.
+
+    Inverse-CDF of the continuous law p(x) ~ x^-alpha on [1, rows + 1): O(size), no table of
+    ``rows`` entries, so it works for billion-row tables. Ranks are then scattered over the table
+    by a fixed multiplicative permutation, as hashed production IDs are: the hot IDs are not all
+    in the first rows (which would make row-wise sharding look artificially skewed).
+    """
+    u = rng.random(size)
+    if alpha == 0:
+        rank = u * rows
+    elif abs(alpha - 1.0) < 1e-9:
+        rank = np.exp(u * math.log(rows + 1)) - 1
+    else:
+        e = 1.0 - alpha
+        rank = (u * ((rows + 1) ** e - 1) + 1) ** (1.0 / e) - 1
+    rank = np.minimum(rank.astype(np.int64), rows - 1)
+    return (rank * _coprime_stride(rows)) % rows
+
+
+def _coprime_stride(rows: int) -> int:
+    stride = 2654435761 % rows or 1  # Knuth's multiplicative hash constant, reduced
+    while math.gcd(stride, rows) != 1:
+        stride += 1
+    return stride
+
+
+def truncated_lognormal(rng: np.random.Generator, mean: float, sigma: float, size: int,
+                        low: int, high: int) -> np.ndarray:
+    """Integers from a lognormal whose (untruncated) mean is ``mean``, clipped to [low, high]."""
+    mu = math.log(mean) - sigma**2 / 2
+    return np.clip(np.rint(rng.lognormal(mu, sigma, size)), low, high).astype(np.int64)
+
+
+class SyntheticData:
+    """Reproducible batches for one config. ``batch(i)`` is the i-th batch of this rank."""
+
+    def __init__(self, cfg: ModelConfig, seed: int = 0, batch_size: int | None = None,
+                 rank: int = 0):
+        self.cfg = cfg
+        self.seed = seed
+        self.rank = rank
+        self.batch_size = batch_size or cfg.data.global_batch
+        self.feature_names = [f"t{i}" for i in range(len(cfg.sparse.rows))]
+        self.sequence_names = [s.name for s in cfg.sequences]
+
+    def table_alpha(self, table: int) -> float:
+        d = self.cfg.data
+        return d.zipf_user if table == 0 else d.zipf_other
+
+    def pooling_factors(self, rng: np.random.Generator, table: int) -> np.ndarray:
+        d, p, b = self.cfg.data, self.cfg.sparse.pooling[table], self.batch_size
+        if d.pooling == "fixed" or p <= 1:
+            return np.full(b, p, dtype=np.int64)
+        if d.pooling == "uniform":
+            return rng.integers(1, p + 1, b, dtype=np.int64)
+        return truncated_lognormal(rng, p, POOLING_SIGMA, b, 1, d.pooling_cap)
+
+    def batch(self, index: int) -> Batch:
+        cfg, b = self.cfg, self.batch_size
+        rng = np.random.default_rng([self.seed, index, self.rank])
+        lengths, values = [], []
+        for t, rows in enumerate(cfg.sparse.rows):
+            n = self.pooling_factors(rng, t)
+            lengths.append(n)
+            values.append(zipf_ids(rng, rows, self.table_alpha(t), int(n.sum())))
+        sparse = _kjt(self.feature_names, lengths, values)
+        seq = None
+        if cfg.sequences:
+            lengths, values = [], []
+            for s in cfg.sequences:
+                n = truncated_lognormal(rng, s.mean_len, SEQUENCE_SIGMA, b, 1, s.max_len)
+                lengths.append(n)
+                values.append(zipf_ids(rng, s.rows, cfg.data.zipf_item, int(n.sum())))
+            seq = _kjt(self.sequence_names, lengths, values)
+        dense = np.log1p(np.abs(rng.standard_normal((b, cfg.data.dense_features)) * 10))
+        labels = rng.random((b, cfg.over.tasks)) < cfg.data.positive_rate
+        return Batch(
+            dense=torch.from_numpy(dense.astype(np.float32)),
+            sparse=sparse,
+            seq=seq,
+            labels=torch.from_numpy(labels.astype(np.float32)),
+        )
+
+
+def _kjt(keys: list[str], lengths: list[np.ndarray], values: list[np.ndarray]) -> KeyedJaggedTensor:
+    return KeyedJaggedTensor.from_lengths_sync(
+        keys=keys,
+        values=torch.from_numpy(np.concatenate(values)),
+        lengths=torch.from_numpy(np.concatenate(lengths)),
+    )
