@@ -1,0 +1,200 @@
+"""Statistics behind every regression verdict: independent units, one-sided tests, Holm.
+
+What counts as one independent measurement
+-------------------------------------------
+Per-step samples of one run are autocorrelated (a neighbour's compile job, frequency scaling and
+cache state last many steps), so a t-test over raw steps claims far more certainty than the data
+holds. gembench uses, in this order:
+
+1. **replicates**: when both sides have at least two runs, each run's headline metric is one
+   independent value. This is the only unit that also captures run-to-run drift (another engineer
+   starting a job between runs), so it is the one the stated false-alarm rate is measured for
+   (benchmarks/harness_quality.py).
+2. **batch means**: when a side has a single run, its per-step samples are cut into ``BATCHES``
+   contiguous blocks and each block's mean is one value (the classic batch-means estimator for
+   autocorrelated series). It sees within-run noise only; use replicates for decisions that matter.
+3. **exact**: metrics that do not vary between runs of the same commit (peak memory) are compared
+   directly against the minimum effect.
+
+The test
+--------
+For each metric the relative change of means ``mean(B)/mean(A) - 1`` gets a standard error by the
+delta method and Welch-Satterthwaite degrees of freedom. Two one-sided p-values follow, "B is worse"
+and "B is better", each in the metric's own direction. Holm's step-down correction is applied to
+each family across all metrics judged together, so the family-wise false-alarm rate is ``alpha``.
+
+Verdict, with ``min_effect`` the smallest relative change worth acting on:
+- regressed: corrected p(worse) <= alpha and the estimated worsening >= min_effect;
+- improved: corrected p(better) <= alpha and the estimated gain >= min_effect;
+- unchanged: the (1 - 2 alpha) interval of the change lies inside +-min_effect (equivalence, TOST);
+- inconclusive: anything else (too few or too noisy measurements to decide).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+# Default decision parameters; results/thresholds.toml and the command lines override them.
+ALPHA = 0.01
+MIN_EFFECT = 0.03
+BATCHES = 10
+MIN_PER_BATCH = 3
+
+REGRESSED, IMPROVED, UNCHANGED, INCONCLUSIVE = "regressed", "improved", "unchanged", "inconclusive"
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def variance(values: list[float]) -> float:
+    """Unbiased sample variance (n - 1 in the denominator)."""
+    m = mean(values)
+    return sum((v - m) ** 2 for v in values) / (len(values) - 1)
+
+
+def batch_means(samples: list[float], batches: int = BATCHES, min_per_batch: int = MIN_PER_BATCH) -> list[float]:
+    """Means of up to ``batches`` contiguous equal blocks of ``samples``; [] if under two blocks fit.
+
+    The remainder is dropped from the start of the series, where the run is closest to warm-up.
+    """
+    k = min(batches, len(samples) // min_per_batch)
+    if k < 2:
+        return []
+    size = len(samples) // k
+    start = len(samples) - k * size
+    return [mean(samples[start + i * size : start + (i + 1) * size]) for i in range(k)]
+
+
+@dataclass
+class Change:
+    """Relative change of B against A with its standard error and degrees of freedom."""
+
+    mean_a: float
+    mean_b: float
+    change: float  # mean_b / mean_a - 1
+    se: float  # 0.0 when both sides are exact
+    df: float
+
+
+def relative_change(a: list[float], b: list[float]) -> Change:
+    """Delta-method standard error of mean(b)/mean(a) - 1 for independent samples a and b."""
+    if not a or not b:
+        raise ValueError("both sides need at least one value")
+    ma, mb = mean(a), mean(b)
+    if ma == 0:
+        raise ValueError("reference mean is zero; a relative change is undefined")
+    va = variance(a) / len(a) if len(a) > 1 else 0.0
+    vb = variance(b) / len(b) if len(b) > 1 else 0.0
+    # Var(mb/ma) ~ vb/ma^2 + mb^2 va / ma^4; each part carries its own side's degrees of freedom.
+    part_a = mb * mb * va / ma**4
+    part_b = vb / (ma * ma)
+    se = math.sqrt(part_a + part_b)
+    denom = (part_a**2 / (len(a) - 1) if len(a) > 1 else 0.0) + (part_b**2 / (len(b) - 1) if len(b) > 1 else 0.0)
+    df = (part_a + part_b) ** 2 / denom if denom > 0 else math.inf
+    return Change(ma, mb, mb / ma - 1.0, se, df)
+
+
+def one_sided_p(change: Change, lower_is_better: bool) -> tuple[float, float]:
+    """(p_worse, p_better): one-sided p-values for "B is worse" and "B is better" than A."""
+    from scipy.stats import t as student_t
+
+    worse = change.change if lower_is_better else -change.change
+    if change.se == 0:
+        return (0.0 if worse > 0 else 1.0, 0.0 if worse < 0 else 1.0)
+    stat = worse / change.se
+    return float(student_t.sf(stat, change.df)), float(student_t.cdf(stat, change.df))
+
+
+def interval(change: Change, alpha: float) -> tuple[float, float]:
+    """Two-sided (1 - 2 alpha) interval of the relative change: the dual of two alpha-level one-sided tests."""
+    from scipy.stats import t as student_t
+
+    if change.se == 0:
+        return (change.change, change.change)
+    half = float(student_t.ppf(1 - alpha, change.df)) * change.se
+    return (change.change - half, change.change + half)
+
+
+def holm(pvalues: list[float]) -> list[float]:
+    """Holm step-down adjusted p-values (valid under any dependence between the tests)."""
+    m = len(pvalues)
+    order = sorted(range(m), key=lambda i: pvalues[i])
+    adjusted = [1.0] * m
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * pvalues[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+@dataclass
+class Judgement:
+    """One metric's verdict, with everything needed to print or audit it."""
+
+    metric: str
+    lower_is_better: bool
+    method: str  # replicates | batch-means | exact | single
+    n_a: int
+    n_b: int
+    mean_a: float
+    mean_b: float
+    change: float | None
+    ci: tuple[float, float] | None
+    p_worse: float | None = None
+    p_better: float | None = None
+    verdict: str = INCONCLUSIVE
+    note: str = ""
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def testable(self) -> bool:
+        return self.method != "single"
+
+
+def judge(
+    series: dict[str, tuple[list[float], list[float], str, bool]],
+    alpha: float = ALPHA,
+    min_effect: float = MIN_EFFECT,
+) -> list[Judgement]:
+    """Judge several metrics at once; Holm-corrects across them.
+
+    ``series`` maps metric -> (values A, values B, method, lower_is_better), where method says
+    what one value is (see the module docstring). Returns one Judgement per metric, in order.
+    """
+    if not 0 < alpha < 0.5:
+        raise ValueError(f"alpha must be in (0, 0.5), got {alpha}")
+    if min_effect < 0:
+        raise ValueError(f"min_effect must be >= 0, got {min_effect}")
+    out: list[Judgement] = []
+    for metric, (a, b, method, lower) in series.items():
+        if method == "single" or len(a) == 0 or len(b) == 0:
+            ma = mean(a) if a else math.nan
+            mb = mean(b) if b else math.nan
+            ch = (mb / ma - 1.0) if a and b and ma else None
+            j = Judgement(metric, lower, "single", len(a), len(b), ma, mb, ch, None)
+            j.verdict = UNCHANGED if ch == 0.0 else INCONCLUSIVE
+            j.note = "one value each side and no per-step samples: give replicate runs to decide"
+            out.append(j)
+            continue
+        c = relative_change(a, b)
+        pw, pb = one_sided_p(c, lower)
+        out.append(Judgement(metric, lower, method, len(a), len(b), c.mean_a, c.mean_b, c.change, interval(c, alpha), pw, pb))
+    tested = [j for j in out if j.testable]
+    for family in ("p_worse", "p_better"):
+        adjusted = holm([getattr(j, family) for j in tested])
+        for j, p in zip(tested, adjusted):
+            j.extra[family + "_holm"] = p
+    for j in tested:
+        worse = j.change if j.lower_is_better else -j.change
+        lo, hi = j.ci
+        if j.extra["p_worse_holm"] <= alpha and worse >= min_effect:
+            j.verdict = REGRESSED
+        elif j.extra["p_better_holm"] <= alpha and -worse >= min_effect:
+            j.verdict = IMPROVED
+        elif -min_effect < lo and hi < min_effect or (j.method == "exact" and abs(j.change) < min_effect):
+            j.verdict = UNCHANGED
+        else:
+            j.verdict = INCONCLUSIVE
+    return out
