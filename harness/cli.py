@@ -16,6 +16,9 @@ from gembench.harness.errors import UsageError
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("gembench.harness.cmd_run", "train a config for a few steps and report MFU per stage"),
     "describe": ("gembench.harness.cmd_describe", "parameters, memory and FLOPs of a config, without running it"),
+    "compare": ("gembench.harness.cmd_compare", "compare runs metric by metric: change, interval, verdict"),
+    "gate": ("gembench.harness.cmd_gate", "CI gate: thresholds and regressions vs the baseline (exit 0/1/2/3/4)"),
+    "promote": ("gembench.harness.cmd_promote", "make runs the committed baseline for their config and hardware"),
 }
 
 EPILOG = """\
@@ -23,6 +26,9 @@ examples:
   gembench run                          # default config (small), table + JSON under results/runs/
   gembench run --config tiny --steps 5 --out r.json
   gembench describe --config xl         # sizes and FLOPs of a config no laptop runs
+  gembench compare a.json b.json        # change, interval and verdict per metric
+  gembench gate r.json                  # CI: exit 0 pass, 1 regression, 3 not comparable, 4 noisy
+  gembench promote r.json               # make a run the baseline of its config and hardware
   gembench <command> --help             # every flag of a command
 """
 

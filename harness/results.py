@@ -15,6 +15,15 @@ Schema ``gembench.result/1`` (all times in seconds, FLOPs as floats):
     metrics: flat {name: number}: the headline figures that compare and gate read
              (mfu, step_time_s, examples_per_s, peak_memory_bytes, and, where measured,
              imbalance_max_mean, exposed_comm_fraction, ab_mfu_ratio)
+
+Baselines (``gembench.baseline/1``) bundle one or more replicate runs of one config on one hardware
+class: {schema, promoted (ISO 8601 UTC), hardware_class, config, runs: [result, ...]}. They live
+at ``results/baselines/<hardware_class>/<config>.json``; a promoted-over baseline moves to
+``results/baselines/<hardware_class>/archive/`` so it is never silently lost (and git keeps it).
+
+Comparability: two results are comparable only when the fields in COMPARABLE_KEYS agree (same
+hardware class, same torch/torchrec/fbgemm versions, same config hash); the gate also requires
+RUN_KEYS to agree, since a baseline for another precision or stack is not this run's baseline.
 """
 
 from __future__ import annotations
@@ -27,6 +36,16 @@ from pathlib import Path
 from gembench.harness.errors import UsageError
 
 SCHEMA = "gembench.result/1"
+BASELINE_SCHEMA = "gembench.baseline/1"
+
+RESULTS_DIR = Path("results")
+RUNS_DIR = RESULTS_DIR / "runs"
+BASELINES_DIR = RESULTS_DIR / "baselines"
+
+# Fields whose difference makes two results "not comparable" (unless forced).
+COMPARABLE_KEYS = ("env.hardware_class", "env.torch", "env.torchrec", "env.fbgemm_gpu", "config.hash")
+# Fields that the gate additionally requires to match its baseline.
+RUN_KEYS = ("run.stack", "run.dtype", "run.nproc", "run.global_batch")
 
 
 def check_writable(path: str | os.PathLike, overwrite: bool = False) -> Path:
@@ -82,3 +101,55 @@ def load_result(path: str | os.PathLike) -> dict:
         found = data.get("schema") if isinstance(data, dict) else type(data).__name__
         raise UsageError(f"{path} has schema {found!r}, expected {SCHEMA!r}")
     return data
+
+
+def field(result: dict, dotted: str):
+    """``field(r, "env.torch")`` -> r["env"]["torch"], or None where any part is missing."""
+    node = result
+    for part in dotted.split("."):
+        if not isinstance(node, dict):
+            return None
+        node = node.get(part)
+    return node
+
+
+def differences(a: dict, b: dict, keys=COMPARABLE_KEYS) -> list[str]:
+    """Human-readable list of the ``keys`` on which results a and b differ (empty: comparable)."""
+    return [f"{k}: {field(a, k)!r} vs {field(b, k)!r}" for k in keys if field(a, k) != field(b, k)]
+
+
+def load_runs(path: str | os.PathLike) -> list[dict]:
+    """The runs in a result file (one) or a baseline bundle (one or more); errors name the file."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"no result file {path}") from None
+    except IsADirectoryError:
+        raise UsageError(f"{path} is a folder; name result files (or a glob such as {path}/*.json)") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise UsageError(f"{path} is not a gembench result (bad JSON: {err})") from None
+    if isinstance(data, dict) and data.get("schema") == BASELINE_SCHEMA:
+        runs = data.get("runs")
+        if not isinstance(runs, list) or not runs or not all(isinstance(r, dict) and r.get("schema") == SCHEMA for r in runs):
+            raise UsageError(f"{path}: field 'runs' must be a non-empty list of {SCHEMA} results")
+        return runs
+    return [load_result(path)]
+
+
+def safe_name(text: str) -> str:
+    """A file-name-safe form of a hardware class or config name."""
+    return "".join(c if c.isalnum() or c in "-_.+" else "_" for c in str(text)) or "_"
+
+
+def baseline_path(hardware_class: str, config: str, root: str | os.PathLike = BASELINES_DIR) -> Path:
+    """Where the baseline for ``config`` on ``hardware_class`` lives."""
+    return Path(root) / safe_name(hardware_class) / f"{safe_name(config)}.json"
+
+
+def baseline_for(result: dict, root: str | os.PathLike = BASELINES_DIR) -> Path:
+    """The baseline path for a result's own hardware class and config."""
+    hw, cfg = field(result, "env.hardware_class"), field(result, "config.name")
+    if not hw or not cfg:
+        raise UsageError(f"result {result.get('id')!r} lacks env.hardware_class or config.name; pass --baseline")
+    return baseline_path(hw, cfg, root)

@@ -1,0 +1,99 @@
+"""Compare runs metric by metric: both values, the change, its interval and a verdict.
+
+Each SIDE is one set of replicate runs of one commit: a result file, a baseline file (which may
+hold several runs), several files joined by commas, a quoted glob, or a folder (all *.json in it).
+The first SIDE is the reference A; every further SIDE is compared against it.
+
+Verdicts know each metric's direction (mfu, examples_per_s, ab_mfu_ratio: higher is better;
+step_time_s, imbalance_max_mean, exposed_comm_fraction, peak_memory_bytes: lower is better):
+improved / regressed need a one-sided test at --alpha (Holm-corrected across metrics) AND a change
+of at least --min-effect; unchanged needs the interval inside +-min-effect; else inconclusive.
+Replicate runs (two or more per side) are the independent unit; with one run per side, batch means
+of its per-step samples stand in (within-run noise only: run replicates for decisions that matter).
+
+exit status: 0 compared, 2 usage error, 3 not comparable (other hardware class, package stack or
+config hash; --force compares anyway). compare never fails on a regression: use `gembench gate`.
+
+examples:
+  gembench compare results/runs/a.json results/runs/b.json
+  gembench compare 'results/runs/main-*.json' 'results/runs/pr-*.json'      # replicates
+  gembench compare results/baselines/cpu/tiny.json r1.json,r2.json,r3.json --format markdown
+  gembench compare a.json b.json --format json > cmp.json
+  gembench compare a.json b.json --force       # compare across hardware classes anyway
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+from pathlib import Path
+
+from gembench.harness.errors import UsageError
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("sides", nargs="+", metavar="SIDE", help="result file(s) of one side: file, a,b,c, 'glob*', or folder")
+    parser.add_argument("--format", choices=("table", "markdown", "json"), default="table", help="output format (default table)")
+    parser.add_argument("--alpha", type=float, default=None, help="false-alarm rate per family of tests (default 0.01)")
+    parser.add_argument("--min-effect", type=float, default=None, help="smallest relative change that counts, e.g. 0.03 = 3%% (default 0.03)")
+    parser.add_argument("--metric", action="append", default=None, help="judge only this metric (repeatable)")
+    parser.add_argument("--force", action="store_true", help="compare even when hardware class, package stack or config hash differ")
+
+
+def expand_side(text: str) -> list[Path]:
+    """Files named by one SIDE argument, in a stable order."""
+    paths: list[Path] = []
+    for part in [p for p in text.split(",") if p]:
+        if any(ch in part for ch in "*?["):
+            found = sorted(glob.glob(part))
+            if not found:
+                raise UsageError(f"no files match {part!r}")
+            paths += [Path(f) for f in found]
+        elif Path(part).is_dir():
+            found = sorted(Path(part).glob("*.json"))
+            if not found:
+                raise UsageError(f"folder {part} holds no *.json result files")
+            paths += found
+        else:
+            paths.append(Path(part))
+    if not paths:
+        raise UsageError(f"empty SIDE {text!r}")
+    return paths
+
+
+def load_side(text: str) -> list[dict]:
+    from gembench.harness.results import load_runs
+
+    return [run for path in expand_side(text) for run in load_runs(path)]
+
+
+def check_decision_args(alpha: float | None, min_effect: float | None) -> None:
+    if alpha is not None and not 0 < alpha < 0.5:
+        raise UsageError(f"--alpha must be between 0 and 0.5, got {alpha}")
+    if min_effect is not None and not 0 <= min_effect < 1:
+        raise UsageError(f"--min-effect is a fraction (0.03 = 3%), got {min_effect}")
+
+
+def main(args: argparse.Namespace) -> int:
+    from gembench.harness import compare, stats
+    from gembench.harness.directions import METRICS
+
+    if len(args.sides) < 2:
+        raise UsageError("give at least two SIDEs: the reference A and one to compare with it")
+    check_decision_args(args.alpha, args.min_effect)
+    for m in args.metric or []:
+        if m not in METRICS:
+            raise UsageError(f"--metric {m!r} is unknown; known: {', '.join(METRICS)}")
+    alpha = stats.ALPHA if args.alpha is None else args.alpha
+    min_effect = stats.MIN_EFFECT if args.min_effect is None else args.min_effect
+    reference = load_side(args.sides[0])
+    results = [
+        compare.compare(reference, load_side(side), alpha, min_effect, args.force, only=args.metric)
+        for side in args.sides[1:]
+    ]
+    if args.format == "json":
+        print(json.dumps({"schema": "gembench.compare/1", "comparisons": [compare.to_json(c) for c in results]}, indent=1))
+    else:
+        print("\n\n".join(compare.render_table(c, args.format) for c in results))
+    return 3 if any(not c.comparable and not c.forced for c in results) else 0

@@ -1,0 +1,182 @@
+"""Compare two sets of runs metric by metric: values, change, interval, verdict; render them.
+
+A "side" is a list of result dicts (replicate runs of one commit). The statistics are in
+stats.py; this module picks, per metric, what one independent value is (see stats.py), and turns
+the judgements into a table (terminal, Markdown for a PR comment) or JSON.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from gembench.harness import stats
+from gembench.harness.directions import METRICS, per_step
+from gembench.harness.results import COMPARABLE_KEYS, differences
+
+
+@dataclass
+class Comparison:
+    a_ids: list[str]
+    b_ids: list[str]
+    reasons: list[str]  # why not comparable (empty: comparable)
+    forced: bool
+    alpha: float
+    min_effect: float
+    judgements: list[stats.Judgement] = field(default_factory=list)
+    unjudged: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)
+
+    @property
+    def comparable(self) -> bool:
+        return not self.reasons
+
+
+def side_reasons(a: list[dict], b: list[dict], keys=COMPARABLE_KEYS) -> list[str]:
+    """Why these two sides may not be compared: within-side mismatches first, then across."""
+    reasons = []
+    for label, side in (("A", a), ("B", b)):
+        for other in side[1:]:
+            reasons += [f"{label} replicates differ in {d}" for d in differences(side[0], other, keys)]
+    reasons += differences(a[0], b[0], keys)
+    return reasons
+
+
+def _values(runs: list[dict], metric: str) -> list[float]:
+    out = []
+    for r in runs:
+        v = (r.get("metrics") or {}).get(metric)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            out.append(float(v))
+    return out
+
+
+def series_for(a: list[dict], b: list[dict], metric: str) -> tuple[list[float], list[float], str]:
+    """The independent values of ``metric`` on each side and what they are (stats.py's methods)."""
+    info = METRICS[metric]
+    va, vb = _values(a, metric), _values(b, metric)
+    if info.exact and va and vb:
+        return va, vb, "exact"
+    if len(va) >= 2 and len(vb) >= 2:
+        return va, vb, "replicates"
+    # Fewer than two runs on a side: fall back to batch means of the per-step samples, run by run.
+    ba = [m for r in a for m in stats.batch_means(per_step(r, metric))]
+    bb = [m for r in b for m in stats.batch_means(per_step(r, metric))]
+    if len(ba) >= 2 and len(bb) >= 2:
+        return ba, bb, "batch-means"
+    return va, vb, "single"
+
+
+def compare(
+    a: list[dict],
+    b: list[dict],
+    alpha: float = stats.ALPHA,
+    min_effect: float = stats.MIN_EFFECT,
+    force: bool = False,
+    keys=COMPARABLE_KEYS,
+    only: list[str] | None = None,
+) -> Comparison:
+    """Judge every known metric present on both sides; unknown metrics are listed, not judged."""
+    if not a or not b:
+        raise ValueError("each side needs at least one run")
+    c = Comparison([r.get("id", "?") for r in a], [r.get("id", "?") for r in b], side_reasons(a, b, keys), force, alpha, min_effect)
+    if c.reasons and not force:
+        return c
+    names: list[str] = []
+    for r in a + b:
+        names += [n for n in (r.get("metrics") or {}) if n not in names]
+    if only:
+        names = [n for n in names if n in only]
+    series = {}
+    for name in names:
+        va, vb = _values(a, name), _values(b, name)
+        if name not in METRICS or not va or not vb:
+            c.unjudged[name] = (stats.mean(va) if va else None, stats.mean(vb) if vb else None)
+            continue
+        sa, sb, method = series_for(a, b, name)
+        series[name] = (sa, sb, method, METRICS[name].lower_is_better)
+    c.judgements = stats.judge(series, alpha, min_effect)
+    return c
+
+
+# ----------------------------------------------------------------------------- rendering
+
+
+def _num(v: float | None) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if v != 0 and (abs(v) >= 1e6 or abs(v) < 1e-3):
+        return f"{v:.4g}"
+    return f"{v:.4f}".rstrip("0").rstrip(".") if abs(v) < 100 else f"{v:.1f}"
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{100 * v:+.2f}%"
+
+
+def rows(c: Comparison) -> list[dict]:
+    """One plain dict per metric: what the JSON output holds and the tables show."""
+    out = []
+    for j in c.judgements:
+        out.append(
+            {
+                "metric": j.metric,
+                "better": "lower" if j.lower_is_better else "higher",
+                "a": j.mean_a,
+                "b": j.mean_b,
+                "change": j.change,
+                "ci": list(j.ci) if j.ci else None,
+                "p_worse_holm": j.extra.get("p_worse_holm"),
+                "p_better_holm": j.extra.get("p_better_holm"),
+                "method": j.method,
+                "n": [j.n_a, j.n_b],
+                "verdict": j.verdict,
+            }
+        )
+    for name, (va, vb) in c.unjudged.items():
+        out.append({"metric": name, "better": None, "a": va, "b": vb, "change": None, "ci": None, "verdict": "not judged"})
+    return out
+
+
+def header(c: Comparison) -> list[str]:
+    lines = [f"A: {', '.join(c.a_ids)}", f"B: {', '.join(c.b_ids)}"]
+    if c.reasons:
+        lines.append(("FORCED, " if c.forced else "") + "not comparable: " + "; ".join(c.reasons))
+    lines.append(
+        f"one-sided tests at alpha={c.alpha:g} (Holm across {len(c.judgements)} metrics), "
+        f"min effect {100 * c.min_effect:g}%, interval {100 * (1 - 2 * c.alpha):g}%"
+    )
+    return lines
+
+
+def render_table(c: Comparison, fmt: str) -> str:
+    """Terminal ("table") or Markdown ("markdown") rendering of one comparison."""
+    from tabulate import tabulate
+
+    level = f"{100 * (1 - 2 * c.alpha):g}% CI"
+    table = []
+    for r in rows(c):
+        ci = "-" if not r["ci"] else f"[{_pct(r['ci'][0])}, {_pct(r['ci'][1])}]"
+        p = r.get("p_worse_holm") if r["verdict"] != "improved" else r.get("p_better_holm")
+        arrow = {"lower": " (lower better)", "higher": " (higher better)"}.get(r["better"], "")
+        table.append([r["metric"] + arrow, _num(r["a"]), _num(r["b"]), _pct(r["change"]), ci, _num(p), r.get("method", "-"), r["verdict"]])
+    cols = ["metric", "A", "B", "change", level, "p (Holm)", "unit", "verdict"]
+    lines = header(c)
+    if c.reasons and not c.forced:
+        return "\n".join(lines + ["(pass --force to compare anyway)"])
+    body = tabulate(table, cols, tablefmt="github" if fmt == "markdown" else "simple", disable_numparse=True)
+    if fmt == "markdown":
+        return "\n".join(["**gembench compare**", ""] + [f"- {ln}" for ln in lines] + ["", body])
+    return "\n".join(lines + ["", body])
+
+
+def to_json(c: Comparison) -> dict:
+    return {
+        "a": c.a_ids,
+        "b": c.b_ids,
+        "comparable": c.comparable,
+        "reasons": c.reasons,
+        "forced": c.forced,
+        "alpha": c.alpha,
+        "min_effect": c.min_effect,
+        "rows": rows(c) if (c.comparable or c.forced) else [],
+    }

@@ -1,0 +1,86 @@
+"""Synthetic gembench.result/1 documents and an in-process CLI runner for the harness tests.
+
+Results are built here rather than by `gembench run` so that compare/gate/stats tests take
+milliseconds and control the noise exactly.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+from pathlib import Path
+
+from gembench.harness.results import SCHEMA, write_result
+
+
+def make_result(
+    rid: str = "r1",
+    step_s: float = 0.100,
+    noise: float = 0.005,
+    steps: int = 60,
+    seed: int = 0,
+    hardware_class: str = "cpu-test-2t",
+    config: str = "tiny",
+    config_hash: str = "cafe",
+    torch: str = "2.13.0",
+    flops_per_step: float = 1e9,
+    peak_tflops: float = 0.1,
+    metrics: dict | None = None,
+    **env,
+) -> dict:
+    """A result whose step times are N(step_s, (noise*step_s)^2) and whose metrics follow from them."""
+    rng = random.Random(seed)
+    samples = [max(1e-6, rng.gauss(step_s, noise * step_s)) for _ in range(steps)]
+    mfu = [flops_per_step / s / (peak_tflops * 1e12) for s in samples]
+    mean_s = sum(samples) / steps
+    headline = {
+        "mfu": sum(mfu) / steps,
+        "step_time_s": mean_s,
+        "examples_per_s": 64 / mean_s,
+        "peak_memory_bytes": 123_456_789,
+    }
+    headline.update(metrics or {})
+    return {
+        "schema": SCHEMA,
+        "id": rid,
+        "created": "2026-01-01T00:00:00+00:00",
+        "config": {"name": config, "hash": config_hash, "path": None, "kind": "gem"},
+        "run": {"steps": steps, "warmup": 2, "dtype": "fp32", "device": "cpu", "seed": 0, "stack": "naive",
+                "nproc": 1, "global_batch": 64, "per_rank_batch": 64},
+        "env": {"hardware_class": hardware_class, "torch": torch, "torchrec": "1.8.0", "fbgemm_gpu": "1.8.0",
+                "git_commit": "0" * 40, "git_dirty": False, **env},
+        "samples": {"step_s": samples, "mfu": mfu, "stages": {}},
+        "metrics": headline,
+    }
+
+
+def save(tmp: Path, result: dict, name: str | None = None) -> str:
+    path = Path(tmp) / (name or f"{result['id']}.json")
+    write_result(path, result)
+    return str(path)
+
+
+def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
+    """Run `gembench ARGV` in process; returns (exit status, stdout, stderr).
+
+    Only commands whose modules exist are registered, so these tests do not depend on the
+    progress of unrelated commands.
+    """
+    from gembench.harness import cli
+
+    saved = dict(cli.COMMANDS)
+    try:
+        for name, (module, _) in saved.items():
+            if importlib.util.find_spec(module) is None:
+                del cli.COMMANDS[name]
+        code = cli.main(argv)
+    finally:
+        cli.COMMANDS.clear()
+        cli.COMMANDS.update(saved)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def load_json(text: str) -> dict:
+    return json.loads(text)

@@ -1,0 +1,69 @@
+"""Result store: atomic never-overwrite writes, schema checks, baseline bundles, promotion."""
+
+import json
+import os
+
+import pytest
+from synthetic import make_result, run_cli, save
+
+from gembench.harness import results
+from gembench.harness.cmd_promote import promote
+from gembench.harness.errors import UsageError
+
+
+def test_write_is_atomic_and_never_overwrites(tmp_path):
+    path = tmp_path / "runs" / "r.json"
+    results.write_result(path, make_result())
+    with pytest.raises(UsageError, match="never overwritten"):
+        results.write_result(path, make_result(rid="other"))
+    assert results.load_result(path)["id"] == "r1"
+    assert [p.name for p in path.parent.iterdir()] == ["r.json"]  # no temp files left behind
+
+
+def test_load_names_the_file_on_every_mistake(tmp_path):
+    bad_json = tmp_path / "bad.json"
+    bad_json.write_text("{not json")
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text(json.dumps({"schema": "other/1"}))
+    for path, message in [(tmp_path / "missing.json", "no result file"), (bad_json, "bad JSON"), (wrong, "expected")]:
+        with pytest.raises(UsageError, match=message) as err:
+            results.load_runs(path)
+        assert str(path) in str(err.value)
+
+
+def test_baseline_bundle_holds_replicates(tmp_path):
+    runs = [make_result(rid=f"r{i}", seed=i) for i in range(3)]
+    target, archived = promote(runs, tmp_path)
+    assert target == tmp_path / "cpu-test-2t" / "tiny.json" and archived is None
+    assert [r["id"] for r in results.load_runs(target)] == ["r0", "r1", "r2"]
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps({"schema": results.BASELINE_SCHEMA, "runs": []}))
+    with pytest.raises(UsageError, match="field 'runs'"):
+        results.load_runs(broken)
+
+
+def test_promote_keeps_the_old_baseline(tmp_path, capsys):
+    first = save(tmp_path, make_result(rid="old"))
+    second = save(tmp_path, make_result(rid="new", seed=5))
+    root = tmp_path / "baselines"
+    assert run_cli(["promote", first, "--baselines", str(root)], capsys)[0] == 0
+    code, out, _ = run_cli(["promote", second, "--baselines", str(root)], capsys)
+    assert code == 0 and "previous baseline kept" in out
+    (old,) = (root / "cpu-test-2t" / "archive").iterdir()
+    assert results.load_runs(old)[0]["id"] == "old"
+    assert results.load_runs(root / "cpu-test-2t" / "tiny.json")[0]["id"] == "new"
+
+
+def test_promote_refuses_mixed_or_dirty_runs(tmp_path):
+    with pytest.raises(UsageError, match="not replicates"):
+        promote([make_result(), make_result(rid="x", torch="2.12.0")], tmp_path)
+    with pytest.raises(UsageError, match="dirty"):
+        promote([make_result(git_dirty=True)], tmp_path)
+    assert promote([make_result(git_dirty=True)], tmp_path, allow_dirty=True)[0].exists()
+
+
+def test_differences_and_safe_paths():
+    a, b = make_result(), make_result(torch="2.12.0", config_hash="beef")
+    assert results.differences(a, b) == ["env.torch: '2.13.0' vs '2.12.0'", "config.hash: 'cafe' vs 'beef'"]
+    assert results.baseline_path("cuda/../x", "tiny", "root") == results.Path("root/cuda_.._x/tiny.json")
+    assert os.sep not in results.safe_name("a/b")
