@@ -1,0 +1,91 @@
+"""MFU and the step summary: pure functions from step samples, FLOPs and a peak to numbers.
+
+MFU (PaLM, appendix B) = model FLOPs per step / step time / (peak FLOP/s x devices).
+Model FLOPs are the analytic training FLOPs (3 x forward of the dense parts, on the batch's real
+jagged lengths); recomputation, padding and embedding lookups are not model FLOPs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy import stats
+
+# Which share of the training FLOPs each stage performs: the forward pass in dense_forward,
+# its two backward GEMMs (grad input, grad weight) in backward.
+STAGE_FLOP_SHARE = {"dense_forward": 1.0, "backward": 2.0}
+
+
+def mfu(flops_per_step: float, step_s: float, peak_tflops: float, devices: int = 1) -> float:
+    return flops_per_step / step_s / (peak_tflops * 1e12 * devices)
+
+
+def median_ci(xs, confidence: float = 0.95) -> tuple[float, float]:
+    """Distribution-free confidence interval of the median from order statistics.
+
+    The ranks come from the binomial(n, 1/2) law, so no normality is assumed; step times are
+    skewed (a slow outlier now and then) and this interval is honest about that.
+    """
+    xs = np.sort(np.asarray(xs, dtype=float))
+    n = len(xs)
+    if n < 3:
+        return float(xs[0]), float(xs[-1])
+    lo = int(stats.binom.ppf((1 - confidence) / 2, n, 0.5))
+    hi = int(stats.binom.isf((1 - confidence) / 2, n, 0.5))
+    return float(xs[max(lo - 1, 0)]), float(xs[min(hi, n - 1)])
+
+
+def distribution(xs) -> dict:
+    xs = np.asarray(xs, dtype=float)
+    lo, hi = median_ci(xs)
+    return {
+        "p50": float(np.median(xs)),
+        "p90": float(np.percentile(xs, 90)),
+        "mean": float(xs.mean()),
+        "min": float(xs.min()),
+        "ci95": [lo, hi],
+        "n": int(len(xs)),
+    }
+
+
+def summarize(step_s, stages: dict, forward_flops: list[float], examples: int,
+              peak_tflops: float, devices: int = 1) -> dict:
+    """Step summary: step time, throughput, achieved TFLOP/s, MFU, and the same per stage.
+
+    ``forward_flops`` holds each timed step's forward model FLOPs (they vary with the jagged
+    lengths of its batch); a stage's FLOPs are its share of the training FLOPs.
+    """
+    step_s = np.asarray(step_s, dtype=float)
+    fwd = np.asarray(forward_flops, dtype=float)
+    train = 3.0 * fwd
+    per_step_mfu = train / step_s / (peak_tflops * 1e12 * devices)
+    p50 = float(np.median(step_s))
+    timed = {name: np.asarray(v, dtype=float) for name, v in stages.items() if len(v)}
+    # Stage times are means, not medians: means add up, so the stage rows sum to the step.
+    per_step_stage_sum = sum(timed.values()) if timed else np.zeros_like(step_s)
+    total_stage_time = float(np.mean(per_step_stage_sum)) if timed else 0.0
+    stage_rows = {}
+    for name, times in timed.items():
+        t = float(times.mean())
+        flops = float(fwd.mean()) * STAGE_FLOP_SHARE.get(name, 0.0)
+        stage_rows[name] = {
+            "time_s": t,
+            "p50_s": float(np.median(times)),
+            "share": t / total_stage_time if total_stage_time else math.nan,
+            "flops": flops,
+            "tflops": flops / t / 1e12 if t > 0 else 0.0,
+            "mfu": flops / t / (peak_tflops * 1e12 * devices) if t > 0 and flops else 0.0,
+        }
+    mean_train = float(train.mean())
+    return {
+        "step_time_s": distribution(step_s),
+        "stage_sum_s": total_stage_time,
+        # share of each step's wall time that the stages account for (1.0 = nothing untimed)
+        "stage_coverage": float(np.mean(per_step_stage_sum / step_s)) if timed else 0.0,
+        "examples_per_s": examples / p50,
+        "tflops": mean_train / p50 / 1e12,
+        "mfu": mfu(mean_train, p50, peak_tflops, devices),
+        "mfu_per_step": distribution(per_step_mfu),
+        "stages": stage_rows,
+    }

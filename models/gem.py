@@ -1,0 +1,88 @@
+"""The GEM-like ranking model: a few named Arch modules, shapes stated, nothing about devices.
+
+    batch.sparse ─ SparseArch.pooled ──► (B, F, D) ─┐
+    batch.dense ── DenseArch (MLP) ────► (B, 1, D) ─┤ non-sequence tokens
+                        NonSeqSummary ◄──────────────┘ (CLS, InterFormer)
+    batch.seq ──── SparseArch.sequence ► jagged (T, d) ─ prepend CLS ─ SequenceArch (HSTU)
+                                                   ─ SequenceSummary ─► (B, 1+k_p+K, D) per sequence
+    [non-sequence tokens | summaries] ─ InteractionArch (Wukong) ─► (B, n_F+n_L, D)
+    flatten ─ OverArch (shared MLP + task heads) ─► logits (B, tasks)
+
+Parallelism, precision and compilation are applied from outside (harness/stack.py).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torchrec.modules.mlp import MLP
+
+from gembench.models.config import ModelConfig
+from gembench.models.cross import NonSeqSummary, SequenceSummary, prepend_cls
+from gembench.models.heads import OverArch
+from gembench.models.hstu import SequenceArch
+from gembench.models.sparse import SparseArch
+from gembench.models.wukong import InteractionArch
+
+
+def interaction_tokens(cfg: ModelConfig) -> int:
+    """Tokens entering the InteractionArch: dense + F pooled + per sequence (CLS + PMA + recent)."""
+    per_sequence = 1 + cfg.cross.pma_seeds + cfg.cross.recent
+    return 1 + len(cfg.sparse.rows) + len(cfg.sequences) * per_sequence
+
+
+class GEM(nn.Module):
+    """GEM-like model for a config of kind "gem".
+
+    embed(batch) -> (pooled (B, F, D), {sequence: Jagged (T_s, d)})    the sparse half
+    dense(batch, embedded) -> logits (B, tasks)                         the dense half
+    forward(batch) = dense(batch, embed(batch))
+    """
+
+    def __init__(self, cfg: ModelConfig, device: torch.device | str | None = None, attention: str = "jagged"):
+        super().__init__()
+        device = torch.device(device or "cpu")
+        d, h, w, x = cfg.sparse.dim, cfg.hstu, cfg.wukong, cfg.cross
+        n_nonseq = 1 + len(cfg.sparse.rows)
+        self.sparse_arch = SparseArch(cfg, device)
+        self.dense_arch = MLP(cfg.data.dense_features, list(cfg.dense.mlp), device=device)
+        self.nonseq_summary = NonSeqSummary(n_nonseq, d, h.dim).to(device)
+        self.sequence_arch = nn.ModuleDict({
+            s.name: SequenceArch(h.layers, h.dim, h.heads, s.max_len + 1, attention=attention).to(device)
+            for s in cfg.sequences
+        })
+        self.sequence_summary = nn.ModuleDict({
+            s.name: SequenceSummary(h.dim, d, x.pma_seeds, x.recent, h.heads).to(device)
+            for s in cfg.sequences
+        })
+        self.interaction_arch = InteractionArch(
+            w.layers, interaction_tokens(cfg), d, w.n_fm, w.n_lcb, w.rank, list(w.mlp)
+        ).to(device)
+        self.over_arch = OverArch((w.n_fm + w.n_lcb) * d, cfg.over.mlp, cfg.over.tasks, device=device)
+
+    def embed(self, batch):
+        return self.sparse_arch(batch.sparse, batch.seq)
+
+    def dense(self, batch, embedded) -> torch.Tensor:
+        pooled, sequences = embedded
+        nonseq = torch.cat([self.dense_arch(batch.dense).unsqueeze(1), pooled.to(batch.dense.dtype)], dim=1)
+        cls = self.nonseq_summary(nonseq)
+        tokens = [nonseq]
+        for name, seq in sequences.items():
+            values, offsets = prepend_cls(seq.values, seq.offsets, cls.to(seq.values.dtype))
+            values = self.sequence_arch[name](values, offsets, seq.max_len + 1)
+            tokens.append(self.sequence_summary[name](values, offsets).to(nonseq.dtype))
+        interacted = self.interaction_arch(torch.cat(tokens, dim=1))
+        return self.over_arch(interacted.flatten(1))
+
+    def forward(self, batch) -> torch.Tensor:
+        return self.dense(batch, self.embed(batch))
+
+
+def build_model(cfg: ModelConfig, device: torch.device | str | None = None, attention: str = "jagged") -> nn.Module:
+    """The pure model for a config: GEM for kind "gem", TorchRec's DLRM / DLRM-DCN otherwise."""
+    if cfg.kind == "gem":
+        return GEM(cfg, device, attention=attention)
+    from gembench.models.dlrm import ReferenceDLRM
+
+    return ReferenceDLRM(cfg, device)

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Creates .venv and installs gembench with its pinned stack.
+#
+#   scripts/setup.sh          CPU: torch 2.13.0 (CPU build) + fbgemm-gpu-cpu 1.8.0 + torchrec 1.8.0
+#   scripts/setup.sh --gpu    CUDA: torch 2.13.0 + fbgemm-gpu 1.8.0 from the PyTorch CUDA index
+#                             (set TORCH_INDEX_URL to pick the CUDA version, default cu128)
+#
+# Safe to run again: it reuses .venv and installs only what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+gpu=0
+[ "${1:-}" = "--gpu" ] && gpu=1
+python=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$python" -m venv .venv
+pip=(.venv/bin/python -m pip -q --disable-pip-version-check)
+constraints=scripts/constraints.txt
+
+if [ "$gpu" = 1 ]; then
+  index=${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cu128}
+  "${pip[@]}" install --index-url "$index" --extra-index-url https://pypi.org/simple \
+    torch==2.13.0 fbgemm-gpu==1.8.0
+  "${pip[@]}" install torchrec==1.8.0 -c <(grep -v fbgemm-gpu-cpu "$constraints")
+else
+  "${pip[@]}" install -c "$constraints" torch==2.13.0 fbgemm-gpu-cpu==1.8.0
+  # torchrec's metadata requires the CUDA `fbgemm-gpu` (~500 MB); on CPU, fbgemm-gpu-cpu
+  # provides the same module, so torchrec goes in without its declared deps, which follow.
+  "${pip[@]}" install -c "$constraints" --no-deps torchrec==1.8.0
+  "${pip[@]}" install -c "$constraints" tensordict torchmetrics pyre-extensions tqdm
+fi
+"${pip[@]}" install -c "$constraints" -e ".[test]"
+.venv/bin/python -c "import torch, torchrec, fbgemm_gpu; print(f'gembench env ready: torch {torch.__version__}, torchrec {torchrec.__version__}')"
