@@ -37,8 +37,9 @@ def _register_fbgemm_flops() -> None:
         # per segment x^T y: (T, M) x (T, N) -> (B, M, N)
         return 2 * x_values.shape[0] * x_values.shape[1] * y_values.shape[1]
 
-    def jagged_dense(x_values, y, *args, out_val=None, **kwargs) -> int:
-        # per segment x y_b: (T, M) x (B, M, N) -> (T, N)
+    def jagged_dense(x_values, x_offsets, y, *args, out_val=None, **kwargs) -> int:
+        # per segment x y_b: (T, M) x (B, M, N) -> (T, N); fbgemm's signature puts the
+        # offsets second: jagged_dense_bmm(x_values, x_offsets, y, max_L)
         return 2 * x_values.shape[0] * x_values.shape[1] * y.shape[-1]
 
     for name, fn in [
