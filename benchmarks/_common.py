@@ -1,0 +1,24 @@
+"""Shared by the asv modules: which configs to run and one harness run per config per commit.
+
+The configs come from GEMBENCH_ASV_CONFIGS (comma-separated, default "tiny": seconds on two CPU
+cores; "tiny,small" for a nightly job; "medium" on a GPU). Steps from GEMBENCH_ASV_STEPS.
+Only the metrics dict of each result is kept: asv pickles what setup_cache returns.
+"""
+
+import os
+
+CONFIGS = [c for c in os.environ.get("GEMBENCH_ASV_CONFIGS", "tiny").split(",") if c]
+STEPS = int(os.environ.get("GEMBENCH_ASV_STEPS", "20"))
+
+
+def run_configs() -> dict:
+    """{config: metrics dict, or None where this commit cannot run it}."""
+    try:
+        from gembench.harness.runner import run_benchmark
+    except ImportError:  # a commit from before the harness API: nothing to track there
+        return {c: None for c in CONFIGS}
+    return {c: dict(run_benchmark(c, steps=STEPS, warmup=3)["metrics"]) for c in CONFIGS}
+
+
+def metric(results: dict, config: str, name: str) -> float:
+    return float(results[config][name])

@@ -1,0 +1,40 @@
+"""asv: the training step per config, tracked across commits (every figure: lower is better).
+
+asv 0.6 treats a larger value as worse for every benchmark (track_ ones included), so only
+lower-is-better quantities appear here: step time, time over ideal (1/MFU: 1.0 would be a step at
+the reference peak), and peak memory. Each config is run once per commit through the harness API
+(gembench.harness.runner.run_benchmark), in setup_cache, and the tracks read that one result.
+
+  asv run HEAD~3..HEAD --bench bench_step        # a few commits
+  asv continuous HEAD~1 HEAD --bench bench_step  # exits 1 when something got worse
+"""
+
+from ._common import CONFIGS, metric, run_configs
+
+
+class Step:
+    params = CONFIGS
+    param_names = ["config"]
+    timeout = 900
+
+    def setup_cache(self):
+        return run_configs()
+
+    def setup(self, results, config):
+        if results.get(config) is None:
+            raise NotImplementedError(f"config {config} did not run at this commit")  # asv: skipped
+
+    def track_step_time(self, results, config):
+        return metric(results, config, "step_time_s")
+
+    track_step_time.unit = "seconds"
+
+    def track_time_over_ideal(self, results, config):
+        return 1.0 / metric(results, config, "mfu")
+
+    track_time_over_ideal.unit = "x ideal (1/MFU)"
+
+    def track_peak_memory(self, results, config):
+        return metric(results, config, "peak_memory_bytes")
+
+    track_peak_memory.unit = "bytes"

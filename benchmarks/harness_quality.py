@@ -1,0 +1,229 @@
+"""How good is gembench's regression detection on this machine? Two figures, from real timings.
+
+1. false-alarm rate: the same code compared against itself must not be called "regressed"
+   (goal: at most 1%);
+2. detection rate: a planted 5% slowdown must be called "regressed" (goal: at least 95%);
+and the time each took (measuring, and deciding).
+
+How it measures. A real workload is timed in rounds; each round makes one run of the code as is
+(A) and one with a planted slowdown (B), in alternating order (ABBA), so that drift from other
+jobs on the machine hits both alike. Each run is a result dict like `gembench run` writes
+(samples.step_s, metrics step_time_s = median step, mfu, examples_per_s). Then many comparisons are
+drawn from these pools and judged by the very code `gembench compare` and `gembench gate` use
+(gembench.harness.compare), for all three metrics at once, so Holm's correction is in play:
+- replicates: N runs against N other runs (the unit the stated false-alarm rate is for);
+- single runs: one run against one other run, judged on batch means of per-step samples.
+
+Workloads (--workload):
+- mlp: a small MLP forward+backward+SGD step in torch (always available).
+- tiny: `gembench.harness.runner.run_benchmark("tiny")`, the real training step.
+Planting (--plant): "scale" (default) makes B runs real, separately timed runs whose step times are
+multiplied by 1.05, so the effect is exactly 5% and the noise is this machine's; "spin" (mlp only)
+makes each B step really spin 5% of the median step longer; torch's worker threads compete with
+the spin on two cores, so the realised effect comes out larger than 5% (printed as measured).
+  (Hook: WORKLOADS below; a new workload is a function returning one run's step times.)
+
+usage:
+  python benchmarks/harness_quality.py                     # mlp, about a minute on 2 cores
+  python -m benchmarks.harness_quality --workload tiny --rounds 20
+  python benchmarks/harness_quality.py --json quality.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import random
+import statistics
+import sys
+import time
+
+PLANTED = 0.05
+GOALS = {"false_alarm_rate": ("<=", 0.01), "detection_rate": (">=", 0.95)}
+
+
+# ----------------------------------------------------------------------------- workloads
+
+
+def mlp_workload(steps: int, warmup: int, seed: int = 0):
+    """A small MLP training step; returns run(slow_s) -> list of step times (slow_s spun per step)."""
+    import torch
+
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x, y = torch.randn(256, 256), torch.randn(256, 1)
+
+    def run(slow_s: float = 0.0) -> list[float]:
+        out = []
+        for i in range(warmup + steps):
+            t0 = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            if slow_s:
+                end = time.perf_counter() + slow_s
+                while time.perf_counter() < end:  # real CPU time, hit by contention like the step
+                    pass
+            if i >= warmup:
+                out.append(time.perf_counter() - t0)
+        return out
+
+    return run
+
+
+def tiny_workload(steps: int, warmup: int, seed: int = 0):
+    """The real tiny training step through the harness API (one fresh run per call)."""
+    from gembench.harness.runner import run_benchmark
+
+    def run(slow_s: float = 0.0) -> list[float]:
+        return list(run_benchmark("tiny", steps=steps, warmup=warmup, seed=seed)["samples"]["step_s"])
+
+    return run
+
+
+WORKLOADS = {"mlp": mlp_workload, "tiny": tiny_workload}
+
+
+def as_result(rid: str, step_s: list[float]) -> dict:
+    """A minimal gembench.result/1 document around one run's step times."""
+    mfu = [0.01 * statistics.median(step_s) / s for s in step_s]  # MFU is proportional to 1/step time
+    env = {"hardware_class": "this-machine", "torch": "x", "torchrec": "x", "fbgemm_gpu": "x"}
+    return {
+        "schema": "gembench.result/1",
+        "id": rid,
+        "config": {"name": "quality", "hash": "q"},
+        "run": {"global_batch": 256},
+        "env": env,
+        "samples": {"step_s": step_s, "mfu": mfu},
+        "metrics": {"step_time_s": statistics.median(step_s), "mfu": statistics.mean(mfu), "examples_per_s": 256 / statistics.mean(step_s)},
+    }
+
+
+# ----------------------------------------------------------------------------- measurement
+
+
+def collect(workload: str, rounds: int, steps: int, warmup: int, plant: str = "scale") -> dict:
+    """Timed pools of A runs and B (planted 5% slower) runs, interleaved ABBA."""
+    make = WORKLOADS[workload]
+    run = make(steps, warmup)
+    run()  # first run: allocator, caches, lazy init
+    base = statistics.median(run())
+    pool_a, pool_b = [], []
+    t0 = time.perf_counter()
+    for r in range(rounds):
+        for kind in ("AB" if r % 2 == 0 else "BA"):
+            if kind == "A":
+                pool_a.append(run())
+            elif plant == "spin":
+                pool_b.append(run(PLANTED * base))
+            else:
+                pool_b.append([s * (1 + PLANTED) for s in run()])
+    seconds = time.perf_counter() - t0
+    return {"a": pool_a, "b": pool_b, "seconds": seconds, "run_s": seconds / (2 * rounds), "base_step_s": base}
+
+
+def evaluate(pools: dict, replicates: int = 5, trials: int = 1000, alpha: float = 0.01, min_effect: float = 0.03, seed: int = 0) -> dict:
+    """False-alarm and detection rates from resampled comparisons of the measured pools."""
+    from gembench.harness.compare import compare
+
+    rng = random.Random(seed)
+    a = [as_result(f"a{i}", s) for i, s in enumerate(pools["a"])]
+    b = [as_result(f"b{i}", s) for i, s in enumerate(pools["b"])]
+
+    def regressed(x, y) -> tuple[bool, bool]:
+        c = compare(x, y, alpha, min_effect)
+        verdicts = {j.metric: j.verdict for j in c.judgements}
+        return any(v == "regressed" for v in verdicts.values()), verdicts["step_time_s"] == "regressed"
+
+    out = {}
+    # Replicates: disjoint draws of N runs for each side.
+    n = min(replicates, len(a) // 2)
+    t0 = time.perf_counter()
+    false = sum(regressed(*(lambda s: (s[:n], s[n : 2 * n]))(rng.sample(a, 2 * n)))[0] for _ in range(trials))
+    hits = sum(regressed(rng.sample(a, n), rng.sample(b, n))[1] for _ in range(trials))
+    decide_s = (time.perf_counter() - t0) / (2 * trials)
+    out["replicates"] = {
+        "n_per_side": n, "trials": trials, "false_alarm_rate": false / trials, "detection_rate": hits / trials,
+        "decide_s": decide_s, "time_to_decision_s": 2 * n * pools["run_s"] + decide_s,
+    }
+    # Single runs: every pair of distinct A runs, every A x B pair; batch means of step samples.
+    pairs_aa = list(itertools.combinations(range(len(a)), 2))
+    pairs_ab = list(itertools.product(range(len(a)), range(len(b))))
+    t0 = time.perf_counter()
+    false = sum(regressed([a[i]], [a[j]])[0] for i, j in pairs_aa)
+    hits = sum(regressed([a[i]], [b[j]])[1] for i, j in pairs_ab)
+    decide_s = (time.perf_counter() - t0) / (len(pairs_aa) + len(pairs_ab))
+    out["single_run_batch_means"] = {
+        "n_per_side": 1, "trials": [len(pairs_aa), len(pairs_ab)], "false_alarm_rate": false / len(pairs_aa),
+        "detection_rate": hits / len(pairs_ab), "decide_s": decide_s, "time_to_decision_s": 2 * pools["run_s"] + decide_s,
+    }
+    med_a = statistics.mean(statistics.median(s) for s in pools["a"])
+    med_b = statistics.mean(statistics.median(s) for s in pools["b"])
+    runs = [statistics.median(s) for s in pools["a"]]
+    out["noise"] = {
+        "runs_per_pool": len(a), "steps_per_run": len(pools["a"][0]), "base_step_s": pools["base_step_s"],
+        "run_to_run_cv": statistics.stdev(runs) / statistics.mean(runs),
+        "within_run_cv": statistics.mean(statistics.stdev(s) / statistics.mean(s) for s in pools["a"]),
+        "measured_planted_effect": med_b / med_a - 1,
+        "collect_s": pools["seconds"],
+    }
+    out["alpha"], out["min_effect"] = alpha, min_effect
+    return out
+
+
+def report(figures: dict, workload: str) -> str:
+    from tabulate import tabulate
+
+    noise = figures["noise"]
+    lines = [
+        f"harness quality on this machine, workload {workload}: {noise['runs_per_pool']} runs per pool x "
+        f"{noise['steps_per_run']} steps, base step {1e3 * noise['base_step_s']:.2f} ms, "
+        f"run-to-run CV {100 * noise['run_to_run_cv']:.2f}%, within-run CV {100 * noise['within_run_cv']:.2f}%, "
+        f"planted slowdown measured {100 * noise['measured_planted_effect']:+.2f}% (target +5%), "
+        f"measuring took {noise['collect_s']:.1f} s",
+        f"decision rule: alpha={figures['alpha']:g} (Holm over mfu, step_time_s, examples_per_s), min effect {100 * figures['min_effect']:g}%",
+        "",
+    ]
+    rows = []
+    for mode in ("replicates", "single_run_batch_means"):
+        f = figures[mode]
+        ok_fa = f["false_alarm_rate"] <= GOALS["false_alarm_rate"][1]
+        ok_det = f["detection_rate"] >= GOALS["detection_rate"][1]
+        rows.append([
+            f"{mode} (n={f['n_per_side']}/side)", f"{100 * f['false_alarm_rate']:.2f}% {'ok' if ok_fa else 'MISSED'}",
+            f"{100 * f['detection_rate']:.1f}% {'ok' if ok_det else 'MISSED'}", f"{f['time_to_decision_s']:.2f} s",
+            f"{1e3 * f['decide_s']:.2f} ms", str(f["trials"]),
+        ])
+    lines.append(tabulate(rows, ["mode", "false alarms (goal <=1%)", "detects 5% (goal >=95%)", "measure+decide", "decide", "trials"]))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default="mlp")
+    p.add_argument("--rounds", type=int, default=30, help="ABBA rounds: runs per pool (default 30)")
+    p.add_argument("--steps", type=int, default=30, help="timed steps per run (default 30)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--replicates", type=int, default=5, help="runs per side in replicate mode (default 5)")
+    p.add_argument("--trials", type=int, default=1000, help="resampled comparisons per figure (default 1000)")
+    p.add_argument("--alpha", type=float, default=0.01)
+    p.add_argument("--min-effect", type=float, default=0.03)
+    p.add_argument("--plant", choices=("scale", "spin"), default="scale",
+                   help="scale: B runs are real runs with step times x1.05 (exact effect, default); "
+                   "spin: B steps really spin 5%% longer (mlp only; contention makes the effect inexact)")
+    p.add_argument("--json", default=None, help="also write the figures to this file")
+    args = p.parse_args(argv)
+    pools = collect(args.workload, args.rounds, args.steps, args.warmup, args.plant)
+    figures = evaluate(pools, args.replicates, args.trials, args.alpha, args.min_effect)
+    figures["workload"] = args.workload
+    print(report(figures, args.workload))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(figures, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
