@@ -12,7 +12,7 @@ jobs on the machine hits both alike. Each run is a result dict like `gembench ru
 drawn from these pools and judged by the very code `gembench compare` and `gembench gate` use
 (gembench.harness.compare), for all three metrics at once, so Holm's correction is in play:
 - replicates: N runs against N other runs (the unit the stated false-alarm rate is for);
-- single runs: one run against one other run, judged on batch means of per-step samples.
+- single runs: one run against one other run, judged on batch medians of per-step samples.
 
 Workloads (--workload):
 - mlp: a small MLP forward+backward+SGD step in torch (always available).
@@ -148,14 +148,14 @@ def evaluate(pools: dict, replicates: int = 5, trials: int = 1000, alpha: float 
         "n_per_side": n, "trials": trials, "false_alarm_rate": false / trials, "detection_rate": hits / trials,
         "decide_s": decide_s, "time_to_decision_s": 2 * n * pools["run_s"] + decide_s,
     }
-    # Single runs: every pair of distinct A runs, every A x B pair; batch means of step samples.
+    # Single runs: every pair of distinct A runs, every A x B pair; batch medians of step samples.
     pairs_aa = list(itertools.combinations(range(len(a)), 2))
     pairs_ab = list(itertools.product(range(len(a)), range(len(b))))
     t0 = time.perf_counter()
     false = sum(regressed([a[i]], [a[j]])[0] for i, j in pairs_aa)
     hits = sum(regressed([a[i]], [b[j]])[1] for i, j in pairs_ab)
     decide_s = (time.perf_counter() - t0) / (len(pairs_aa) + len(pairs_ab))
-    out["single_run_batch_means"] = {
+    out["single_run_batch_medians"] = {
         "n_per_side": 1, "trials": [len(pairs_aa), len(pairs_ab)], "false_alarm_rate": false / len(pairs_aa),
         "detection_rate": hits / len(pairs_ab), "decide_s": decide_s, "time_to_decision_s": 2 * pools["run_s"] + decide_s,
     }
@@ -187,7 +187,7 @@ def report(figures: dict, workload: str) -> str:
         "",
     ]
     rows = []
-    for mode in ("replicates", "single_run_batch_means"):
+    for mode in ("replicates", "single_run_batch_medians"):
         f = figures[mode]
         ok_fa = f["false_alarm_rate"] <= GOALS["false_alarm_rate"][1]
         ok_det = f["detection_rate"] >= GOALS["detection_rate"][1]

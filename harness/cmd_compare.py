@@ -8,7 +8,7 @@ Verdicts know each metric's direction (mfu, examples_per_s, ab_mfu_ratio: higher
 step_time_s, imbalance_max_mean, exposed_comm_fraction, peak_memory_bytes: lower is better):
 improved / regressed need a one-sided test at --alpha (Holm-corrected across metrics) AND a change
 of at least --min-effect; unchanged needs the interval inside +-min-effect; else inconclusive.
-Replicate runs (two or more per side) are the independent unit; with one run per side, batch means
+Replicate runs (two or more per side) are the independent unit; with one run per side, batch medians
 of its per-step samples stand in (within-run noise only: run replicates for decisions that matter).
 
 exit status: 0 compared, 2 usage error, 3 not comparable (other hardware class, package stack or

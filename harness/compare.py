@@ -58,11 +58,11 @@ def series_for(a: list[dict], b: list[dict], metric: str) -> tuple[list[float], 
         return va, vb, "exact"
     if len(va) >= 2 and len(vb) >= 2:
         return va, vb, "replicates"
-    # Fewer than two runs on a side: fall back to batch means of the per-step samples, run by run.
-    ba = [m for r in a for m in stats.batch_means(per_step(r, metric))]
-    bb = [m for r in b for m in stats.batch_means(per_step(r, metric))]
+    # Fewer than two runs on a side: fall back to batch medians of the per-step samples, run by run.
+    ba = [m for r in a for m in stats.batch_medians(per_step(r, metric))]
+    bb = [m for r in b for m in stats.batch_medians(per_step(r, metric))]
     if len(ba) >= 2 and len(bb) >= 2:
-        return ba, bb, "batch-means"
+        return ba, bb, "batch-medians"
     return va, vb, "single"
 
 
@@ -159,7 +159,7 @@ def render_table(c: Comparison, fmt: str) -> str:
         p = r.get("p_worse_holm") if r["verdict"] != "improved" else r.get("p_better_holm")
         arrow = {"lower": " (lower better)", "higher": " (higher better)"}.get(r["better"], "")
         table.append([r["metric"] + arrow, _num(r["a"]), _num(r["b"]), _pct(r["change"]), ci, _num(p), r.get("method", "-"), r["verdict"]])
-    cols = ["metric", "A", "B", "change", level, "p (Holm)", "unit", "verdict"]
+    cols = ["metric", "A", "B", "change", level, "p (Holm)", "one value is", "verdict"]
     lines = header(c)
     if c.reasons and not c.forced:
         return "\n".join(lines + ["(pass --force to compare anyway)"])

@@ -43,7 +43,9 @@ RUNS_DIR = RESULTS_DIR / "runs"
 BASELINES_DIR = RESULTS_DIR / "baselines"
 
 # Fields whose difference makes two results "not comparable" (unless forced).
-COMPARABLE_KEYS = ("env.hardware_class", "env.torch", "env.torchrec", "env.fbgemm_gpu", "config.hash")
+# "stack.*" are virtual keys: package versions from env.packages (as `gembench run` writes them) or
+# from the flat env.torch / env.torchrec / env.fbgemm_gpu of older documents; see stack_version.
+COMPARABLE_KEYS = ("env.hardware_class", "stack.torch", "stack.torchrec", "stack.fbgemm", "config.hash")
 # Fields that the gate additionally requires to match its baseline.
 RUN_KEYS = ("run.stack", "run.dtype", "run.nproc", "run.global_batch")
 
@@ -103,8 +105,25 @@ def load_result(path: str | os.PathLike) -> dict:
     return data
 
 
+def stack_version(result: dict, package: str) -> str | None:
+    """Installed version of torch, torchrec or fbgemm (CPU or CUDA build) recorded in a result."""
+    env = result.get("env") or {}
+    packages = env.get("packages") or {}
+    for name, version in packages.items():
+        norm = name.lower().replace("_", "-")
+        if norm == package or (package == "fbgemm" and norm.startswith("fbgemm-gpu")):
+            return version
+    legacy = {"torch": "torch", "torchrec": "torchrec", "fbgemm": "fbgemm_gpu"}[package]
+    return env.get(legacy)
+
+
 def field(result: dict, dotted: str):
-    """``field(r, "env.torch")`` -> r["env"]["torch"], or None where any part is missing."""
+    """``field(r, "env.hardware_class")`` -> r["env"]["hardware_class"], or None where missing.
+
+    ``stack.torch``, ``stack.torchrec`` and ``stack.fbgemm`` read package versions (stack_version).
+    """
+    if dotted.startswith("stack."):
+        return stack_version(result, dotted.split(".", 1)[1])
     node = result
     for part in dotted.split("."):
         if not isinstance(node, dict):

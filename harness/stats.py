@@ -10,9 +10,11 @@ holds. gembench uses, in this order:
    independent value. This is the only unit that also captures run-to-run drift (another engineer
    starting a job between runs), so it is the one the stated false-alarm rate is measured for
    (benchmarks/harness_quality.py).
-2. **batch means**: when a side has a single run, its per-step samples are cut into ``BATCHES``
-   contiguous blocks and each block's mean is one value (the classic batch-means estimator for
-   autocorrelated series). It sees within-run noise only; use replicates for decisions that matter.
+2. **batch medians**: when a side has a single run, its per-step samples are cut into ``BATCHES``
+   contiguous blocks and each block's median is one value (the batch-means estimator for
+   autocorrelated series, with medians because a shared machine injects multi-second stalls that
+   would swamp a mean; it also matches the p50 headline step time). It sees within-run noise
+   only; use replicates for decisions that matter.
 3. **exact**: metrics that do not vary between runs of the same commit (peak memory) are compared
    directly against the minimum effect.
 
@@ -54,8 +56,14 @@ def variance(values: list[float]) -> float:
     return sum((v - m) ** 2 for v in values) / (len(values) - 1)
 
 
-def batch_means(samples: list[float], batches: int = BATCHES, min_per_batch: int = MIN_PER_BATCH) -> list[float]:
-    """Means of up to ``batches`` contiguous equal blocks of ``samples``; [] if under two blocks fit.
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def batches_of(samples: list[float], batches: int = BATCHES, min_per_batch: int = MIN_PER_BATCH) -> list[list[float]]:
+    """Up to ``batches`` contiguous equal blocks of ``samples``; [] if fewer than two fit.
 
     The remainder is dropped from the start of the series, where the run is closest to warm-up.
     """
@@ -64,7 +72,17 @@ def batch_means(samples: list[float], batches: int = BATCHES, min_per_batch: int
         return []
     size = len(samples) // k
     start = len(samples) - k * size
-    return [mean(samples[start + i * size : start + (i + 1) * size]) for i in range(k)]
+    return [samples[start + i * size : start + (i + 1) * size] for i in range(k)]
+
+
+def batch_means(samples: list[float], batches: int = BATCHES, min_per_batch: int = MIN_PER_BATCH) -> list[float]:
+    """Mean of each block (see batches_of)."""
+    return [mean(b) for b in batches_of(samples, batches, min_per_batch)]
+
+
+def batch_medians(samples: list[float], batches: int = BATCHES, min_per_batch: int = MIN_PER_BATCH) -> list[float]:
+    """Median of each block (see batches_of): what compare uses for a single run per side."""
+    return [median(b) for b in batches_of(samples, batches, min_per_batch)]
 
 
 @dataclass
@@ -135,7 +153,7 @@ class Judgement:
 
     metric: str
     lower_is_better: bool
-    method: str  # replicates | batch-means | exact | single
+    method: str  # replicates | batch-medians | exact | single
     n_a: int
     n_b: int
     mean_a: float

@@ -20,7 +20,7 @@ def test_slowdown_is_a_regression_in_each_metric_direction(tmp_path, capsys):
     assert rows["mfu"]["verdict"] == "regressed" and rows["mfu"]["change"] < -0.05  # lower MFU is worse
     assert rows["examples_per_s"]["verdict"] == "regressed"
     assert rows["peak_memory_bytes"]["verdict"] == "unchanged"
-    assert rows["step_time_s"]["method"] == "batch-means"
+    assert rows["step_time_s"]["method"] == "batch-medians"
     lo, hi = rows["step_time_s"]["ci"]
     assert lo < rows["step_time_s"]["change"] < hi
 

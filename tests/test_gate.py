@@ -80,7 +80,7 @@ def test_not_comparable_exit_3(setup, capsys):
     tmp, t, base = setup
     r = save(tmp, make_result(rid="new-torch", seed=2, noise=0.002, torch="2.14.0"))
     code, out, _ = _gate(capsys, t, base, r)
-    assert code == 3 and "NOT-COMPARABLE baseline" in out and "env.torch" in out
+    assert code == 3 and "NOT-COMPARABLE baseline" in out and "stack.torch" in out
     r2 = save(tmp, make_result(rid="other-class", seed=2, hardware_class="cpu-other-2t"))
     assert _gate(capsys, t, base, r2)[0] == 3
 

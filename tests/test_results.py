@@ -64,6 +64,9 @@ def test_promote_refuses_mixed_or_dirty_runs(tmp_path):
 
 def test_differences_and_safe_paths():
     a, b = make_result(), make_result(torch="2.12.0", config_hash="beef")
-    assert results.differences(a, b) == ["env.torch: '2.13.0' vs '2.12.0'", "config.hash: 'cafe' vs 'beef'"]
+    assert results.differences(a, b) == ["stack.torch: '2.13.0' vs '2.12.0'", "config.hash: 'cafe' vs 'beef'"]
+    packaged = {"env": {"packages": {"torch": "2.13.0+cpu", "fbgemm-gpu-cpu": "1.8.0", "torchrec": "1.8.0"}}}
+    assert [results.field(packaged, f"stack.{p}") for p in ("torch", "torchrec", "fbgemm")] == ["2.13.0+cpu", "1.8.0", "1.8.0"]
+    assert results.differences(packaged, {"env": {"packages": {"torch": "2.13.0+cpu", "fbgemm-gpu": "1.9.0", "torchrec": "1.8.0"}}}, ["stack.fbgemm"])
     assert results.baseline_path("cuda/../x", "tiny", "root") == results.Path("root/cuda_.._x/tiny.json")
     assert os.sep not in results.safe_name("a/b")

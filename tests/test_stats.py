@@ -88,3 +88,9 @@ def test_bad_parameters_raise():
         stats.judge({}, alpha=0.7)
     with pytest.raises(ValueError):
         stats.relative_change([0.0, 0.0], [1.0])
+
+
+def test_batch_medians_shrug_off_stalls():
+    samples = [0.1] * 27 + [0.1, 4.0, 0.1]  # one multi-second stall, as a busy shared machine makes
+    assert max(stats.batch_medians(samples)) == 0.1
+    assert max(stats.batch_means(samples)) > 1.0
