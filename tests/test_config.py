@@ -1,0 +1,89 @@
+"""Configs: every shipped file loads; every mistake names the file and the field."""
+
+import pytest
+
+from gembench.harness.errors import UsageError
+from gembench.models.config import known_configs, load_config
+
+GOOD = """
+name = "mine"
+kind = "gem"
+description = "a user's own config"
+[data]
+global_batch = 8
+[sparse]
+dim = 8
+rows = [100, 50]
+pooling = [2, 1]
+[dense]
+mlp = [16, 8]
+[[sequences]]
+name = "s"
+rows = 100
+max_len = 8
+mean_len = 4
+[hstu]
+layers = 1
+dim = 8
+heads = 2
+[cross]
+[wukong]
+layers = 1
+n_fm = 2
+n_lcb = 2
+rank = 2
+mlp = [8]
+[over]
+mlp = [8]
+tasks = 2
+"""
+
+
+def test_every_shipped_config_loads():
+    names = known_configs()
+    assert {"tiny", "small", "medium", "large", "xl", "dlrm", "dcnv2"} <= set(names)
+    hashes = {load_config(n).hash for n in names}
+    assert len(hashes) == len(names)  # configs differ, so do their hashes
+
+
+def test_user_file_by_path(tmp_path):
+    path = tmp_path / "mine.toml"
+    path.write_text(GOOD)
+    cfg = load_config(path)
+    assert cfg.name == "mine" and cfg.sparse.rows == (100, 50) and cfg.sequences[0].mean_len == 4
+    # the hash follows content, not location
+    other = tmp_path / "copy.toml"
+    other.write_text(GOOD)
+    assert load_config(other).hash == cfg.hash
+
+
+def test_unknown_config_lists_known():
+    with pytest.raises(UsageError, match="unknown config 'nope'.*tiny"):
+        load_config("nope")
+
+
+@pytest.mark.parametrize("edit, message", [
+    (("global_batch = 8\n", ""), "missing field 'data.global_batch'"),
+    (("global_batch = 8", "global_batch = 8\nbatchsize = 3"), "unknown field 'data.batchsize'"),
+    (("global_batch = 8", 'global_batch = "8"'), "'data.global_batch' must be int"),
+    (("rows = [100, 50]", "rows = []"), "'sparse.rows' must list at least one table"),
+    (("mean_len = 4", "mean_len = 9"), r"'sequences\[0\].mean_len' must be in 1..max_len"),
+    (("dim = 8\nrows", "dim = -8\nrows"), "'sparse.dim' must be positive"),
+    (("heads = 2", "heads = 3"), "'hstu.dim' must be divisible"),
+    (("pooling = [2, 1]", "pooling = [2]"), "'sparse.pooling' must have one entry per table"),
+])
+def test_bad_field_names_file_and_field(tmp_path, edit, message):
+    path = tmp_path / "bad.toml"
+    old, new = edit
+    assert old in GOOD
+    path.write_text(GOOD.replace(old, new, 1))
+    with pytest.raises(UsageError, match=message) as err:
+        load_config(path)
+    assert str(path) in str(err.value)
+
+
+def test_not_toml(tmp_path):
+    path = tmp_path / "broken.toml"
+    path.write_text("[data\n")
+    with pytest.raises(UsageError, match="not valid TOML"):
+        load_config(path)

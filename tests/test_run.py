@@ -1,0 +1,112 @@
+"""`gembench run` and `gembench describe` end to end, as a user calls them."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from gembench.harness.cmd_describe import describe
+from gembench.models.config import known_configs, load_config
+
+
+def gembench(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "gembench", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=600, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("run") / "r.json"
+    proc = gembench("run", "--config", "tiny", "--steps", "5", "--out", str(out), "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    return proc, json.loads(out.read_text())
+
+
+def test_run_writes_an_honest_result(tiny_run):
+    proc, result = tiny_run
+    s = result["summary"]
+    assert 0 < s["mfu"] <= 1
+    assert len(result["samples"]["step_s"]) == 5
+    # the stages account for the whole step (nothing untimed hides between them)
+    assert s["stage_coverage"] == pytest.approx(1.0, abs=0.05)
+    assert sum(r["share"] for r in s["stages"].values()) == pytest.approx(1.0, abs=1e-9)
+    assert set(s["stages"]) == {"data", "sparse_forward", "dense_forward", "loss", "backward", "optimizer"}
+    env = result["env"]
+    for key in ("hardware_class", "device_name", "cpu_model", "cpu_cores", "git_commit", "git_dirty"):
+        assert key in env
+    assert env["packages"]["torch"].startswith("2.13.0")
+    assert result["config"]["hash"] == load_config("tiny").hash
+    assert result["peak"]["source"].startswith("calibrated")
+    assert result["metrics"]["mfu"] == s["mfu"]
+    # the table names the peak, the device and the commit
+    assert "MFU" in proc.stdout and "peak" in proc.stdout and "commit" in proc.stdout
+
+
+def test_run_bf16_with_peak_override(tmp_path):
+    out = tmp_path / "b.json"
+    proc = gembench("run", "--config", "tiny", "--steps", "2", "--warmup", "1", "--dtype", "bf16",
+                    "--peak-tflops", "1.5", "--out", str(out), "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())
+    assert result["run"]["dtype"] == "bf16"
+    assert result["peak"] == {"tflops_per_device": 1.5, "devices": 1, "dtype": "bf16",
+                              "source": "override: --peak-tflops"}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--config", "nope"], "unknown config 'nope': known configs are"),
+    (["--config", "tiny", "--steps", "0"], "--steps must be at least 1"),
+    (["--config", "tiny", "--warmup", "-1"], "--warmup must be 0 or more"),
+    (["--config", "xl"], "config 'xl' needs about"),
+    (["--config", "tiny", "--device", "tpu"], "--device must be auto, cpu or cuda"),
+    (["--config", "tiny", "--peak-tflops", "-3"], "--peak-tflops must be positive"),
+])
+def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, args, message):
+    out = tmp_path / "r.json"
+    proc = gembench("run", *args, "--out", str(out), "--quiet")
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_bad_config_file_names_file_and_field(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text(load_config("tiny").source and open(load_config("tiny").source).read()
+                   .replace("mean_len = 16", "mean_len = 99"))
+    proc = gembench("run", "--config", str(bad), "--quiet")
+    assert proc.returncode == 2
+    assert str(bad) in proc.stderr and "sequences[0].mean_len" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_out_is_never_overwritten_or_unwritable(tmp_path):
+    existing = tmp_path / "r.json"
+    existing.write_text("keep me")
+    proc = gembench("run", "--config", "tiny", "--out", str(existing), "--quiet")
+    assert proc.returncode == 2 and "never overwritten" in proc.stderr
+    assert existing.read_text() == "keep me"
+    blocked = tmp_path / "file" / "r.json"
+    (tmp_path / "file").write_text("a file, not a folder")
+    proc = gembench("run", "--config", "tiny", "--out", str(blocked), "--quiet")
+    assert proc.returncode == 2 and "--out" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("name", known_configs())
+def test_describe_every_tier(name):
+    d = describe(load_config(name))
+    assert d["embedding_rows"] > 0 and d["dense_params"] > 0
+    assert d["forward_gflop_per_example"] > 0
+    assert d["memory_estimate_bytes"]["total"] > d["embedding_bytes_fp32"]
+
+
+def test_describe_cli_and_help():
+    proc = gembench("describe", "--config", "xl")
+    assert proc.returncode == 0 and "GFLOP" in proc.stdout and "9,408,000,000" in proc.stdout
+    top = gembench("--help")
+    assert top.returncode == 0 and "examples:" in top.stdout
+    run_help = gembench("run", "--help")
+    assert "--peak-tflops" in run_help.stdout and "examples:" in run_help.stdout
+    assert gembench().returncode == 2
