@@ -5,12 +5,23 @@ each timed on a synchronised device; warm-up steps are discarded and every timed
 in the JSON result, with the environment fingerprint (packages, device, commit, config hash,
 seed, and the peak the MFU is measured against).
 
+Stacks: `optimized` (default: bf16 autocast, torch.compile, fused table-batched embeddings,
+jagged attention, fused Adam) and `baseline` (fp32 eager, one EmbeddingBag per table, padded
+attention, a separate optimizer). MFU of both is against the same dense bf16 peak, so their
+ratio is the throughput gain at equal model FLOPs. `--ab` runs both interleaved and reports
+that ratio with a confidence interval; `gembench ablate` measures each optimization alone.
+
 examples:
-  gembench run                                  # small, fp32, ~1 minute on 2 cores
+  gembench run                                  # small, optimized stack, ~1 minute on 2 cores
   gembench run --config tiny --steps 5 --out r.json
-  gembench run --config small --dtype bf16
+  gembench run --config small --stack baseline
+  gembench run --config small --ab              # optimized/baseline MFU ratio, interleaved
   gembench run --config my_model.toml           # any config file of your own
   gembench run --device cuda --peak-tflops 989  # override the datasheet peak
+  gembench run --config small --nproc 2         # 2 torchrun ranks, TorchRec's plan, staged step
+  gembench run --nproc 2 --sharding row_wise --pipeline --trace traces/
+  torchrun --nnodes 2 --nproc_per_node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
+      -m gembench run --config medium           # multi-node: run this on every node
 """
 
 from __future__ import annotations
@@ -29,8 +40,14 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "file (default: small)")
     p.add_argument("--steps", type=int, default=20, help="timed steps (default: 20)")
     p.add_argument("--warmup", type=int, default=3, help="discarded warm-up steps (default: 3)")
-    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
-                   help="compute precision of the dense arch: bf16 autocasts it (default: fp32)")
+    p.add_argument("--stack", choices=("optimized", "baseline"), default="optimized",
+                   help="training stack (default: optimized)")
+    p.add_argument("--dtype", choices=("fp32", "bf16"), default=None,
+                   help="override the stack's precision of the dense arch (optimized: bf16, baseline: fp32)")
+    p.add_argument("--ab", action="store_true",
+                   help="run baseline and optimized interleaved (ABBA rounds) and report their MFU ratio")
+    p.add_argument("--rounds", type=int, default=6,
+                   help="with --ab: rounds; each times --steps/rounds steps of each stack (default: 6)")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda[:N] (default: auto)")
     p.add_argument("--seed", type=int, default=0, help="seed of weights and synthetic data (default: 0)")
     p.add_argument("--out", type=Path, default=None,
@@ -39,6 +56,28 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="peak TFLOP/s per device to measure MFU against (default: datasheet on GPU, "
                         "measured bf16 GEMM on CPU)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    dist = p.add_argument_group(
+        "distributed (torchrun + TorchRec)",
+        "--nproc N re-runs this command as N torchrun ranks on this host (gloo on CPU, nccl on CUDA);\n"
+        "under your own `torchrun ... -m gembench run` each process runs as its rank. The config's\n"
+        "global batch is split evenly: each rank trains global/N examples. Rank 0 writes one result\n"
+        "with per-rank stages, embedding imbalance (measured and planned) and communication.")
+    dist.add_argument("--nproc", type=int, default=None, metavar="N",
+                      help="ranks on this host (default: 1 process, no distribution)")
+    dist.add_argument("--sharding", default=None, metavar="SPEC",
+                      help="force TorchRec sharding: one of table_wise, row_wise, column_wise, "
+                           "table_row_wise, data_parallel for every table, or per table, e.g. "
+                           "t0=row_wise,default=table_wise (default: TorchRec's planner chooses)")
+    dist.add_argument("--pipeline", action="store_true",
+                      help="TorchRec's TrainPipelineSparseDist: next batch's input dist overlaps this "
+                           "batch's compute, DDP overlaps gradient sync with backward (default: staged "
+                           "step, every stage timed on its own, nothing overlapped)")
+    dist.add_argument("--trace", type=Path, default=None, metavar="DIR",
+                      help="keep each rank's torch.profiler trace of the profiled steps as "
+                           "DIR/rank<R>.json (open in Perfetto or chrome://tracing)")
+    dist.add_argument("--timeout", type=float, default=300.0, metavar="S",
+                      help="a rank that makes no progress for S seconds ends the run, naming the "
+                           "rank and stage (default: 300)")
 
 
 class Progress:
@@ -61,19 +100,28 @@ class Progress:
 
 
 def main(args: argparse.Namespace) -> int:
+    from gembench.harness.errors import UsageError
     from gembench.harness.results import check_writable, write_result
-    from gembench.harness.runner import run_benchmark
+    from gembench.harness.runner import run_ab, run_benchmark
     from gembench.harness.report import run_report
-    from gembench.harness.stack import StackOptions
+    from gembench.harness.stack import stack_options
 
     if args.out is not None:
         check_writable(args.out)  # fail before minutes of work, not after
-    options = StackOptions(bf16=args.dtype == "bf16")
-    result = run_benchmark(
-        args.config, steps=args.steps, warmup=args.warmup, options=options, device=args.device,
-        seed=args.seed, peak_tflops=args.peak_tflops,
-        progress=Progress(not args.quiet, f"gembench run {args.config}"),
-    )
+    progress = Progress(not args.quiet, f"gembench run {args.config}")
+    if args.ab:
+        if args.rounds < 2 or args.steps < args.rounds:
+            raise UsageError(f"--ab needs --rounds >= 2 and --steps >= --rounds, got "
+                             f"--rounds {args.rounds} --steps {args.steps}")
+        result = run_ab(args.config, rounds=args.rounds, steps_per_round=args.steps // args.rounds,
+                        warmup=args.warmup, device=args.device, seed=args.seed,
+                        peak_tflops=args.peak_tflops, dtype=args.dtype, progress=progress)
+    else:
+        result = run_benchmark(
+            args.config, steps=args.steps, warmup=args.warmup,
+            options=stack_options(args.stack, args.dtype), stack_name=args.stack, device=args.device,
+            seed=args.seed, peak_tflops=args.peak_tflops, progress=progress,
+        )
     out = args.out or DEFAULT_OUT_DIR / f"{result['id']}.json"
     write_result(out, result)
     print(run_report(result))

@@ -65,5 +65,41 @@ def totals_table(result: dict) -> str:
     return tabulate(rows, tablefmt="plain")
 
 
+def largest_loss(summary: dict, peak_tflops: float) -> tuple[str, float]:
+    """The stage with the most time above its ideal (its model FLOPs at the peak)."""
+    def above_ideal(row):
+        return row["time_s"] - row["flops"] / (peak_tflops * 1e12)
+    name = max(summary["stages"], key=lambda n: above_ideal(summary["stages"][n]))
+    return name, above_ideal(summary["stages"][name])
+
+
+def loss_line(result: dict) -> str:
+    stage, seconds = largest_loss(result["summary"], result["peak"]["tflops_per_device"])
+    step = result["summary"]["step_time_s"]["p50"]
+    return (f"largest remaining loss: {stage}, {ms(seconds)} ms of the {ms(step)} ms step "
+            "above what its model FLOPs need at the peak")
+
+
+def ab_table(result: dict) -> str:
+    ab = result["ab"]
+    base, opt = ab["baseline"]["summary"], result["summary"]
+    rows = []
+    for name in opt["stages"]:
+        b, o = base["stages"][name]["time_s"], opt["stages"][name]["time_s"]
+        rows.append([name, ms(b), ms(o), f"{b / o:.2f}x" if o > 0 else "-"])
+    rows.append(["step (wall, p50)", ms(base["step_time_s"]["p50"]), ms(opt["step_time_s"]["p50"]),
+                 f"{base['step_time_s']['p50'] / opt['step_time_s']['p50']:.2f}x"])
+    rows.append(["MFU", pct(base["mfu"]), pct(opt["mfu"]), ""])
+    table = tabulate(rows, headers=["stage", "baseline ms", "optimized ms", "speed-up"],
+                     colalign=("left", "right", "right", "right"))
+    lo, hi = ab["mfu_ratio_ci95"]
+    return (f"{table}\n\noptimized/baseline MFU ratio {ab['mfu_ratio']:.2f}x "
+            f"(95% CI [{lo:.2f}, {hi:.2f}], {ab['rounds']} interleaved rounds of "
+            f"{ab['steps_per_round']} steps each, ABBA order)")
+
+
 def run_report(result: dict) -> str:
-    return "\n\n".join([header(result), stage_table(result), totals_table(result)])
+    parts = [header(result), stage_table(result), totals_table(result), loss_line(result)]
+    if "ab" in result:
+        parts.append(ab_table(result))
+    return "\n\n".join(parts)

@@ -1,28 +1,48 @@
 """Training stacks: precision, compilation, kernels and optimizers applied to a pure model.
 
-The model modules know nothing of these; a stack wraps them from outside, as torchtitan does.
+The model modules know nothing of these; a stack rewrites them from outside, as torchtitan
+does: it swaps TorchRec's plain embedding modules for fbgemm's fused table-batched ones,
+picks the attention kernel, autocasts and compiles the dense half.
+
+Two named stacks bracket GEM's "doubled efficiency":
+  baseline:  what a team writes first: fp32 eager, one nn.EmbeddingBag per table with dense
+             gradients and a separate optimizer, sequences padded to the batch maximum.
+  optimized: bf16 autocast, torch.compile on the dense arch, fused table-batched embeddings
+             (fbgemm TBE, optimizer fused into backward), jagged attention, fused Adam, and
+             on several ranks TorchRec's sparse-dist pipeline.
+Every optimization is one field of StackOptions, so `gembench ablate` can flip it alone.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, replace
 
 import torch
+from torch import nn
+from torchrec import EmbeddingBagCollection, EmbeddingCollection
 
+from gembench.harness.errors import UsageError
 from gembench.harness.step import TrainState
 from gembench.models.config import ModelConfig
 from gembench.models.gem import build_model
 
+EMBEDDING_LR = 0.02
+DENSE_LR = 1e-3
+ADAGRAD_EPS = 1e-8  # the same on both paths, so fused and eager Adagrad are the same update
+
 
 @dataclass(frozen=True)
 class StackOptions:
-    """How a model is run. Each field is one switch that ``gembench ablate`` can flip."""
+    """How a model is run. Each field is one optimization that `gembench ablate` can flip."""
 
-    bf16: bool = False  # autocast the dense arch to bf16 (weights and optimizer stay fp32)
-    compile: bool = False  # torch.compile the dense arch
+    fused_embeddings: bool = True  # fbgemm TBE, Adagrad fused into backward (row-sparse on CPU sequences)
     jagged: bool = True  # jagged HSTU attention; False pads every sequence to the batch max
+    bf16: bool = True  # autocast the dense arch to bf16 (weights and optimizer state stay fp32)
+    fused_optimizer: bool = True  # one fused Adam kernel over all dense params, not a per-tensor loop
+    compile: bool = True  # torch.compile the dense arch
+    pipeline: bool = True  # several ranks: TorchRec TrainPipelineSparseDist (input dist overlapped)
 
     @property
     def dtype(self) -> str:
@@ -31,25 +51,90 @@ class StackOptions:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def describe(self) -> str:
+        on = [f.name for f in fields(self) if getattr(self, f.name)]
+        return ", ".join(on) or "nothing"
 
-def embedding_parameters(model: torch.nn.Module) -> set[int]:
-    return {id(p) for name, p in model.named_parameters() if "sparse_arch" in name}
+
+OPTIMIZATIONS = tuple(f.name for f in fields(StackOptions))
+STACKS = {
+    "baseline": StackOptions(**{name: False for name in OPTIMIZATIONS}),
+    "optimized": StackOptions(),
+}
+
+
+def stack_options(name: str, dtype: str | None = None) -> StackOptions:
+    """The named stack, with ``dtype`` ("fp32"/"bf16") overriding its precision if given."""
+    if name not in STACKS:
+        raise UsageError(f"--stack must be one of {', '.join(STACKS)}, got {name!r}")
+    options = STACKS[name]
+    return options if dtype is None else replace(options, bf16=dtype == "bf16")
+
+
+def fuse_embeddings(model: nn.Module, device: torch.device) -> list[torch.optim.Optimizer]:
+    """Swap plain TorchRec embedding modules for fused ones, keeping the weights.
+
+    Pooled tables become a FusedEmbeddingBagCollection: one fbgemm table-batched kernel for all
+    tables, with exact Adagrad applied inside the backward (no gradient tensor, no optimizer
+    step). fbgemm has no CPU kernel for unpooled (sequence) tables, so on CPU those keep their
+    nn.Embedding but get row-sparse gradients: Adagrad then touches only the looked-up rows,
+    which is what the fused kernel does too. Returns the optimizers still to be stepped.
+    """
+    from torchrec.modules.fused_embedding_modules import (
+        FusedEmbeddingBagCollection,
+        FusedEmbeddingCollection,
+    )
+
+    kwargs = {"lr": EMBEDDING_LR, "eps": ADAGRAD_EPS}
+    remaining: list[nn.Parameter] = []
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, EmbeddingBagCollection):
+                fused = FusedEmbeddingBagCollection(
+                    child.embedding_bag_configs(), optimizer_type=torch.optim.Adagrad,
+                    optimizer_kwargs=kwargs, device=device,
+                )
+                fused.load_state_dict(child.state_dict())
+                setattr(parent, name, fused)
+            elif isinstance(child, EmbeddingCollection):
+                if device.type == "cuda":
+                    fused = FusedEmbeddingCollection(
+                        child.embedding_configs(), optimizer_type=torch.optim.Adagrad,
+                        optimizer_kwargs=kwargs, device=device,
+                    )
+                    fused.load_state_dict(child.state_dict())
+                    setattr(parent, name, fused)
+                else:
+                    for table in child.embeddings.values():
+                        table.sparse = True
+                        remaining.append(table.weight)
+    return [torch.optim.Adagrad(remaining, lr=EMBEDDING_LR, eps=ADAGRAD_EPS)] if remaining else []
+
+
+def is_embedding(name: str) -> bool:
+    return "sparse_arch" in name or "embedding_bag_collection" in name
 
 
 def build_train_state(cfg: ModelConfig, options: StackOptions, device: torch.device,
                       seed: int = 0) -> TrainState:
-    """Build the pure model from ``cfg`` with ``seed`` and apply ``options`` to it."""
+    """Build the pure model from ``cfg`` with ``seed`` (same weights for every stack), then
+    apply ``options`` to it."""
     torch.manual_seed(seed)
     model = build_model(cfg, device, attention="jagged" if options.jagged else "padded")
-    sparse_ids = embedding_parameters(model)
-    sparse = [p for p in model.parameters() if id(p) in sparse_ids]
-    dense = [p for p in model.parameters() if id(p) not in sparse_ids]
-    optimizers = [
-        torch.optim.Adagrad(sparse, lr=0.02),  # the embedding optimizer of DLRM-style training
-        torch.optim.Adam(dense, lr=1e-3),
-    ]
+    optimizers: list[torch.optim.Optimizer] = []
+    if options.fused_embeddings:
+        optimizers += fuse_embeddings(model, device)
+    else:
+        sparse = [p for n, p in model.named_parameters() if is_embedding(n)]
+        optimizers.append(torch.optim.Adagrad(sparse, lr=EMBEDDING_LR, eps=ADAGRAD_EPS))
+    dense = [p for n, p in model.named_parameters() if not is_embedding(n)]
+    if options.fused_optimizer:
+        optimizers.append(torch.optim.Adam(dense, lr=DENSE_LR, fused=True))
+    else:
+        optimizers.append(torch.optim.Adam(dense, lr=DENSE_LR, foreach=False))
     if options.compile:
-        model.dense = torch.compile(model.dense)
+        # Jagged batches change T every step: compile for dynamic shapes once, not per batch.
+        model.dense = torch.compile(model.dense, dynamic=True)
     if options.bf16:
         autocast = functools.partial(torch.autocast, device_type=device.type, dtype=torch.bfloat16)
     else:

@@ -71,7 +71,7 @@ class GEM(nn.Module):
         for name, seq in sequences.items():
             values, offsets = prepend_cls(seq.values, seq.offsets, cls.to(seq.values.dtype))
             values = self.sequence_arch[name](values, offsets, seq.max_len + 1)
-            tokens.append(self.sequence_summary[name](values, offsets).to(nonseq.dtype))
+            tokens.append(self.sequence_summary[name](values, offsets, seq.max_len + 1).to(nonseq.dtype))
         interacted = self.interaction_arch(torch.cat(tokens, dim=1))
         return self.over_arch(interacted.flatten(1))
 
