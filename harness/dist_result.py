@@ -1,0 +1,157 @@
+"""The one result document of a distributed run, from every rank's record (on rank 0).
+
+Same schema as a single-process run (results.py), with ``run.nproc`` > 1 and:
+    ranks:     per rank: host, device, peak, step_s / stages / loss samples, forward FLOPs,
+               achieved TFLOP/s and MFU against its own peak, measured lookup load, comm
+    plan:      {table: {sharding, kernel, ranks, shard_sizes, shard_offsets}} as the planner chose
+    imbalance: {measured: {loads: {load: [per rank]}, metrics: {load: imbalance()}},
+                planned:  {loads: {perf_ms, storage_bytes}: [per rank], metrics: ...},
+                primary, critical_path_s, stall_cost, hot_1pct_share}
+    comm:      {by_kind: {kind: calls, bytes, time_s, time_max_s, algbw_Bps, busbw_Bps, step_share}
+                (per step, mean over ranks), exposure: [per rank], exposed_comm_fraction,
+                overlap_fraction, profiled_steps, calls: [per rank: [{kind, family, bytes}]]}
+Job-level samples are per step: step time = the slowest rank's (the step ends when the last rank
+is done), stage times = the slowest rank's in each stage (the critical path), model FLOPs = the
+sum over ranks. MFU = job model FLOPs / step time / sum of the ranks' peaks.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import secrets
+
+import numpy as np
+
+from gembench.harness.env import fingerprint
+from gembench.harness.metrics.imbalance import critical_path, imbalance, stall_cost
+from gembench.harness.metrics.mfu import summarize
+from gembench.harness.results import SCHEMA
+
+PRIMARY_LOAD = "bytes_read"  # deterministic and proportional to memory-bound lookup work
+
+
+def build_result(cfg, args, env: dict, records: list[dict], planned, batch_indices: dict,
+                 backend: str) -> dict:
+    import torch
+
+    world = env["world_size"]
+    records = sorted(records, key=lambda r: r["rank"])
+    steps = len(records[0]["step_s"])
+    step_s = [max(r["step_s"][i] for r in records) for i in range(steps)]
+    stage_names = list(records[0]["stages"])
+    crit_stages = {s: [max(r["stages"][s][i] for r in records) for i in range(steps)] for s in stage_names}
+    job_forward = [sum(r["forward_flops"][i] for r in records) for i in range(steps)]
+    peaks = [r["peak_tflops"] for r in records]
+    global_batch = cfg.data.global_batch
+    summary = summarize(step_s, crit_stages, job_forward, global_batch, sum(peaks) / world, world)
+    p50 = summary["step_time_s"]["p50"]
+    summary["peak_memory_bytes"] = max(r["peak_memory_bytes"] for r in records)
+    summary["peak_memory_source"] = records[0]["peak_memory_source"] + ", max over ranks"
+    summary["embedding_bytes_per_step"] = {
+        k: sum(r["embedding_bytes"][k] for r in records) for k in records[0]["embedding_bytes"]}
+    stage_means = [{s: float(np.mean(r["stages"][s])) for s in stage_names} for r in records]
+    summary["critical_path_s"] = sum(critical_path(stage_means).values())
+
+    ranks = []
+    for r, means in zip(records, stage_means):
+        train = 3.0 * float(np.mean(r["forward_flops"]))
+        ranks.append({
+            "rank": r["rank"], "host": r["host"], "device": r["device"], "device_name": r["device_name"],
+            "torch_threads": r["torch_threads"],
+            "peak_tflops": r["peak_tflops"], "peak_source": r["peak_source"],
+            "per_rank_batch": global_batch // world,
+            "samples": {"step_s": r["step_s"], "stages": r["stages"], "loss": r["loss"]},
+            "stage_means_s": means,
+            "step_time_p50_s": float(np.median(r["step_s"])),
+            "model_flops_per_step": train,
+            # its share of the job's FLOPs over the job's step time: what this rank achieved
+            "tflops": train / p50 / 1e12,
+            "mfu": train / p50 / (r["peak_tflops"] * 1e12),
+            "loads": r["loads"], "comm": r["comm"],
+            "peak_memory_bytes": r["peak_memory_bytes"],
+        })
+
+    imb = imbalance_section(records, planned, stage_means, p50)
+    comm = comm_section(records)
+    forward = float(np.mean(job_forward))
+    created = dt.datetime.now(dt.timezone.utc)
+    stack = "pipeline" if args.pipeline else "staged"
+    device = records[0]["device"]
+    return {
+        "schema": SCHEMA,
+        "id": f"{created:%Y%m%dT%H%M%SZ}-{cfg.name}-{stack}-{world}r-{secrets.token_hex(3)}",
+        "created": created.isoformat(timespec="seconds"),
+        "config": {"name": cfg.name, "hash": cfg.hash, "path": cfg.source, "kind": cfg.kind},
+        "run": {
+            "steps": args.steps, "warmup": args.warmup, "dtype": args.dtype or "fp32", "device": device,
+            "seed": args.seed, "stack": stack, "options": {"pipeline": bool(args.pipeline)},
+            "nproc": world, "nnodes": len({r["host"] for r in records}),
+            "global_batch": global_batch, "per_rank_batch": global_batch // world,
+            "sharding": args.sharding or "auto", "backend": backend, "timeout_s": args.timeout,
+            "batches": batch_indices,
+        },
+        "env": fingerprint(torch.device(device)),
+        "peak": {"tflops_per_device": sum(peaks) / world, "devices": world, "dtype": records[0]["peak_dtype"],
+                 "source": records[0]["peak_source"] + (" (per rank)" if world > 1 else ""),
+                 "per_rank": peaks},
+        "flops": {
+            "forward_per_step": forward, "model_per_step": 3.0 * forward,
+            "per_block": {k: sum(r["per_block"][k] for r in records) for k in records[0]["per_block"]},
+        },
+        "samples": {"step_s": step_s, "mfu": [3.0 * f / t / (sum(peaks) * 1e12) for f, t in zip(job_forward, step_s)],
+                    "loss": records[0]["loss"], "stages": crit_stages},
+        "summary": summary,
+        "ranks": ranks,
+        "plan": planned.tables,
+        "imbalance": imb,
+        "comm": comm,
+        "metrics": {
+            "mfu": summary["mfu"],
+            "step_time_s": p50,
+            "examples_per_s": summary["examples_per_s"],
+            "peak_memory_bytes": summary["peak_memory_bytes"],
+            "imbalance_max_mean": imb["measured"]["metrics"][PRIMARY_LOAD]["max_mean"],
+            "exposed_comm_fraction": comm["exposed_comm_fraction"],
+        },
+    }
+
+
+def imbalance_section(records, planned, stage_means, step_s: float) -> dict:
+    loads = {k: [r["loads"][k] for r in records] for k in records[0]["loads"]}
+    planned_loads = {"perf_ms": planned.perf, "storage_bytes": planned.storage}
+    lookups = sum(r["hot"]["lookups"] for r in records)
+    return {
+        "primary": PRIMARY_LOAD,
+        "measured": {"loads": loads, "metrics": {k: imbalance(v) for k, v in loads.items()}},
+        "planned": {"loads": planned_loads, "metrics": {k: imbalance(v) for k, v in planned_loads.items()}},
+        "critical_path_s": critical_path(stage_means),
+        "stall_cost": stall_cost(stage_means, step_s),
+        "hot_1pct_share": sum(r["hot"]["hot_1pct"] for r in records) / lookups if lookups else 0.0,
+    }
+
+
+def comm_section(records) -> dict:
+    kinds = sorted({k for r in records for k in r["comm"]["by_kind"]})
+    by_kind = {}
+    for kind in kinds:
+        rows = [r["comm"]["by_kind"].get(kind) for r in records]
+        rows = [x for x in rows if x]
+        mean = lambda key: float(np.mean([x[key] for x in rows]))  # noqa: E731
+        time_s, size = mean("time_s"), mean("bytes")
+        factor = rows[0]["busbw_Bps"] / rows[0]["algbw_Bps"] if rows[0]["algbw_Bps"] else 0.0
+        by_kind[kind] = {
+            "family": rows[0]["family"], "calls": mean("calls"), "bytes": size, "time_s": time_s,
+            "time_max_s": float(max(x["time_s"] for x in rows)),
+            "algbw_Bps": size / time_s if time_s > 0 else 0.0,
+            "busbw_Bps": factor * size / time_s if time_s > 0 else 0.0,
+            "step_share": mean("step_share"),
+        }
+    exposure = [dict(r["comm"]["exposure"], rank=r["rank"], step_s=r["comm"]["step_s"]) for r in records]
+    return {
+        "profiled_steps": records[0]["comm"]["profiled_steps"],
+        "by_kind": by_kind,
+        "exposure": exposure,
+        "exposed_comm_fraction": float(np.mean([e["exposed_fraction"] for e in exposure])),
+        "overlap_fraction": float(np.mean([e["overlap_fraction"] for e in exposure])),
+        "calls": [r["comm_calls"] for r in records],
+    }

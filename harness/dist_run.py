@@ -1,0 +1,269 @@
+"""One rank of a distributed `gembench run`: set up, time the steps, profile, hand rank 0 the record.
+
+Every rank builds the same model from the same seed, shards it with the same plan, and trains on
+its own slice of the global batch (SyntheticData with its rank). After the timed steps it runs
+a few more under torch.profiler for the communication figures (so profiling costs the timed
+steps nothing), counts its real lookup load, and sends one record to rank 0, which assembles
+the job's single result (dist_result.py) and writes it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from gembench.harness import distributed as D
+from gembench.harness import watchdog as W
+from gembench.harness.errors import UsageError
+from gembench.harness.hardware import device_name, reference_peak, resolve_device
+from gembench.harness.metrics import comm
+from gembench.harness.metrics.imbalance import hot_share
+from gembench.harness.runner import MAX_DISTINCT_BATCHES, peak_memory_bytes
+from gembench.harness.step import StageClock
+from gembench.models.config import load_config
+from gembench.models.data import SyntheticData
+from gembench.models.flops import batch_forward_flops, embedding_bytes
+
+PROFILED_STEPS = 2  # extra steps under the profiler, after the timed ones
+LOAD_BATCHES = 8  # batches whose real input dist is counted for the measured load
+STEP_SPAN = "gembench/step"
+
+
+def per_rank_batch(global_batch: int, world_size: int) -> int:
+    if global_batch % world_size:
+        raise UsageError(f"global batch {global_batch} does not split evenly over {world_size} ranks: "
+                         f"pick a rank count that divides it (each rank trains global / ranks examples)")
+    return global_batch // world_size
+
+
+def main(args, env: dict) -> int:
+    """Run this rank; rank 0 writes the result. Exit status: 0, 2 (usage), 1 (failure)."""
+    rank = env["rank"]
+    watchdog = None
+    try:
+        fault = W.Fault.from_env()
+        dev = D.rank_device(str(resolve_device(args.device)), env["local_rank"])
+        D.init_process_group(dev, args.timeout)
+        store = getattr(dist.distributed_c10d, "_get_default_store", lambda: None)()
+        watchdog = W.Watchdog(rank, env["world_size"], args.timeout, store)
+        result = run(args, env, dev, watchdog, fault)
+        if rank == 0:
+            from gembench.harness.report import distributed_report
+            from gembench.harness.results import write_result
+
+            out = args.out or Path("results/runs") / f"{result['id']}.json"
+            write_result(out, result)
+            print(distributed_report(result))
+            print(f"\nresult: {out}", flush=True)
+        return 0
+    except UsageError as err:
+        print(f"gembench run: error: rank {rank}: {err}", file=sys.stderr, flush=True)
+        return 2
+    except BaseException as err:  # noqa: BLE001  every failure names its rank and stage
+        W.report_failure(rank, watchdog, err)
+        return 1
+    finally:
+        if watchdog is not None:
+            watchdog.stop()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run(args, env: dict, dev: torch.device, watchdog: W.Watchdog, fault) -> dict:
+    from gembench.harness.dist_result import build_result
+
+    rank, world = env["rank"], env["world_size"]
+    cfg = load_config(args.config)
+    local_batch = per_rank_batch(cfg.data.global_batch, world)
+    watchdog.at("build")
+    torch.manual_seed(args.seed)  # same seed on every rank: identical replicated weights
+    from gembench.models.gem import build_model
+
+    model = build_model(cfg, dev)
+    watchdog.at("plan")
+    forced = D.parse_sharding(args.sharding, D.table_names(model))
+    plan, planned = D.plan_sharding(model, forced, env, dev, local_batch)
+    watchdog.at("shard")
+    dmp = D.shard(model, plan, dev, args.pipeline)
+    watchdog.at("data")
+    data = SyntheticData(cfg, seed=args.seed, batch_size=local_batch, rank=rank)
+    total = args.warmup + args.steps + PROFILED_STEPS
+    batches = [data.batch(i) for i in range(min(total, MAX_DISTINCT_BATCHES))]
+    watchdog.at("peak")
+    peak = reference_peak(dev, args.peak_tflops)
+
+    autocast = _autocast(args.dtype, dev)
+    W.STAGE_ORDER.update({s: i for i, s in enumerate(D.PIPELINE_STAGES if args.pipeline else D.STAGES)})
+    show = rank == 0 and not args.quiet
+    if args.pipeline:
+        engine = D.PipelineStep(dmp, dev)
+        samples, prof = _pipeline_steps(engine, batches, args, watchdog, fault, rank, autocast, show)
+    else:
+        engine = D.StagedStep(dmp, dev, world)
+        samples, prof = _staged_steps(engine, batches, args, watchdog, fault, rank, autocast, show)
+
+    watchdog.at("analysis")
+    events = _trace_events(prof, args.trace, rank)
+    comm_stats = comm.analyze(events, world, STEP_SPAN)
+    timed = [batches[i % len(batches)] for i in range(args.warmup, args.warmup + args.steps)]
+    loads = D.measure_loads(dmp, timed[:LOAD_BATCHES], dev)
+    if not args.pipeline:
+        loads["lookup_s"] = float(np.mean(samples["stages"]["embedding_lookup"]))
+    memory, memory_source = peak_memory_bytes(dev)
+    record = {
+        "rank": rank, "host": socket.gethostname(), "device": str(dev), "device_name": device_name(dev),
+        "local_rank": env["local_rank"], "peak_tflops": peak.tflops_per_device, "peak_source": peak.source,
+        "peak_dtype": peak.dtype, "torch_threads": torch.get_num_threads(),
+        "step_s": samples["step_s"], "stages": samples["stages"], "loss": samples["loss"],
+        "forward_flops": [float(sum(batch_forward_flops(cfg, b).values())) for b in timed],
+        "per_block": _mean_blocks([batch_forward_flops(cfg, b) for b in timed]),
+        "embedding_bytes": embedding_bytes(cfg, timed[0]),
+        "loads": loads, "hot": _hot_counts(cfg, timed),
+        "comm": {k: v for k, v in comm_stats.items() if k != "calls"},
+        "comm_calls": comm_stats["calls"],
+        "peak_memory_bytes": memory, "peak_memory_source": memory_source,
+    }
+    watchdog.at("gather")
+    records = [None] * world if rank == 0 else None
+    dist.gather_object(record, records, dst=0)
+    if rank != 0:
+        return {}
+    return build_result(cfg, args, env, records, planned, batch_indices={
+        "timed": [i % len(batches) for i in range(args.warmup, args.warmup + args.steps)],
+        "profiled": [i % len(batches) for i in range(args.warmup + args.steps, total)],
+    }, backend=dist.get_backend())
+
+
+def _autocast(dtype: str | None, dev: torch.device):
+    if dtype == "bf16":
+        return lambda: torch.autocast(device_type=dev.type, dtype=torch.bfloat16)
+    import contextlib
+
+    return contextlib.nullcontext
+
+
+def _staged_steps(engine: D.StagedStep, batches, args, watchdog, fault, rank, autocast, show):
+    samples = {"step_s": [], "loss": [], "stages": {s: [] for s in D.STAGES}}
+    sync = torch.cuda.synchronize if engine.device.type == "cuda" else (lambda: None)
+    total = args.warmup + args.steps + PROFILED_STEPS
+    prof = None
+    started = time.perf_counter()
+    for i in range(total):
+        profiled = i >= args.warmup + args.steps
+        if profiled and prof is None:
+            prof = _profiler(engine.device)
+            prof.__enter__()
+        clock = StageClock(engine.device)
+
+        def mark(stage, _i=i, _clock=clock):
+            _clock.mark(stage)
+            following = D.STAGES[D.STAGES.index(stage) + 1] if stage != D.STAGES[-1] else "step end"
+            watchdog.at(following, _i)
+            if fault:
+                fault.trigger(rank, _i, following)
+
+        sync()
+        start = time.perf_counter()
+        watchdog.at("data", i)
+        clock.mark("start")
+        with torch.autograd.profiler.record_function(STEP_SPAN), autocast():
+            loss = engine(batches[i % len(batches)], mark)
+        durations = clock.durations()
+        sync()
+        elapsed = time.perf_counter() - start
+        if args.warmup <= i < args.warmup + args.steps:
+            samples["step_s"].append(elapsed)
+            samples["loss"].append(float(loss))
+            for stage, seconds in durations.items():
+                samples["stages"][stage].append(seconds)
+        _progress(show, i + 1, total, elapsed, started)
+    prof.__exit__(None, None, None)
+    return samples, prof
+
+
+def _pipeline_steps(engine: D.PipelineStep, batches, args, watchdog, fault, rank, autocast, show):
+    samples = {"step_s": [], "loss": [], "stages": {s: [] for s in D.PIPELINE_STAGES}}
+    total = args.warmup + args.steps + PROFILED_STEPS
+    feed = iter([batches[i % len(batches)] for i in range(total)])
+    prof = None
+    started = time.perf_counter()
+    for i in range(total):
+        if i >= args.warmup + args.steps and prof is None:
+            prof = _profiler(engine.pipeline._device)
+            prof.__enter__()
+        watchdog.at("forward", i)
+        if fault:
+            fault.trigger(rank, i, "forward")
+        engine.sync()
+        start = time.perf_counter()
+        with torch.autograd.profiler.record_function(STEP_SPAN), autocast():
+            loss, times = engine(feed)
+        engine.sync()
+        elapsed = time.perf_counter() - start
+        if args.warmup <= i < args.warmup + args.steps:
+            samples["step_s"].append(elapsed)
+            samples["loss"].append(float(loss))
+            for stage, seconds in times.items():
+                samples["stages"][stage].append(seconds)
+        _progress(show, i + 1, total, elapsed, started)
+    prof.__exit__(None, None, None)
+    return samples, prof
+
+
+def _profiler(device: torch.device):
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    return profile(activities=activities, record_shapes=True)
+
+
+def _trace_events(prof, trace_dir, rank: int) -> list[dict]:
+    """Export the profiled steps as a Chrome trace (kept under --trace DIR) and read it back."""
+    if trace_dir:
+        path = Path(trace_dir) / f"rank{rank}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(path))
+        return json.loads(path.read_text())["traceEvents"]
+    fd, tmp = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(tmp)
+        return json.loads(Path(tmp).read_text())["traceEvents"]
+    finally:
+        os.unlink(tmp)
+
+
+def _mean_blocks(per_block: list[dict]) -> dict:
+    return {k: sum(b[k] for b in per_block) / len(per_block) for k in per_block[0]}
+
+
+def _hot_counts(cfg, batches) -> dict:
+    """Lookups, and lookups that hit each table's hottest 1% of rows, over this rank's batches."""
+    hits = lookups = 0.0
+    tables = [(b_field, key, rows) for b_field, key, rows in
+              [("sparse", f"t{i}", r) for i, r in enumerate(cfg.sparse.rows)]
+              + [("seq", s.name, s.rows) for s in cfg.sequences]]
+    for field, key, rows in tables:
+        ids = np.concatenate([getattr(b, field)[key].values().numpy() for b in batches])
+        hits += hot_share(ids, rows) * ids.size
+        lookups += ids.size
+    return {"lookups": lookups, "hot_1pct": hits}
+
+
+def _progress(show: bool, done: int, total: int, step_s: float, started: float) -> None:
+    if not show:
+        return
+    now = time.perf_counter()
+    eta = (now - started) / done * (total - done)
+    end = "\n" if done == total else "\r"
+    print(f"gembench run: step {done}/{total} (rank 0), last {step_s * 1e3:.0f} ms, ~{eta:.0f} s left",
+          end=end, file=sys.stderr, flush=True)

@@ -1,0 +1,134 @@
+"""Single process or torchrun ranks: how `gembench run --nproc N` becomes a distributed job.
+
+Outside torchrun, ``--nproc N`` checks everything a rank would refuse (config, batch split,
+sharding, backend, device count, port, output path) so mistakes cost one line and exit 2, then
+re-executes the same command line under ``python -m torch.distributed.run`` with N ranks on this
+host, a rendezvous on 127.0.0.1 and a free port (or $MASTER_PORT if set). Inside torchrun
+(RANK and WORLD_SIZE set, as for a plain multi-node
+``torchrun --nnodes 2 --nproc_per_node 8 --rdzv-endpoint host:port -m gembench run ...``)
+the process runs as its rank (dist_run.py).
+
+A failing rank ends the job: torchrun stops the other ranks when one exits non-zero, and a hung
+rank is ended by its watchdog after ``--timeout`` seconds (watchdog.py); the exit status is then
+non-zero and no result is written.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+from gembench.harness.errors import UsageError
+
+HOST = "127.0.0.1"
+
+
+def free_port(host: str = HOST) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_free(port: int, host: str = HOST) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def main(args) -> int:
+    from gembench.harness.distributed import torchrun_env
+
+    env = torchrun_env()
+    if env is not None:
+        if args.nproc is not None and args.nproc != env["world_size"]:
+            raise UsageError(f"--nproc {args.nproc} but torchrun started {env['world_size']} ranks "
+                             f"(WORLD_SIZE): drop --nproc under torchrun, or make them agree")
+        from gembench.harness.dist_run import main as rank_main
+
+        return rank_main(args, env)
+    check(args)
+    return relaunch(args.nproc, without_nproc(sys.argv[1:]))
+
+
+def without_nproc(argv: list[str]) -> list[str]:
+    """The command line for the ranks: they take the world size from torchrun, and torchrun's own
+    parser would reject --nproc as an ambiguous prefix of its --nproc-per-node."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--nproc":
+            skip = True
+        elif not a.startswith("--nproc="):
+            out.append(a)
+    return out
+
+
+def check(args) -> None:
+    """Refuse, before starting any rank, what every rank would refuse."""
+    import torch
+
+    from gembench.harness.dist_run import per_rank_batch
+    from gembench.harness.distributed import backend_for, parse_sharding
+    from gembench.harness.hardware import resolve_device
+    from gembench.harness.results import check_writable
+    from gembench.models.config import load_config
+    from gembench.models.sparse import pooled_tables, sequence_tables
+
+    if getattr(args, "ab", False):
+        raise UsageError("--ab compares stacks in one process; it does not combine with --nproc")
+    if args.nproc < 1:
+        raise UsageError(f"--nproc must be at least 1, got {args.nproc}")
+    if args.steps < 1:
+        raise UsageError(f"--steps must be at least 1, got {args.steps}")
+    if args.warmup < 0:
+        raise UsageError(f"--warmup must be 0 or more, got {args.warmup}")
+    if args.timeout <= 0:
+        raise UsageError(f"--timeout must be positive seconds, got {args.timeout}")
+    cfg = load_config(args.config)
+    per_rank_batch(cfg.data.global_batch, args.nproc)
+    tables = [t.name for t in pooled_tables(cfg)]
+    if cfg.kind == "gem":
+        tables += [t.name for t in sequence_tables(cfg)]
+    parse_sharding(args.sharding, tables)
+    dev = resolve_device(args.device)
+    backend_for(dev)
+    if dev.type == "cuda" and torch.cuda.device_count() < args.nproc:
+        raise UsageError(f"--nproc {args.nproc} needs {args.nproc} GPUs on this host, "
+                         f"torch sees {torch.cuda.device_count()}")
+    if args.out is not None:
+        check_writable(args.out)
+    if args.trace is not None:
+        try:
+            os.makedirs(args.trace, exist_ok=True)
+        except OSError as err:
+            raise UsageError(f"cannot create --trace folder {args.trace}: {err.strerror}") from None
+
+
+def relaunch(nproc: int, argv: list[str]) -> int:
+    """Run ``gembench <argv>`` as ``nproc`` torchrun ranks on this host; torchrun's exit status."""
+    if os.environ.get("MASTER_PORT"):
+        port = int(os.environ["MASTER_PORT"])
+        if not port_free(port):
+            raise UsageError(f"port {port} on {HOST} (from $MASTER_PORT) is in use: pick a free one "
+                             f"or unset MASTER_PORT to let gembench choose")
+    else:
+        port = free_port()
+    env = dict(os.environ)
+    # Ranks share the cores: one rank per core slice, not every rank on every core.
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+           "--nproc_per_node", str(nproc), "--master_addr", HOST, "--master_port", str(port),
+           "--max_restarts", "0", "-m", "gembench", *argv]
+    proc = subprocess.run(cmd, env=env)
+    if proc.returncode != 0:
+        print(f"gembench run: the {nproc}-rank run failed (torchrun exit status {proc.returncode}); "
+              "the rank messages above say which rank and stage; no result written",
+              file=sys.stderr, flush=True)
+        return 1
+    return 0
