@@ -103,3 +103,78 @@ def run_report(result: dict) -> str:
     if "ab" in result:
         parts.append(ab_table(result))
     return "\n\n".join(parts)
+
+
+# -- distributed runs (run.nproc > 1): per-rank stages, imbalance, communication -------------
+
+def rank_stage_table(result: dict) -> str:
+    """Mean ms per stage and rank; the last column is the critical path (slowest rank)."""
+    ranks = result["ranks"]
+    crit = result["imbalance"]["critical_path_s"]
+    rows = [[s] + [ms(r["stage_means_s"][s]) for r in ranks] + [ms(crit[s])] for s in crit]
+    rows.append(["sum"] + [ms(sum(r["stage_means_s"].values())) for r in ranks]
+                + [ms(sum(crit.values()))])
+    rows.append(["step (wall, p50)"] + [ms(r["step_time_p50_s"]) for r in ranks]
+                + [ms(result["summary"]["step_time_s"]["p50"])])
+    headers = ["stage (mean ms)"] + [f"rank {r['rank']}" for r in ranks] + ["critical path"]
+    return tabulate(rows, headers=headers, colalign=("left",) + ("right",) * (len(ranks) + 1))
+
+
+LOAD_LABELS = {"ids": "IDs looked up", "unique_ids": "unique IDs", "bytes_read": "bytes read",
+               "lookup_s": "lookup time", "perf_ms": "planner perf (ms)", "storage_bytes": "planner storage"}
+
+
+def imbalance_table(result: dict) -> str:
+    imb = result["imbalance"]
+    rows = []
+    for side in ("measured", "planned"):
+        for load, values in imb[side]["loads"].items():
+            m = imb[side]["metrics"][load]
+            fmt = (lambda v: ms(v)) if load == "lookup_s" else (lambda v: si(v))
+            primary = " *" if side == "measured" and load == imb["primary"] else ""
+            rows.append([side, LOAD_LABELS.get(load, load) + primary, " / ".join(fmt(v) for v in values),
+                         f"{m['max_mean']:.3f}", f"{m['min_max']:.3f}", f"{m['total_variation']:.3f}",
+                         f"{m['total_distance']:.3f}", f"{m['chi']:.3f}", f"{m['kl']:.3f}"])
+    table = tabulate(rows, headers=["", "load per rank", "rank 0 / 1 / ...", "max/mean", "min/max",
+                                    "tot.var", "tot.dist", "chi", "KL"],
+                     colalign=("left", "left", "right") + ("right",) * 6)
+    return (f"{table}\n* primary. stall cost {pct(imb['stall_cost'])} of the step; "
+            f"{pct(imb['hot_1pct_share'])} of lookups hit the hottest 1% of rows")
+
+
+def comm_table(result: dict) -> str:
+    c = result["comm"]
+    rows = [[kind, f"{k['calls']:.0f}", si(k["bytes"], "B"), ms(k["time_s"]), ms(k["time_max_s"]),
+             si(k["algbw_Bps"], "B/s"), si(k["busbw_Bps"], "B/s"), pct(k["step_share"])]
+            for kind, k in c["by_kind"].items()]
+    table = tabulate(rows, headers=["collective (per step, mean of ranks)", "calls", "bytes", "ms",
+                                    "ms max rank", "algbw", "busbw", "of step"],
+                     colalign=("left",) + ("right",) * 7)
+    exp = tabulate([[f"rank {e['rank']}", ms(e["comm_s"]), ms(e["overlapped_s"]), ms(e["exposed_s"]),
+                     pct(e["overlap_fraction"]), pct(e["exposed_fraction"])] for e in c["exposure"]],
+                   headers=["", "comm ms", "overlapped", "exposed", "overlap %", "exposed of step"],
+                   colalign=("left",) + ("right",) * 5)
+    return (f"{table}\n\n{exp}\n(from {c['profiled_steps']} profiled steps per rank; exposed "
+            f"communication {pct(c['exposed_comm_fraction'])} of the step, mean of ranks)")
+
+
+def distributed_report(result: dict) -> str:
+    run = result["run"]
+    plan = ", ".join(f"{t.removeprefix('table_')}:{p['sharding']}@{','.join(map(str, p['ranks']))}"
+                     for t, p in result["plan"].items())
+    ranks = result["ranks"]
+    per_rank = ", ".join(f"rank {r['rank']} {r['tflops']:.3f} TFLOP/s ({pct(r['mfu'])} of its peak)"
+                         for r in ranks)
+    engine = ("TorchRec TrainPipelineSparseDist (input dist and DDP gradient sync overlapped)"
+              if run["options"].get("pipeline") else "staged (nothing overlapped)")
+    return "\n\n".join([
+        header(result),
+        f"{run['nproc']} ranks on {run['nnodes']} host(s), {run['backend']}; step: {engine}\n"
+        f"batch: global {run['global_batch']} = {run['nproc']} ranks x {run['per_rank_batch']} per rank\n"
+        f"sharding ({run['sharding']}): {plan}",
+        "critical path: the slowest rank in each stage\n" + stage_table(result),
+        rank_stage_table(result),
+        "embedding imbalance: measured on the real batches vs the planner's estimates\n" + imbalance_table(result),
+        "communication\n" + comm_table(result),
+        totals_table(result) + f"\nper rank: {per_rank}",
+    ])
