@@ -15,6 +15,7 @@ from gembench.harness.errors import UsageError
 # name -> (module, one-line help). Keep in the order a new user meets them.
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("gembench.harness.cmd_run", "train a config for a few steps and report MFU per stage"),
+    "ablate": ("gembench.harness.cmd_ablate", "add and remove each optimization of the stack; MFU gain of each"),
     "describe": ("gembench.harness.cmd_describe", "parameters, memory and FLOPs of a config, without running it"),
     "compare": ("gembench.harness.cmd_compare", "compare runs metric by metric: change, interval, verdict"),
     "gate": ("gembench.harness.cmd_gate", "CI gate: thresholds and regressions vs the baseline (exit 0/1/2/3/4)"),

@@ -1,0 +1,105 @@
+"""Measure what each optimization buys: add them one at a time, then remove them one at a time.
+
+Starting from the baseline stack, each row adds one more optimization (cumulative), so the
+gain column shows what that optimization adds on top of the ones before it. Then, starting
+from the optimized stack, each row removes one optimization alone, so the loss column shows
+what the full stack would lose without it. All MFU figures are against the same dense bf16
+peak, at the same model FLOPs, so a ratio of MFUs is a ratio of throughputs.
+
+`pipeline` only acts on several ranks (gembench run --nproc N); on one process it is skipped.
+
+examples:
+  gembench ablate --config small
+  gembench ablate --config tiny --steps 5 --warmup 2 --out ablation.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import replace
+from pathlib import Path
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default="small", help="config name or .toml path (default: small)")
+    p.add_argument("--steps", type=int, default=8, help="timed steps per stack variant (default: 8)")
+    p.add_argument("--warmup", type=int, default=3, help="warm-up steps per variant, incl. compile (default: 3)")
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda[:N] (default: auto)")
+    p.add_argument("--seed", type=int, default=0, help="seed of weights and data (default: 0)")
+    p.add_argument("--peak-tflops", type=float, default=None, help="override the reference peak")
+    p.add_argument("--out", type=Path, default=None, help="also write every variant's figures as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+
+def variants(single_process: bool):
+    """(label, options) pairs: cumulative additions from the baseline, then single removals."""
+    from gembench.harness.stack import OPTIMIZATIONS, STACKS
+
+    names = [n for n in OPTIMIZATIONS if not (single_process and n == "pipeline")]
+    added, options = [("baseline", STACKS["baseline"])], STACKS["baseline"]
+    for name in names:
+        options = replace(options, **{name: True})
+        added.append((f"+ {name}", options))
+    removed = [(f"- {name}", replace(STACKS["optimized"], **{name: False})) for name in names]
+    return added, removed
+
+
+def main(args: argparse.Namespace) -> int:
+    import sys
+
+    from tabulate import tabulate
+
+    from gembench.harness.report import pct
+    from gembench.harness.results import check_writable, write_result
+    from gembench.harness.runner import prepare, stack_result
+    from gembench.harness.stack import build_train_state
+    from gembench.harness.step import run_steps
+
+    if args.out is not None:
+        check_writable(args.out)
+    setup = prepare(args.config, args.steps, args.warmup, args.device, args.seed, args.peak_tflops)
+    added, removed = variants(single_process=True)
+    measured = {}
+    todo = added + removed
+    for i, (label, options) in enumerate(todo):
+        key = tuple(sorted(options.to_dict().items()))
+        if key not in measured:  # "+ compile" is the optimized stack: measured once
+            if not args.quiet:
+                print(f"gembench ablate: [{i + 1}/{len(todo)}] {label}: {options.describe()}",
+                      file=sys.stderr, flush=True)
+            state = build_train_state(setup.cfg, options, setup.device, seed=args.seed)
+            samples = run_steps(state, setup.batches, args.steps, args.warmup)
+            measured[key] = stack_result(setup, options, samples, args.warmup, label)
+        measured[label] = measured[key]
+
+    def row(label, reference):
+        r = measured[label]["summary"]
+        ref = measured[reference]["summary"]
+        return [label, f"{1e3 * r['step_time_s']['p50']:.1f}", pct(r["mfu"]), f"{r['mfu'] / ref['mfu']:.2f}x"]
+
+    rows = [row(added[0][0], added[0][0])]
+    rows += [row(label, added[i][0]) for i, (label, _) in enumerate(added[1:])]
+    print(f"gembench ablate {setup.cfg.name}: {args.steps} timed steps per variant, "
+          f"peak {setup.peak.tflops_per_device:.4g} TFLOP/s ({setup.peak.source})\n")
+    print(tabulate(rows, headers=["adding (cumulative)", "step ms", "MFU", "gain over previous row"],
+                   colalign=("left", "right", "right", "right")))
+    full = added[-1][0]
+    rows = [row(full, full)] + [
+        [label, *row(label, full)[1:3], f"{measured[full]['summary']['mfu'] / measured[label]['summary']['mfu']:.2f}x"]
+        for label, _ in removed
+    ]
+    print()
+    print(tabulate(rows, headers=["removing (one at a time)", "step ms", "MFU", "full stack's gain from it"],
+                   colalign=("left", "right", "right", "right")))
+    base, opt = measured[added[0][0]]["summary"], measured[full]["summary"]
+    print(f"\noptimized/baseline MFU: {opt['mfu'] / base['mfu']:.2f}x "
+          f"({pct(base['mfu'])} -> {pct(opt['mfu'])}); pipeline: only with --nproc > 1")
+    if args.out is not None:
+        doc = {"schema": "gembench.ablation/1", "config": setup.cfg.name, "config_hash": setup.cfg.hash,
+               "peak": {"tflops_per_device": setup.peak.tflops_per_device, "source": setup.peak.source},
+               "variants": {label: {k: measured[label][k] for k in ("options", "summary")}
+                            for label, _ in added + removed}}
+        write_result(args.out, json.loads(json.dumps(doc)))
+        print(f"\nablation: {args.out}")
+    return 0
