@@ -52,7 +52,7 @@ def main(args: argparse.Namespace) -> int:
 
     from gembench.harness.report import pct
     from gembench.harness.results import check_writable, write_result
-    from gembench.harness.runner import prepare, stack_result
+    from gembench.harness.runner import prepare, reset_peak_memory, stack_result
     from gembench.harness.stack import build_train_state
     from gembench.harness.step import run_steps
 
@@ -68,6 +68,7 @@ def main(args: argparse.Namespace) -> int:
             if not args.quiet:
                 print(f"gembench ablate: [{i + 1}/{len(todo)}] {label}: {options.describe()}",
                       file=sys.stderr, flush=True)
+            reset_peak_memory(setup.device)
             state = build_train_state(setup.cfg, options, setup.device, seed=args.seed)
             samples = run_steps(state, setup.batches, args.steps, args.warmup)
             measured[key] = stack_result(setup, options, samples, args.warmup, label)

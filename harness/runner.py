@@ -47,10 +47,28 @@ def check_fits(cfg: ModelConfig, batch_size: int, device: torch.device, copies: 
     return estimate
 
 
+def reset_peak_memory(device: torch.device) -> None:
+    """Start a new peak: several runs in one process (asv, --ab, ablate) must not inherit one."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:  # Linux: writing 5 to clear_refs resets the process's peak RSS (VmHWM)
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+    except OSError:
+        pass
+
+
 def peak_memory_bytes(device: torch.device) -> tuple[int, str]:
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device)), "torch.cuda.max_memory_allocated"
-    # Linux reports ru_maxrss in KiB: the whole process's peak resident set.
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024, "peak RSS of the process since the run began"
+    except OSError:
+        pass
+    # ru_maxrss (KiB on Linux) never resets: the peak of the whole process's life.
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "peak RSS of the process"
 
 
@@ -163,9 +181,8 @@ def run_benchmark(config: str | ModelConfig, steps: int = 20, warmup: int = 3,
                   peak_tflops: float | None = None, progress=None, stack_name: str = "optimized") -> dict:
     """Train ``config`` under one stack for ``warmup`` + ``steps`` steps; return the result."""
     setup = prepare(config, steps, warmup, device, seed, peak_tflops)
+    reset_peak_memory(setup.device)
     state = build_train_state(setup.cfg, options, setup.device, seed=seed)
-    if setup.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(setup.device)
     samples = run_steps(state, setup.batches, steps, warmup, progress=progress)
     return document(setup, steps, warmup, stack_result(setup, options, samples, warmup, stack_name))
 
@@ -196,6 +213,7 @@ def run_ab(config: str | ModelConfig, rounds: int = 6, steps_per_round: int = 3,
     names = ("baseline", "optimized")
     opts = {n: STACKS[n] if dtype is None or n == "baseline" else replace(STACKS[n], bf16=dtype == "bf16")
             for n in names}
+    reset_peak_memory(setup.device)
     states = {n: build_train_state(setup.cfg, opts[n], setup.device, seed=seed) for n in names}
     collected = {n: StepSamples() for n in names}
     per_round = {n: [] for n in names}
