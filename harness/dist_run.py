@@ -89,6 +89,8 @@ def run(args, env: dict, dev: torch.device, watchdog: W.Watchdog, fault) -> dict
     from gembench.models.gem import build_model
 
     model = build_model(cfg, dev)
+    if args.pipeline:  # embedding modules lifted out where the pipeline's tracer can find them
+        model = D.TrainModule(model)
     watchdog.at("plan")
     forced = D.parse_sharding(args.sharding, D.table_names(model))
     plan, planned = D.plan_sharding(model, forced, env, dev, local_batch)
@@ -101,6 +103,10 @@ def run(args, env: dict, dev: torch.device, watchdog: W.Watchdog, fault) -> dict
     watchdog.at("peak")
     peak = reference_peak(dev, args.peak_tflops)
 
+    timed = [batches[i % len(batches)] for i in range(args.warmup, args.warmup + args.steps)]
+    watchdog.at("load count")
+    # before the pipeline rewrites the modules' input dist for its own schedule
+    loads = D.measure_loads(dmp, timed[:LOAD_BATCHES], dev)
     autocast = _autocast(args.dtype, dev)
     W.STAGE_ORDER.update({s: i for i, s in enumerate(D.PIPELINE_STAGES if args.pipeline else D.STAGES)})
     show = rank == 0 and not args.quiet
@@ -114,8 +120,6 @@ def run(args, env: dict, dev: torch.device, watchdog: W.Watchdog, fault) -> dict
     watchdog.at("analysis")
     events = _trace_events(prof, args.trace, rank)
     comm_stats = comm.analyze(events, world, STEP_SPAN)
-    timed = [batches[i % len(batches)] for i in range(args.warmup, args.warmup + args.steps)]
-    loads = D.measure_loads(dmp, timed[:LOAD_BATCHES], dev)
     if not args.pipeline:
         loads["lookup_s"] = float(np.mean(samples["stages"]["embedding_lookup"]))
     memory, memory_source = peak_memory_bytes(dev)
@@ -193,7 +197,7 @@ def _staged_steps(engine: D.StagedStep, batches, args, watchdog, fault, rank, au
 def _pipeline_steps(engine: D.PipelineStep, batches, args, watchdog, fault, rank, autocast, show):
     samples = {"step_s": [], "loss": [], "stages": {s: [] for s in D.PIPELINE_STAGES}}
     total = args.warmup + args.steps + PROFILED_STEPS
-    feed = iter([batches[i % len(batches)] for i in range(total)])
+    feed = iter([D.pipelineable(batches[i % len(batches)]) for i in range(total)])
     prof = None
     started = time.perf_counter()
     for i in range(total):

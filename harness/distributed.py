@@ -320,16 +320,91 @@ class StagedStep:
 
 # -- the pipelined step --------------------------------------------------------------------
 
+class Slot(nn.Module):
+    """Stands in for an embedding module inside the model: returns what the pipeline computed."""
+
+    def __init__(self):
+        super().__init__()
+        self.value = None
+
+    def forward(self, *args, **kwargs):
+        return self.value
+
+
+class DenseHead(nn.Module):
+    """Everything but the embedding modules: the model's own embed/dense halves over Slots.
+
+    It holds the model's dense submodules as its children (so DDP and the optimizer see them) and
+    the model itself unregistered, so TorchRec's tracer treats this whole module as one leaf.
+    """
+
+    def __init__(self, model: nn.Module, slots: list[Slot]):
+        super().__init__()
+        self.parts = nn.ModuleList([m for m in model.children()])
+        object.__setattr__(self, "_model", model)
+        object.__setattr__(self, "_slots", slots)
+
+    def forward(self, batch, *embedded):
+        for slot, value in zip(self._slots, embedded):
+            slot.value = value
+        logits = self._model.dense(batch, self._model.embed(batch))
+        for slot in self._slots:
+            slot.value = None
+        loss = multitask_loss(logits, batch.labels)
+        return loss, loss.detach()  # progress() hands back the second: the loss, for the record
+
+
 class TrainModule(nn.Module):
-    """What TrainPipelineSparseDist drives: forward(batch) -> (loss, logits)."""
+    """What TrainPipelineSparseDist drives: forward(batch) -> (loss, detached loss).
+
+    The pipeline finds sharded modules by FX-tracing the model's forward and needs each one called
+    directly on a field of the batch; GEM's own forward is not traceable (jagged, data-dependent),
+    so the embedding modules are lifted out here and the rest runs as one untraced leaf.
+    """
 
     def __init__(self, model: nn.Module):
         super().__init__()
-        self.model = model
+        from torchrec import EmbeddingBagCollection, EmbeddingCollection
+
+        found = [(path, m) for path, m in model.named_modules()
+                 if isinstance(m, (EmbeddingBagCollection, EmbeddingCollection))]
+        self.fields, slots = [], []
+        for i, (path, module) in enumerate(found):
+            name = f"embedding_{i}"
+            self.add_module(name, module)
+            self.fields.append((name, "sparse" if isinstance(module, EmbeddingBagCollection) else "seq"))
+            parent_path, _, leaf = path.rpartition(".")
+            parent = model.get_submodule(parent_path) if parent_path else model
+            slot = Slot()
+            setattr(parent, leaf, slot)  # the model now reads this module's output from the slot
+            slots.append(slot)
+        self.head = DenseHead(model, slots)
 
     def forward(self, batch):
-        logits = self.model(batch)
-        return multitask_loss(logits, batch.labels), logits.detach()
+        embedded = [getattr(self, name)(getattr(batch, field)) for name, field in self.fields]
+        return self.head(batch, *embedded)
+
+
+def pipelineable(batch):
+    """The batch as TorchRec's pipeline wants it: an instance of its Pipelineable interface
+    (which models/data.py's Batch satisfies in behaviour but not by inheritance)."""
+    from torchrec.streamable import Pipelineable
+
+    class PipelineBatch(Pipelineable):
+        def __init__(self, b):
+            self.batch = b
+            self.dense, self.sparse, self.seq, self.labels = b.dense, b.sparse, b.seq, b.labels
+
+        def to(self, device, non_blocking=False):
+            return PipelineBatch(self.batch.to(device, non_blocking=non_blocking))
+
+        def record_stream(self, stream):
+            self.batch.record_stream(stream)
+
+        def pin_memory(self):
+            return PipelineBatch(self.batch.pin_memory())
+
+    return PipelineBatch(batch)
 
 
 class PipelineStep:
@@ -367,8 +442,8 @@ class PipelineStep:
     def __call__(self, batches) -> tuple[torch.Tensor, dict[str, float]]:
         """One ``progress`` over the iterator ``batches``; the loss and its phase times."""
         self.times = {p: 0.0 for p in PIPELINE_STAGES}
-        loss, _ = self.pipeline.progress(batches)
-        return loss.detach(), dict(self.times)
+        loss = self.pipeline.progress(batches)
+        return loss, dict(self.times)
 
 
 # -- measured embedding load ---------------------------------------------------------------

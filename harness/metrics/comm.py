@@ -192,7 +192,7 @@ def classify(family: str, context: Sequence[str]) -> str:
     ctx = " ".join(context).lower()
     backward = "backward" in ctx or "_bwd" in ctx
     if family == "all_to_all":
-        if "kjt" in ctx or "splits" in ctx or "input_dist" in ctx:
+        if any(m in ctx for m in ("kjt", "splits", "input_dist", "sparse_data_dist")):
             return "kjt_all_to_all"
         return "embedding_grad_all_to_all" if backward else "embedding_all_to_all"
     if family == "reduce_scatter":
@@ -233,13 +233,16 @@ def collectives(events: Sequence[dict]) -> list[dict]:
     return out
 
 
-BLOCKING_MARKERS = ("wait", "c10d::", "record_param_comms", "barrier")
+# Lower-cased name parts of operators that block on communication. TorchRec pairs autograd
+# functions around each collective: "<X>_Req" launches it and "<X>_Wait" waits for it in the
+# forward; in the backward the roles swap ("<X>_WaitBackward" launches, "<X>_ReqBackward" waits).
+BLOCKING_MARKERS = ("wait", "reqbackward", "req_backward", "c10d::", "record_param_comms", "barrier")
 
 
 def compute_intervals(events: Sequence[dict]) -> list[Interval]:
     """Busy time (us) of the compute threads: operators that do work, not those that wait.
 
-    An operator that waits for communication (names with "wait", the c10d queueing calls) and
+    An operator that waits for communication (BLOCKING_MARKERS, the c10d queueing calls) and
     every operator around one is left out; the operators inside it still count.
     """
     comm_threads = {e["tid"] for e in events if is_gloo(e)}
