@@ -1,0 +1,187 @@
+"""`gembench run --nproc 2` end to end: sharded tiny GEM on 2 gloo ranks, as a user runs it.
+
+Each run costs ~15-25 s on 2 cores, so the module makes three: table-wise (staged, traced),
+row-wise (pipelined) on one planted-skew config, and the fault runs; plus parent-side refusals.
+"""
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gembench.harness.distributed import parse_sharding
+from gembench.harness.errors import UsageError
+from gembench.models.config import load_config
+from gembench.models.data import SyntheticData
+
+REPO_CONFIGS = load_config("tiny").source
+
+# tiny, but table t0 is hot: 64 IDs per example against 1 for every other table, and the
+# sequence is nearly empty, so t0's lookups are almost all of the embedding work.
+SKEW = re.sub(r"pooling = \[[^\]]*\]", "pooling = [64, 1, 1, 1, 1, 1, 1, 1]",
+              open(REPO_CONFIGS).read().replace('pooling = "uniform"', 'pooling = "fixed"'))
+SKEW = SKEW.replace("max_len = 32", "max_len = 2").replace("mean_len = 16", "mean_len = 1")
+SKEW = SKEW.replace('name = "tiny"', 'name = "skew"')
+
+
+def gembench(*args, env=None, timeout=300):
+    return subprocess.run([sys.executable, "-m", "gembench", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})})
+
+
+@pytest.fixture(scope="module")
+def skew_config(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cfg") / "skew.toml"
+    path.write_text(SKEW)
+    return path
+
+
+@pytest.fixture(scope="module")
+def table_wise(skew_config, tmp_path_factory):
+    d = tmp_path_factory.mktemp("tw")
+    proc = gembench("run", "--config", str(skew_config), "--nproc", "2", "--steps", "3", "--warmup", "1",
+                    "--sharding", "table_wise", "--trace", str(d / "traces"), "--out", str(d / "r.json"),
+                    "--quiet")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc, json.loads((d / "r.json").read_text()), d
+
+
+@pytest.fixture(scope="module")
+def row_wise(skew_config, tmp_path_factory):
+    out = tmp_path_factory.mktemp("rw") / "r.json"
+    proc = gembench("run", "--config", str(skew_config), "--nproc", "2", "--steps", "3", "--warmup", "1",
+                    "--sharding", "row_wise", "--pipeline", "--out", str(out), "--quiet")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc, json.loads(out.read_text())
+
+
+def test_one_result_with_per_rank_stages_imbalance_and_comm(table_wise):
+    proc, r, d = table_wise
+    run = r["run"]
+    assert run["nproc"] == 2 and run["global_batch"] == 64 and run["per_rank_batch"] == 32
+    assert run["backend"] == "gloo" and run["stack"] == "staged"
+    assert [x["rank"] for x in r["ranks"]] == [0, 1]
+    stages = {"data", "input_dist", "embedding_lookup", "output_dist", "dense_forward", "backward",
+              "grad_sync", "optimizer"}
+    for rank in r["ranks"]:
+        assert set(rank["samples"]["stages"]) == stages
+        assert all(len(v) == 3 for v in rank["samples"]["stages"].values())
+        assert rank["tflops"] > 0
+    # critical path = per stage the slowest rank
+    crit = r["imbalance"]["critical_path_s"]
+    for s in stages:
+        assert crit[s] == max(x["stage_means_s"][s] for x in r["ranks"])
+    assert set(r["imbalance"]["measured"]["loads"]) >= {"ids", "unique_ids", "bytes_read", "lookup_s"}
+    assert set(r["imbalance"]["planned"]["loads"]) == {"perf_ms", "storage_bytes"}
+    assert {"kjt_all_to_all", "embedding_all_to_all", "embedding_grad_all_to_all",
+            "dense_grad_all_reduce"} <= set(r["comm"]["by_kind"])
+    # staged: nothing overlaps, so nearly all communication is exposed
+    assert all(e["overlap_fraction"] < 0.2 for e in r["comm"]["exposure"])
+    m = r["metrics"]
+    assert 0 < m["mfu"] < 1 and m["imbalance_max_mean"] >= 1 and 0 < m["exposed_comm_fraction"] < 1
+    # MFU = job FLOPs / step / sum of peaks
+    assert m["mfu"] == pytest.approx(r["flops"]["model_per_step"] / m["step_time_s"]
+                                     / (sum(r["peak"]["per_rank"]) * 1e12), rel=1e-9)
+    for title in ("critical path", "rank 0", "embedding imbalance", "planned", "communication", "exposed"):
+        assert title in proc.stdout
+    assert "global 64 = 2 ranks x 32 per rank" in proc.stdout
+    assert sorted(os.listdir(d / "traces")) == ["rank0.json", "rank1.json"]
+
+
+def expected_bytes(r, cfg, rank):
+    """Bytes rank ``rank`` sends per kind over the profiled steps, from the batches and the plan."""
+    world, b_local, b_global = 2, r["run"]["per_rank_batch"], r["run"]["global_batch"]
+    owner = {t.removeprefix("table_"): p["ranks"] for t, p in r["plan"].items()}
+    assert all(len(ranks) == 1 for ranks in owner.values())  # table-wise: one shard per table
+    pooled = [f"t{i}" for i in range(len(cfg.sparse.rows))]
+    seqs = [s.name for s in cfg.sequences]
+    local_pooled = [f for f in pooled if owner[f] == [rank]]
+    kjt = emb = grad = 0
+    for index in r["run"]["batches"]["profiled"]:
+        batches = [SyntheticData(cfg, seed=0, batch_size=b_local, rank=q).batch(index) for q in range(world)]
+        mine = batches[rank]
+        # KJT all-to-all, per module: splits (lengths, values, stride) x world int64, then every
+        # feature's lengths (B_local each) and values go to their table's owner
+        for kjt_ in (mine.sparse, mine.seq):
+            kjt += (3 * world + kjt_.lengths().numel() + kjt_.values().numel()) * 8
+        # pooled embeddings back: for every example of the job, this rank's tables' sums (fp32)
+        emb += b_global * len(local_pooled) * cfg.sparse.dim * 4
+        # sequence embeddings back: one row per ID this rank received for its sequence tables
+        emb += sum(b.seq[s].values().numel() for b in batches for s in seqs if owner[s] == [rank]) \
+            * cfg.hstu.dim * 4
+        # gradients of the pooled embeddings of this rank's own examples, for every table
+        grad += b_local * len(pooled) * cfg.sparse.dim * 4
+        grad += sum(mine.seq[s].values().numel() for s in seqs) * cfg.hstu.dim * 4
+    return {"kjt_all_to_all": kjt, "embedding_all_to_all": emb, "embedding_grad_all_to_all": grad}
+
+
+def test_all_to_all_bytes_equal_what_batches_and_plan_imply(table_wise, skew_config):
+    _, r, _ = table_wise
+    cfg = load_config(str(skew_config))
+    for rank, calls in enumerate(r["comm"]["calls"]):
+        counted = {}
+        for c in calls:
+            counted[c["kind"]] = counted.get(c["kind"], 0) + c["bytes"]
+        want = expected_bytes(r, cfg, rank)
+        assert {k: counted.get(k, 0) for k in want} == want, f"rank {rank}"
+
+
+def test_planted_skew_table_wise_vs_row_wise(table_wise, row_wise):
+    tw, rw = table_wise[1], row_wise[1]
+    # one hot table, all of it on one rank: that rank reads most of the bytes
+    assert tw["metrics"]["imbalance_max_mean"] > 1.5
+    # the same data with every table split by rows over both ranks: close to even
+    assert rw["metrics"]["imbalance_max_mean"] < 1.1
+    for r in (tw, rw):
+        assert set(r["imbalance"]["planned"]["metrics"]["perf_ms"]) >= {"max_mean", "chi", "kl"}
+    assert rw["run"]["stack"] == "pipeline"
+    assert set(rw["ranks"][0]["samples"]["stages"]) == {"data", "input_dist", "forward", "backward", "optimizer"}
+    assert all(p["sharding"] == "row_wise" for p in rw["plan"].values())
+
+
+@pytest.mark.parametrize("mode, message", [
+    ("hang", "rank 1 hung in stage embedding_lookup of step 2"),
+    ("exit", "rank 1: injected fault (exit) at step 2, stage embedding_lookup"),
+])
+def test_a_failing_rank_ends_the_run_without_a_result(tmp_path, mode, message):
+    out = tmp_path / "r.json"
+    start = time.monotonic()
+    proc = gembench("run", "--config", "tiny", "--nproc", "2", "--steps", "3", "--warmup", "1",
+                    "--timeout", "10", "--out", str(out), "--quiet",
+                    env={"GEMBENCH_FAULT": f"1:2:{mode}"}, timeout=240)
+    elapsed = time.monotonic() - start
+    assert proc.returncode != 0
+    assert not out.exists()
+    assert message in proc.stderr, proc.stderr[-3000:]
+    assert "no result written" in proc.stderr
+    assert elapsed < 150  # setup + --timeout + torchrun's teardown, not forever
+
+
+def test_refusals_are_one_line_and_exit_2(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = gembench("run", "--config", "tiny", "--nproc", "2", env={"MASTER_PORT": str(port)})
+    assert proc.returncode == 2 and f"port {port}" in proc.stderr and "in use" in proc.stderr
+    proc = gembench("run", "--config", "tiny", "--nproc", "3")
+    assert proc.returncode == 2 and "global batch 64 does not split evenly over 3 ranks" in proc.stderr
+    proc = gembench("run", "--config", "tiny", "--nproc", "2", "--sharding", "t9=row_wise")
+    assert proc.returncode == 2 and "no table 't9'" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_parse_sharding():
+    tables = ["table_t0", "table_t1", "table_clicks"]
+    assert parse_sharding(None, tables) == {}
+    assert parse_sharding("row_wise", tables) == dict.fromkeys(tables, "row_wise")
+    assert parse_sharding("t0=row_wise,default=table_wise", tables) == {
+        "table_t0": "row_wise", "table_t1": "table_wise", "table_clicks": "table_wise"}
+    assert parse_sharding("clicks=column_wise", tables) == {"table_clicks": "column_wise"}
+    with pytest.raises(UsageError, match="not a sharding type"):
+        parse_sharding("diagonal", tables)
