@@ -22,3 +22,23 @@ def run_configs() -> dict:
 
 def metric(results: dict, config: str, name: str) -> float:
     return float(results[config][name])
+
+
+class TrackedRun:
+    """Base of the asv classes: one harness run per config in setup_cache, tracks read it.
+
+    ``requires`` names the metric a subclass tracks; where the run did not measure it (say,
+    imbalance on one process) asv reports the benchmark as skipped, not as a failure.
+    """
+
+    params = CONFIGS
+    param_names = ["config"]
+    timeout = 900
+    requires = "step_time_s"
+
+    def setup_cache(self):
+        return run_configs()
+
+    def setup(self, results, config):
+        if (results.get(config) or {}).get(self.requires) is None:
+            raise NotImplementedError(f"config {config} has no {self.requires} at this commit")

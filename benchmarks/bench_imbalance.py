@@ -3,20 +3,11 @@
 Tracked only where the run measures it (multi-rank runs); elsewhere asv reports it as skipped.
 """
 
-from ._common import CONFIGS, metric, run_configs
+from ._common import TrackedRun, metric
 
 
-class Imbalance:
-    params = CONFIGS
-    param_names = ["config"]
-    timeout = 900
-
-    def setup_cache(self):
-        return run_configs()
-
-    def setup(self, results, config):
-        if (results.get(config) or {}).get("imbalance_max_mean") is None:
-            raise NotImplementedError("this run does not measure imbalance")
+class Imbalance(TrackedRun):
+    requires = "imbalance_max_mean"
 
     def track_imbalance_max_mean(self, results, config):
         return metric(results, config, "imbalance_max_mean")

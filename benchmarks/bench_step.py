@@ -9,20 +9,11 @@ the reference peak), and peak memory. Each config is run once per commit through
   asv continuous HEAD~1 HEAD --bench bench_step  # exits 1 when something got worse
 """
 
-from ._common import CONFIGS, metric, run_configs
+from ._common import TrackedRun, metric
 
 
-class Step:
-    params = CONFIGS
-    param_names = ["config"]
-    timeout = 900
-
-    def setup_cache(self):
-        return run_configs()
-
-    def setup(self, results, config):
-        if results.get(config) is None:
-            raise NotImplementedError(f"config {config} did not run at this commit")  # asv: skipped
+class Step(TrackedRun):
+    requires = "step_time_s"
 
     def track_step_time(self, results, config):
         return metric(results, config, "step_time_s")
