@@ -107,12 +107,19 @@ def run(args, env: dict, dev: torch.device, watchdog: W.Watchdog, fault) -> dict
     watchdog.at("load count")
     # before the pipeline rewrites the modules' input dist for its own schedule
     loads = D.measure_loads(dmp, timed[:LOAD_BATCHES], dev)
+    # counted before any step: TorchRec's pipeline may modify the batches it is fed in place
+    per_block = [batch_forward_flops(cfg, b) for b in timed]
+    described = {"forward_flops": [float(sum(b.values())) for b in per_block],
+                 "per_block": _mean_blocks(per_block), "embedding_bytes": embedding_bytes(cfg, timed[0]),
+                 "hot": _hot_counts(cfg, timed)}
     autocast = _autocast(args.dtype, dev)
     W.STAGE_ORDER.update({s: i for i, s in enumerate(D.PIPELINE_STAGES if args.pipeline else D.STAGES)})
     show = rank == 0 and not args.quiet
     if args.pipeline:
         engine = D.PipelineStep(dmp, dev)
-        samples, prof = _pipeline_steps(engine, batches, args, watchdog, fault, rank, autocast, show)
+        # the pipeline gets its own copies of the batches (regenerated: same seed, same data)
+        fed = [data.batch(i % len(batches)) for i in range(total)]
+        samples, prof = _pipeline_steps(engine, fed, args, watchdog, fault, rank, autocast, show)
     else:
         engine = D.StagedStep(dmp, dev, world)
         samples, prof = _staged_steps(engine, batches, args, watchdog, fault, rank, autocast, show)
@@ -128,10 +135,7 @@ def run(args, env: dict, dev: torch.device, watchdog: W.Watchdog, fault) -> dict
         "local_rank": env["local_rank"], "peak_tflops": peak.tflops_per_device, "peak_source": peak.source,
         "peak_dtype": peak.dtype, "torch_threads": torch.get_num_threads(),
         "step_s": samples["step_s"], "stages": samples["stages"], "loss": samples["loss"],
-        "forward_flops": [float(sum(batch_forward_flops(cfg, b).values())) for b in timed],
-        "per_block": _mean_blocks([batch_forward_flops(cfg, b) for b in timed]),
-        "embedding_bytes": embedding_bytes(cfg, timed[0]),
-        "loads": loads, "hot": _hot_counts(cfg, timed),
+        **described, "loads": loads,
         "comm": {k: v for k, v in comm_stats.items() if k != "calls"},
         "comm_calls": comm_stats["calls"],
         "peak_memory_bytes": memory, "peak_memory_source": memory_source,
@@ -197,7 +201,7 @@ def _staged_steps(engine: D.StagedStep, batches, args, watchdog, fault, rank, au
 def _pipeline_steps(engine: D.PipelineStep, batches, args, watchdog, fault, rank, autocast, show):
     samples = {"step_s": [], "loss": [], "stages": {s: [] for s in D.PIPELINE_STAGES}}
     total = args.warmup + args.steps + PROFILED_STEPS
-    feed = iter([D.pipelineable(batches[i % len(batches)]) for i in range(total)])
+    feed = iter([D.pipelineable(b) for b in batches])
     prof = None
     started = time.perf_counter()
     for i in range(total):
