@@ -107,7 +107,7 @@ def run(args, env: dict, dev: torch.device, watchdog: W.Watchdog, fault) -> dict
     watchdog.at("load count")
     # before the pipeline rewrites the modules' input dist for its own schedule
     loads = D.measure_loads(dmp, timed[:LOAD_BATCHES], dev)
-    # counted before any step: TorchRec's pipeline may modify the batches it is fed in place
+    # described once, before any step, from the host batches as generated
     per_block = [batch_forward_flops(cfg, b) for b in timed]
     described = {"forward_flops": [float(sum(b.values())) for b in per_block],
                  "per_block": _mean_blocks(per_block), "embedding_bytes": embedding_bytes(cfg, timed[0]),
@@ -117,7 +117,8 @@ def run(args, env: dict, dev: torch.device, watchdog: W.Watchdog, fault) -> dict
     show = rank == 0 and not args.quiet
     if args.pipeline:
         engine = D.PipelineStep(dmp, dev)
-        # the pipeline gets its own copies of the batches (regenerated: same seed, same data)
+        # the pipeline holds batches in flight across steps: it gets its own batch objects
+        # (regenerated: same seed, same data) rather than the list measured above
         fed = [data.batch(i % len(batches)) for i in range(total)]
         samples, prof = _pipeline_steps(engine, fed, args, watchdog, fault, rank, autocast, show)
     else:
