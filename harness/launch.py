@@ -93,9 +93,14 @@ def check(args) -> None:
     cfg = load_config(args.config)
     per_rank_batch(cfg.data.global_batch, args.nproc)
     tables = [t.name for t in pooled_tables(cfg)]
-    if cfg.kind == "gem":
-        tables += [t.name for t in sequence_tables(cfg)]
-    parse_sharding(args.sharding, tables)
+    sequences = [t.name for t in sequence_tables(cfg)] if cfg.kind == "gem" else []
+    forced = parse_sharding(args.sharding, tables + sequences)
+    # TorchRec's EmbeddingCollection (sequence tables) shards table-, row- or column-wise only
+    odd = sorted(t.removeprefix("table_") for t in sequences
+                 if forced.get(t) not in (None, "table_wise", "row_wise", "column_wise"))
+    if odd:
+        raise UsageError(f"--sharding: sequence table(s) {', '.join(odd)} can only be table_wise, row_wise "
+                         f"or column_wise in TorchRec; add e.g. {odd[0]}=row_wise to the spec")
     dev = resolve_device(args.device)
     backend_for(dev)
     if dev.type == "cuda" and torch.cuda.device_count() < args.nproc:
