@@ -75,7 +75,10 @@ def build_result(cfg, args, env: dict, records: list[dict], planned, batch_indic
     comm = comm_section(records)
     forward = float(np.mean(job_forward))
     created = dt.datetime.now(dt.timezone.utc)
-    stack = "pipeline" if args.pipeline else "staged"
+    from gembench.harness.stack import stack_options
+
+    options = stack_options(args.stack, args.dtype)
+    stack = f"{args.stack}-{'pipeline' if args.pipeline else 'staged'}"
     device = records[0]["device"]
     return {
         "schema": SCHEMA,
@@ -83,8 +86,9 @@ def build_result(cfg, args, env: dict, records: list[dict], planned, batch_indic
         "created": created.isoformat(timespec="seconds"),
         "config": {"name": cfg.name, "hash": cfg.hash, "path": cfg.source, "kind": cfg.kind},
         "run": {
-            "steps": args.steps, "warmup": args.warmup, "dtype": args.dtype or "fp32", "device": device,
-            "seed": args.seed, "stack": stack, "options": {"pipeline": bool(args.pipeline)},
+            "steps": args.steps, "warmup": args.warmup, "dtype": options.dtype, "device": device,
+            "seed": args.seed, "stack": stack, "options": {"fused_embeddings": True, "jagged": options.jagged, "bf16": options.bf16,
+                        "compile": False, "pipeline": bool(args.pipeline)},
             "nproc": world, "nnodes": len({r["host"] for r in records}),
             "global_batch": global_batch, "per_rank_batch": global_batch // world,
             "sharding": args.sharding or "auto", "backend": backend, "timeout_s": args.timeout,

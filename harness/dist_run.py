@@ -80,6 +80,7 @@ def main(args, env: dict) -> int:
 
 def run(args, env: dict, dev: torch.device, watchdog: W.Watchdog, fault) -> dict:
     from gembench.harness.dist_result import build_result
+    from gembench.harness.stack import stack_options
 
     rank, world = env["rank"], env["world_size"]
     cfg = load_config(args.config)
@@ -88,7 +89,10 @@ def run(args, env: dict, dev: torch.device, watchdog: W.Watchdog, fault) -> dict
     torch.manual_seed(args.seed)  # same seed on every rank: identical replicated weights
     from gembench.models.gem import build_model
 
-    model = build_model(cfg, dev)
+    # The stack's kernel and precision choices apply here too; embeddings are always fbgemm's
+    # fused TBE under DMP, and overlap is the --pipeline switch.
+    options = stack_options(args.stack, args.dtype)
+    model = build_model(cfg, dev, attention="jagged" if options.jagged else "padded")
     if args.pipeline:  # embedding modules lifted out where the pipeline's tracer can find them
         model = D.TrainModule(model)
     watchdog.at("plan")
@@ -112,7 +116,7 @@ def run(args, env: dict, dev: torch.device, watchdog: W.Watchdog, fault) -> dict
     described = {"forward_flops": [float(sum(b.values())) for b in per_block],
                  "per_block": _mean_blocks(per_block), "embedding_bytes": embedding_bytes(cfg, timed[0]),
                  "hot": _hot_counts(cfg, timed)}
-    autocast = _autocast(args.dtype, dev)
+    autocast = _autocast(options.dtype, dev)
     W.STAGE_ORDER.update({s: i for i, s in enumerate(D.PIPELINE_STAGES if args.pipeline else D.STAGES)})
     show = rank == 0 and not args.quiet
     if args.pipeline:

@@ -64,7 +64,7 @@ def test_one_result_with_per_rank_stages_imbalance_and_comm(table_wise):
     proc, r, d = table_wise
     run = r["run"]
     assert run["nproc"] == 2 and run["global_batch"] == 64 and run["per_rank_batch"] == 32
-    assert run["backend"] == "gloo" and run["stack"] == "staged"
+    assert run["backend"] == "gloo" and run["stack"] == "optimized-staged"
     assert [x["rank"] for x in r["ranks"]] == [0, 1]
     stages = {"data", "input_dist", "embedding_lookup", "output_dist", "dense_forward", "backward",
               "grad_sync", "optimizer"}
@@ -139,7 +139,7 @@ def test_planted_skew_table_wise_vs_row_wise(table_wise, row_wise):
     assert rw["metrics"]["imbalance_max_mean"] < 1.1
     for r in (tw, rw):
         assert set(r["imbalance"]["planned"]["metrics"]["perf_ms"]) >= {"max_mean", "chi", "kl"}
-    assert rw["run"]["stack"] == "pipeline"
+    assert rw["run"]["stack"] == "optimized-pipeline"
     assert set(rw["ranks"][0]["samples"]["stages"]) == {"data", "input_dist", "forward", "backward", "optimizer"}
     assert all(p["sharding"] == "row_wise" for p in rw["plan"].values())
 
