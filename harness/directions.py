@@ -25,6 +25,7 @@ METRICS: dict[str, MetricInfo] = {
         MetricInfo("mfu", False, "fraction", samples="mfu"),
         MetricInfo("examples_per_s", False, "1/s"),
         MetricInfo("ab_mfu_ratio", False, "x"),
+        MetricInfo("baseline_mfu", False, "fraction"),
         MetricInfo("step_time_s", True, "s", samples="step_s"),
         MetricInfo("imbalance_max_mean", True, "x"),
         MetricInfo("exposed_comm_fraction", True, "fraction"),

@@ -105,6 +105,12 @@ def run(args, env: dict, dev: torch.device, watchdog: W.Watchdog, fault) -> dict
     total = args.warmup + args.steps + PROFILED_STEPS
     batches = [data.batch(i) for i in range(min(total, MAX_DISTINCT_BATCHES))]
     watchdog.at("peak")
+    if dev.type == "cpu" and args.peak_tflops is None:
+        # One calibration per host, on a quiet machine: ranks that measured their GEMM peak
+        # all at once each saw a share of the cores and disagreed by 3x.
+        if env["local_rank"] == 0:
+            reference_peak(dev, None)
+        dist.barrier()
     peak = reference_peak(dev, args.peak_tflops)
 
     timed = [batches[i % len(batches)] for i in range(args.warmup, args.warmup + args.steps)]
@@ -164,6 +170,14 @@ def _autocast(dtype: str | None, dev: torch.device):
     return contextlib.nullcontext
 
 
+def _keep(samples: dict, elapsed: float, loss, stage_seconds: dict) -> None:
+    """Record one timed step (warm-up and profiled steps are not kept)."""
+    samples["step_s"].append(elapsed)
+    samples["loss"].append(float(loss))
+    for stage, seconds in stage_seconds.items():
+        samples["stages"][stage].append(seconds)
+
+
 def _staged_steps(engine: D.StagedStep, batches, args, watchdog, fault, rank, autocast, show):
     samples = {"step_s": [], "loss": [], "stages": {s: [] for s in D.STAGES}}
     sync = torch.cuda.synchronize if engine.device.type == "cuda" else (lambda: None)
@@ -194,10 +208,7 @@ def _staged_steps(engine: D.StagedStep, batches, args, watchdog, fault, rank, au
         sync()
         elapsed = time.perf_counter() - start
         if args.warmup <= i < args.warmup + args.steps:
-            samples["step_s"].append(elapsed)
-            samples["loss"].append(float(loss))
-            for stage, seconds in durations.items():
-                samples["stages"][stage].append(seconds)
+            _keep(samples, elapsed, loss, durations)
         _progress(show, i + 1, total, elapsed, started)
     prof.__exit__(None, None, None)
     return samples, prof
@@ -223,10 +234,7 @@ def _pipeline_steps(engine: D.PipelineStep, batches, args, watchdog, fault, rank
         engine.sync()
         elapsed = time.perf_counter() - start
         if args.warmup <= i < args.warmup + args.steps:
-            samples["step_s"].append(elapsed)
-            samples["loss"].append(float(loss))
-            for stage, seconds in times.items():
-                samples["stages"][stage].append(seconds)
+            _keep(samples, elapsed, loss, times)
         _progress(show, i + 1, total, elapsed, started)
     prof.__exit__(None, None, None)
     return samples, prof

@@ -4,9 +4,10 @@ Schema ``gembench.result/1`` (all times in seconds, FLOPs as floats):
 
     schema, id, created (ISO 8601 UTC)
     config:  {name, hash, path, kind}
-    run:     {steps, warmup, dtype, device, seed, stack, nproc, global_batch, per_rank_batch}
-    env:     {hardware_class, device_name, cpu_model, cpu_cores, python, torch, torchrec,
-              fbgemm_gpu, gembench, git_commit, git_dirty, hostname}
+    run:     {steps, warmup, dtype, device, seed, stack, options, nproc, global_batch, per_rank_batch}
+    env:     {hardware_class, device_name, cpu_model, cpu_cores, torch_threads, python,
+              packages: {torch, torchrec, fbgemm-gpu-cpu | fbgemm-gpu, numpy}, gembench,
+              git_commit, git_dirty, hostname}
     peak:    {tflops_per_device, devices, dtype, source}
     flops:   {forward_per_step, model_per_step, per_block: {block: forward FLOPs per step}}
     samples: {step_s: [...], mfu: [...], stages: {stage: [...]}}   one entry per timed step
@@ -14,7 +15,9 @@ Schema ``gembench.result/1`` (all times in seconds, FLOPs as floats):
               peak_memory_bytes, stages: {stage: {time_s, share, flops, tflops, mfu}}}
     metrics: flat {name: number}: the headline figures that compare and gate read
              (mfu, step_time_s, examples_per_s, peak_memory_bytes, and, where measured,
-             imbalance_max_mean, exposed_comm_fraction, ab_mfu_ratio)
+             imbalance_max_mean, exposed_comm_fraction, ab_mfu_ratio, baseline_mfu)
+    ab:      (run --ab only) rounds, round ratios, mfu_ratio and its ci95, the baseline's summary
+    distributed runs add ranks, imbalance and comm: see harness/dist_result.py
 
 Baselines (``gembench.baseline/1``) bundle one or more replicate runs of one config on one hardware
 class: {schema, promoted (ISO 8601 UTC), hardware_class, config, runs: [result, ...]}. They live
