@@ -2,22 +2,45 @@
 
 The configs come from GEMBENCH_ASV_CONFIGS (comma-separated, default "tiny": seconds on two CPU
 cores; "tiny,small" for a nightly job; "medium" on a GPU). Steps from GEMBENCH_ASV_STEPS.
-Only the metrics dict of each result is kept: asv pickles what setup_cache returns.
+Imbalance and communication exist only between ranks: those classes run `gembench run --nproc
+GEMBENCH_ASV_NPROC` (default 2) as torchrun ranks. Only the metrics dict of each result is kept:
+asv pickles what setup_cache returns.
 """
 
+import json
 import os
+import subprocess
+import sys
+import tempfile
 
 CONFIGS = [c for c in os.environ.get("GEMBENCH_ASV_CONFIGS", "tiny").split(",") if c]
 STEPS = int(os.environ.get("GEMBENCH_ASV_STEPS", "20"))
+NPROC = int(os.environ.get("GEMBENCH_ASV_NPROC", "2"))
 
 
-def run_configs() -> dict:
+def run_configs(nproc: int = 1) -> dict:
     """{config: metrics dict, or None where this commit cannot run it}."""
+    if nproc > 1:
+        return {c: run_ranks(c, nproc) for c in CONFIGS}
     try:
         from gembench.harness.runner import run_benchmark
     except ImportError:  # a commit from before the harness API: nothing to track there
         return {c: None for c in CONFIGS}
     return {c: dict(run_benchmark(c, steps=STEPS, warmup=3)["metrics"]) for c in CONFIGS}
+
+
+def run_ranks(config: str, nproc: int) -> dict | None:
+    """One distributed run through the CLI (ranks are processes); None where it cannot run."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "r.json")
+        cmd = [sys.executable, "-m", "gembench", "run", "--config", config, "--nproc", str(nproc),
+               "--steps", str(STEPS), "--out", out, "--quiet"]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0 or not os.path.exists(out):
+            print(proc.stderr[-2000:], file=sys.stderr)  # asv --show-stderr shows why
+            return None
+        with open(out) as fh:
+            return json.load(fh)["metrics"]
 
 
 def metric(results: dict, config: str, name: str) -> float:
@@ -35,9 +58,10 @@ class TrackedRun:
     param_names = ["config"]
     timeout = 900
     requires = "step_time_s"
+    nproc = 1
 
     def setup_cache(self):
-        return run_configs()
+        return run_configs(self.nproc)
 
     def setup(self, results, config):
         if (results.get(config) or {}).get(self.requires) is None:

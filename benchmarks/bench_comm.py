@@ -2,10 +2,11 @@
 compute, divided by step time); lower is better. Skipped where the run has no collectives.
 """
 
-from ._common import TrackedRun, metric
+from ._common import NPROC, TrackedRun, metric
 
 
 class Comm(TrackedRun):
+    nproc = NPROC
     requires = "exposed_comm_fraction"
 
     def track_exposed_comm_fraction(self, results, config):

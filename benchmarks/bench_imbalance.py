@@ -1,12 +1,13 @@
 """asv: embedding imbalance (max/mean of per-rank work) per config; lower is better.
 
-Tracked only where the run measures it (multi-rank runs); elsewhere asv reports it as skipped.
+Measured on GEMBENCH_ASV_NPROC (default 2) torchrun ranks; skipped where a commit cannot run them.
 """
 
-from ._common import TrackedRun, metric
+from ._common import NPROC, TrackedRun, metric
 
 
 class Imbalance(TrackedRun):
+    nproc = NPROC
     requires = "imbalance_max_mean"
 
     def track_imbalance_max_mean(self, results, config):
