@@ -48,7 +48,7 @@ def metric(results: dict, config: str, name: str) -> float:
 
 
 class TrackedRun:
-    """Base of the asv classes: one harness run per config in setup_cache, tracks read it.
+    """Base of the asv classes: tracks read one harness run per config made in setup_cache.
 
     ``requires`` names the metric a subclass tracks; where the run did not measure it (say,
     imbalance on one process) asv reports the benchmark as skipped, not as a failure.
@@ -58,11 +58,21 @@ class TrackedRun:
     param_names = ["config"]
     timeout = 900
     requires = "step_time_s"
-    nproc = 1
-
-    def setup_cache(self):
-        return run_configs(self.nproc)
 
     def setup(self, results, config):
         if (results.get(config) or {}).get(self.requires) is None:
             raise NotImplementedError(f"config {config} has no {self.requires} at this commit")
+
+
+# asv keys setup_cache by where the function is written: every class built on OneProcess shares
+# one single-process run per commit, every class built on Ranks one distributed run.
+
+
+class OneProcess(TrackedRun):
+    def setup_cache(self):
+        return run_configs(1)
+
+
+class Ranks(TrackedRun):
+    def setup_cache(self):
+        return run_configs(NPROC)

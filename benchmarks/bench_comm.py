@@ -2,11 +2,10 @@
 compute, divided by step time); lower is better. Skipped where the run has no collectives.
 """
 
-from ._common import NPROC, TrackedRun, metric
+from ._common import Ranks, metric
 
 
-class Comm(TrackedRun):
-    nproc = NPROC
+class Comm(Ranks):
     requires = "exposed_comm_fraction"
 
     def track_exposed_comm_fraction(self, results, config):

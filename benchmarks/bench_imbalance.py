@@ -3,11 +3,10 @@
 Measured on GEMBENCH_ASV_NPROC (default 2) torchrun ranks; skipped where a commit cannot run them.
 """
 
-from ._common import NPROC, TrackedRun, metric
+from ._common import Ranks, metric
 
 
-class Imbalance(TrackedRun):
-    nproc = NPROC
+class Imbalance(Ranks):
     requires = "imbalance_max_mean"
 
     def track_imbalance_max_mean(self, results, config):

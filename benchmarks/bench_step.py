@@ -9,10 +9,10 @@ the reference peak), and peak memory. Each config is run once per commit through
   asv continuous HEAD~1 HEAD --bench bench_step  # exits 1 when something got worse
 """
 
-from ._common import TrackedRun, metric
+from ._common import OneProcess, metric
 
 
-class Step(TrackedRun):
+class Step(OneProcess):
     requires = "step_time_s"
 
     def track_step_time(self, results, config):
