@@ -59,15 +59,10 @@ def _check_table(path: Path, where: str, table) -> dict:
 
 def load(path: str | Path, config: str, hardware_class: str) -> Limits:
     """Limits for ``config`` on ``hardware_class`` from the TOML file at ``path``."""
-    import tomllib
+    from gembench.harness.tomlfile import read_toml
 
     path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise UsageError(f"no thresholds file {path}; pass --thresholds") from None
-    except tomllib.TOMLDecodeError as err:
-        raise UsageError(f"{path} is not valid TOML: {err}") from None
+    data = read_toml(path, f"no thresholds file {path}; pass --thresholds")
     unknown = set(data) - {"defaults", "config", "hardware"}
     if unknown:
         raise UsageError(f"{path}: unknown top-level table(s) {sorted(unknown)}; use [defaults], [config.\"NAME\"], [hardware.\"CLASS\"]")

@@ -10,12 +10,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import tomllib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from gembench.harness.errors import UsageError
+from gembench.harness.tomlfile import read_toml
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 KINDS = ("gem", "dlrm", "dcnv2")
@@ -149,12 +149,7 @@ def load_config(name_or_path: str | Path) -> ModelConfig:
                 f"unknown config {text!r}: known configs are {', '.join(known_configs())}, "
                 "or pass the path of a .toml file"
             )
-    try:
-        raw = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise UsageError(f"config file {path} does not exist") from None
-    except tomllib.TOMLDecodeError as err:
-        raise UsageError(f"{path}: not valid TOML: {err}") from None
+    raw = read_toml(path, f"config file {path} does not exist")
     raw.setdefault("name", path.stem)
     cfg = _build(ModelConfig, raw, str(path), "")
     cfg = dataclasses.replace(cfg, source=str(path))
