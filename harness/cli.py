@@ -26,6 +26,9 @@ EPILOG = """\
 examples:
   gembench run                          # default config (small), table + JSON under results/runs/
   gembench run --config tiny --steps 5 --out r.json
+  gembench run --config small --ab      # optimized vs baseline stack, interleaved: the MFU ratio
+  gembench run --config small --nproc 2 # torchrun ranks: sharding, imbalance, communication
+  gembench ablate --config small        # what each optimization of the stack buys
   gembench describe --config xl         # sizes and FLOPs of a config no laptop runs
   gembench compare a.json b.json        # change, interval and verdict per metric
   gembench gate r.json                  # CI: exit 0 pass, 1 regression, 3 not comparable, 4 noisy
