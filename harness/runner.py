@@ -8,14 +8,12 @@ on a machine whose speed drifts.
 from __future__ import annotations
 
 import datetime as dt
-import math
 import resource
 import secrets
 from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
-from scipy import stats
 
 from gembench.harness.env import fingerprint
 from gembench.harness.errors import UsageError
@@ -23,6 +21,7 @@ from gembench.harness.hardware import Peak, memory_available, reference_peak, re
 from gembench.harness.metrics.mfu import summarize
 from gembench.harness.results import SCHEMA
 from gembench.harness.stack import STACKS, StackOptions, build_train_state
+from gembench.harness.stats import paired_ratio_interval
 from gembench.harness.step import StepSamples, run_steps
 from gembench.models.config import ModelConfig, load_config
 from gembench.models.data import SyntheticData
@@ -187,16 +186,6 @@ def run_benchmark(config: str | ModelConfig, steps: int = 20, warmup: int = 3,
     return document(setup, steps, warmup, stack_result(setup, options, samples, warmup, stack_name))
 
 
-def ratio_interval(ratios, confidence: float = 0.95) -> tuple[float, float, float]:
-    """Geometric mean of per-round ratios and its t-interval (ratios are compared on a log scale)."""
-    logs = np.log(np.asarray(ratios, dtype=float))
-    center = float(np.exp(logs.mean()))
-    if len(logs) < 2:
-        return center, math.nan, math.nan
-    half = stats.t.ppf(0.5 + confidence / 2, len(logs) - 1) * logs.std(ddof=1) / math.sqrt(len(logs))
-    return center, float(np.exp(logs.mean() - half)), float(np.exp(logs.mean() + half))
-
-
 def run_ab(config: str | ModelConfig, rounds: int = 6, steps_per_round: int = 3, warmup: int = 3,
            device: str = "auto", seed: int = 0, peak_tflops: float | None = None, dtype: str | None = None,
            progress=None) -> dict:
@@ -237,7 +226,7 @@ def run_ab(config: str | ModelConfig, rounds: int = 6, steps_per_round: int = 3,
     # Same batches for both stacks in each round, so per-round FLOPs are equal: the MFU
     # ratio is the inverse step-time ratio.
     ratios = [b / o for b, o in zip(per_round["baseline"], per_round["optimized"])]
-    center, lo, hi = ratio_interval(ratios)
+    center, lo, hi = paired_ratio_interval(ratios)
     results = {n: stack_result(setup, opts[n], collected[n], warmup, n) for n in names}
     ab = {"rounds": rounds, "steps_per_round": steps_per_round, "order": "ABBA",
           "round_step_s": per_round, "round_ratios": ratios,

@@ -157,6 +157,22 @@ def interval(change: Change, alpha: float) -> tuple[float, float]:
     return (change.center - half, change.center + half)
 
 
+def paired_ratio_interval(ratios: list[float], confidence: float = 0.95) -> tuple[float, float, float]:
+    """Geometric mean of paired ratios (e.g. per interleaved round) and its t-interval.
+
+    Pairing cancels the drift both sides of a round share, so this is the interval to use when
+    the two sides ran interleaved in one process (``gembench run --ab``).
+    """
+    from scipy.special import stdtrit
+
+    logs = [math.log(r) for r in ratios]
+    center = math.exp(mean(logs))
+    if len(logs) < 2:
+        return center, math.nan, math.nan
+    half = float(stdtrit(len(logs) - 1, 0.5 + confidence / 2)) * math.sqrt(variance(logs) / len(logs))
+    return center, math.exp(mean(logs) - half), math.exp(mean(logs) + half)
+
+
 def holm(pvalues: list[float]) -> list[float]:
     """Holm step-down adjusted p-values (valid under any dependence between the tests)."""
     m = len(pvalues)

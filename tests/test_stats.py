@@ -94,3 +94,15 @@ def test_batch_medians_shrug_off_stalls():
     samples = [0.1] * 27 + [0.1, 4.0, 0.1]  # one multi-second stall, as a busy shared machine makes
     assert max(stats.batch_medians(samples)) == 0.1
     assert max(stats.batch_means(samples)) > 1.0
+
+
+def test_paired_ratio_interval_by_hand():
+    from gembench.harness.stats import paired_ratio_interval
+
+    # ratios 2 and 8: geometric mean 4; log sd = ln4/sqrt2, se = ln2; t(1 df, 0.975) = 12.7062
+    center, lo, hi = paired_ratio_interval([2.0, 8.0])
+    assert center == pytest.approx(4.0)
+    assert lo == pytest.approx(4.0 * 2.0 ** -12.7062, rel=1e-4)
+    assert hi == pytest.approx(4.0 * 2.0 ** 12.7062, rel=1e-4)
+    same = paired_ratio_interval([3.0, 3.0, 3.0])
+    assert same == pytest.approx((3.0, 3.0, 3.0))
