@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from gembench.harness import distributed as D
 from gembench.harness import watchdog as W
+from gembench.harness.cmd_run import Progress
 from gembench.harness.errors import UsageError
 from gembench.harness.hardware import device_name, reference_peak, resolve_device
 from gembench.harness.metrics import comm
@@ -183,7 +184,7 @@ def _staged_steps(engine: D.StagedStep, batches, args, watchdog, fault, rank, au
     sync = torch.cuda.synchronize if engine.device.type == "cuda" else (lambda: None)
     total = args.warmup + args.steps + PROFILED_STEPS
     prof = None
-    started = time.perf_counter()
+    progress = Progress(show, "gembench run (rank 0)")
     for i in range(total):
         profiled = i >= args.warmup + args.steps
         if profiled and prof is None:
@@ -209,7 +210,7 @@ def _staged_steps(engine: D.StagedStep, batches, args, watchdog, fault, rank, au
         elapsed = time.perf_counter() - start
         if args.warmup <= i < args.warmup + args.steps:
             _keep(samples, elapsed, loss, durations)
-        _progress(show, i + 1, total, elapsed, started)
+        progress(i + 1, total, elapsed)
     prof.__exit__(None, None, None)
     return samples, prof
 
@@ -219,7 +220,7 @@ def _pipeline_steps(engine: D.PipelineStep, batches, args, watchdog, fault, rank
     total = args.warmup + args.steps + PROFILED_STEPS
     feed = iter([D.pipelineable(b) for b in batches])
     prof = None
-    started = time.perf_counter()
+    progress = Progress(show, "gembench run (rank 0)")
     for i in range(total):
         if i >= args.warmup + args.steps and prof is None:
             prof = _profiler(engine.pipeline._device)
@@ -235,7 +236,7 @@ def _pipeline_steps(engine: D.PipelineStep, batches, args, watchdog, fault, rank
         elapsed = time.perf_counter() - start
         if args.warmup <= i < args.warmup + args.steps:
             _keep(samples, elapsed, loss, times)
-        _progress(show, i + 1, total, elapsed, started)
+        progress(i + 1, total, elapsed)
     prof.__exit__(None, None, None)
     return samples, prof
 
@@ -278,13 +279,3 @@ def _hot_counts(cfg, batches) -> dict:
         hits += hot_share(ids, rows) * ids.size
         lookups += ids.size
     return {"lookups": lookups, "hot_1pct": hits}
-
-
-def _progress(show: bool, done: int, total: int, step_s: float, started: float) -> None:
-    if not show:
-        return
-    now = time.perf_counter()
-    eta = (now - started) / done * (total - done)
-    end = "\n" if done == total else "\r"
-    print(f"gembench run: step {done}/{total} (rank 0), last {step_s * 1e3:.0f} ms, ~{eta:.0f} s left",
-          end=end, file=sys.stderr, flush=True)
