@@ -27,6 +27,7 @@ from gembench.harness.errors import UsageError
 from gembench.harness.step import TrainState
 from gembench.models.config import ModelConfig
 from gembench.models.gem import build_model
+from gembench.models.sparse import is_embedding_parameter
 
 EMBEDDING_LR = 0.02
 DENSE_LR = 1e-3
@@ -111,10 +112,6 @@ def fuse_embeddings(model: nn.Module, device: torch.device) -> list[torch.optim.
     return [torch.optim.Adagrad(remaining, lr=EMBEDDING_LR, eps=ADAGRAD_EPS)] if remaining else []
 
 
-def is_embedding(name: str) -> bool:
-    return "sparse_arch" in name or "embedding_bag_collection" in name
-
-
 def build_train_state(cfg: ModelConfig, options: StackOptions, device: torch.device,
                       seed: int = 0) -> TrainState:
     """Build the pure model from ``cfg`` with ``seed`` (same weights for every stack), then
@@ -125,9 +122,9 @@ def build_train_state(cfg: ModelConfig, options: StackOptions, device: torch.dev
     if options.fused_embeddings:
         optimizers += fuse_embeddings(model, device)
     else:
-        sparse = [p for n, p in model.named_parameters() if is_embedding(n)]
+        sparse = [p for n, p in model.named_parameters() if is_embedding_parameter(n)]
         optimizers.append(torch.optim.Adagrad(sparse, lr=EMBEDDING_LR, eps=ADAGRAD_EPS))
-    dense = [p for n, p in model.named_parameters() if not is_embedding(n)]
+    dense = [p for n, p in model.named_parameters() if not is_embedding_parameter(n)]
     if options.fused_optimizer:
         optimizers.append(torch.optim.Adam(dense, lr=DENSE_LR, fused=True))
     else:

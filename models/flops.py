@@ -18,6 +18,7 @@ from gembench.models.dlrm import reference_flops_per_example
 from gembench.models.gem import interaction_tokens
 from gembench.models.heads import mlp_flops, over_arch_flops
 from gembench.models.hstu import sequence_arch_flops
+from gembench.models.sparse import is_embedding_parameter
 from gembench.models.wukong import interaction_arch_flops
 
 TRAIN_FLOPS_PER_FORWARD = 3.0  # forward + backward (grad input, grad weight)
@@ -93,7 +94,7 @@ def parameter_counts(cfg: ModelConfig) -> dict[str, int]:
 
     with torch.device("meta"):
         model = build_model(cfg, device="meta")
-    embedding = sum(p.numel() for n, p in model.named_parameters() if "sparse_arch" in n or "embedding" in n)
+    embedding = sum(p.numel() for n, p in model.named_parameters() if is_embedding_parameter(n))
     dense = sum(p.numel() for p in model.parameters()) - embedding
     rows = sum(cfg.sparse.rows) + sum(s.rows for s in cfg.sequences)
     return {"embedding_rows": rows, "embedding_params": embedding, "dense_params": dense}

@@ -22,6 +22,14 @@ from torchrec import (
 from gembench.models.config import ModelConfig
 
 
+def is_embedding_parameter(name: str) -> bool:
+    """Whether a parameter name (from model.named_parameters()) belongs to an embedding table.
+
+    GEM keeps its tables under ``sparse_arch``; TorchRec's DLRM under ``embedding_bag_collection``.
+    """
+    return "sparse_arch" in name or "embedding_bag_collection" in name
+
+
 @dataclass
 class Jagged:
     """One jagged sequence feature: values (T, d) and offsets (B + 1,) into them."""
