@@ -10,7 +10,7 @@ How it measures. A real workload is timed in rounds; each round makes one run of
 jobs on the machine hits both alike. Each run is a result dict like `gembench run` writes
 (samples.step_s, metrics step_time_s = median step, mfu, examples_per_s). Then many comparisons are
 drawn from these pools and judged by the very code `gembench compare` and `gembench gate` use
-(gembench.harness.compare), for all three metrics at once, so Holm's correction is in play:
+(gembench.harness.regression.compare), for all three metrics at once, so Holm's correction is in play:
 - replicates: N runs against N other runs (the unit the stated false-alarm rate is for);
 - single runs: one run against one other run, judged on batch medians of per-step samples.
 
@@ -126,7 +126,7 @@ def collect(workload: str, rounds: int, steps: int, warmup: int, plant: str = "s
 
 def evaluate(pools: dict, replicates: int = 5, trials: int = 1000, alpha: float = 0.01, min_effect: float = 0.03, seed: int = 0) -> dict:
     """False-alarm and detection rates from resampled comparisons of the measured pools."""
-    from gembench.harness.compare import compare
+    from gembench.harness.regression.compare import compare
 
     rng = random.Random(seed)
     a = [as_result(f"a{i}", s) for i, s in enumerate(pools["a"])]

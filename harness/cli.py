@@ -14,12 +14,12 @@ from gembench.harness.errors import UsageError
 
 # name -> (module, one-line help). Keep in the order a new user meets them.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("gembench.harness.cmd_run", "train a config for a few steps and report MFU per stage"),
-    "ablate": ("gembench.harness.cmd_ablate", "add and remove each optimization of the stack; MFU gain of each"),
-    "describe": ("gembench.harness.cmd_describe", "parameters, memory and FLOPs of a config, without running it"),
-    "compare": ("gembench.harness.cmd_compare", "compare runs metric by metric: change, interval, verdict"),
-    "gate": ("gembench.harness.cmd_gate", "CI gate: thresholds and regressions vs the baseline (exit 0/1/2/3/4)"),
-    "promote": ("gembench.harness.cmd_promote", "make runs the committed baseline for their config and hardware"),
+    "run": ("gembench.harness.commands.run", "train a config for a few steps and report MFU per stage"),
+    "ablate": ("gembench.harness.commands.ablate", "add and remove each optimization of the stack; MFU gain of each"),
+    "describe": ("gembench.harness.commands.describe", "parameters, memory and FLOPs of a config, without running it"),
+    "compare": ("gembench.harness.commands.compare", "compare runs metric by metric: change, interval, verdict"),
+    "gate": ("gembench.harness.commands.gate", "CI gate: thresholds and regressions vs the baseline (exit 0/1/2/3/4)"),
+    "promote": ("gembench.harness.commands.promote", "make runs the committed baseline for their config and hardware"),
 }
 
 EPILOG = """\

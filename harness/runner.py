@@ -19,9 +19,9 @@ from gembench.harness.env import fingerprint
 from gembench.harness.errors import UsageError
 from gembench.harness.hardware import Peak, memory_available, reference_peak, resolve_device
 from gembench.harness.metrics.mfu import summarize
-from gembench.harness.results import SCHEMA
+from gembench.harness.regression.results import SCHEMA
 from gembench.harness.stack import STACKS, StackOptions, build_train_state
-from gembench.harness.stats import paired_ratio_interval
+from gembench.harness.regression.stats import paired_ratio_interval
 from gembench.harness.step import StepSamples, run_steps
 from gembench.models.config import ModelConfig, load_config
 from gembench.models.data import SyntheticData
@@ -142,7 +142,7 @@ def stack_result(setup: Setup, options: StackOptions, samples: StepSamples, warm
 
 
 def document(setup: Setup, steps: int, warmup: int, main: dict, extra: dict | None = None) -> dict:
-    """The result document (schema in results.py) around one stack's measurements."""
+    """The result document (schema in regression/results.py) around one stack's measurements."""
     cfg, dev, peak = setup.cfg, setup.device, setup.peak
     created = dt.datetime.now(dt.timezone.utc)
     summary = main["summary"]

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from gembench.harness.distributed import parse_sharding
+from gembench.harness.distributed.sharded import parse_sharding
 from gembench.harness.errors import UsageError
 from gembench.models.config import load_config
 from gembench.models.data import SyntheticData

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 from synthetic import make_result, run_cli, save
 
-from gembench.harness import thresholds
-from gembench.harness.cmd_promote import promote
+from gembench.harness.regression import thresholds
+from gembench.harness.commands.promote import promote
 from gembench.harness.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[1]

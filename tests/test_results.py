@@ -6,8 +6,8 @@ import os
 import pytest
 from synthetic import make_result, run_cli, save
 
-from gembench.harness import results
-from gembench.harness.cmd_promote import promote
+from gembench.harness.regression import results
+from gembench.harness.commands.promote import promote
 from gembench.harness.errors import UsageError
 
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from gembench.harness.cmd_describe import describe
+from gembench.harness.commands.describe import describe
 from gembench.models.config import known_configs, load_config
 
 

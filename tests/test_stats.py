@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from gembench.harness import stats
+from gembench.harness.regression import stats
 
 
 def test_batch_means_drops_the_oldest_remainder():
@@ -97,7 +97,7 @@ def test_batch_medians_shrug_off_stalls():
 
 
 def test_paired_ratio_interval_by_hand():
-    from gembench.harness.stats import paired_ratio_interval
+    from gembench.harness.regression.stats import paired_ratio_interval
 
     # ratios 2 and 8: geometric mean 4; log sd = ln4/sqrt2, se = ln2; t(1 df, 0.975) = 12.7062
     center, lo, hi = paired_ratio_interval([2.0, 8.0])

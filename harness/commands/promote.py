@@ -30,7 +30,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def promote(runs: list[dict], root: str | os.PathLike, allow_dirty: bool = False) -> tuple[Path, Path | None]:
     """Write the baseline for ``runs``; returns (baseline path, archived old baseline or None)."""
-    from gembench.harness.results import BASELINE_SCHEMA, COMPARABLE_KEYS, RUN_KEYS, baseline_for, differences, field, write_result
+    from gembench.harness.regression.results import BASELINE_SCHEMA, COMPARABLE_KEYS, RUN_KEYS, baseline_for, differences, field, write_result
 
     first = runs[0]
     for other in runs[1:]:
@@ -65,7 +65,7 @@ def promote(runs: list[dict], root: str | os.PathLike, allow_dirty: bool = False
 
 
 def main(args: argparse.Namespace) -> int:
-    from gembench.harness.cmd_compare import load_side
+    from gembench.harness.commands.compare import load_side
 
     runs = [r for text in args.results for r in load_side(text)]
     target, archived = promote(runs, args.baselines, args.allow_dirty)

@@ -51,7 +51,7 @@ def main(args: argparse.Namespace) -> int:
     from tabulate import tabulate
 
     from gembench.harness.report import pct
-    from gembench.harness.results import check_writable, write_result
+    from gembench.harness.regression.results import check_writable, write_result
     from gembench.harness.runner import prepare, reset_peak_memory, stack_result
     from gembench.harness.stack import build_train_state
     from gembench.harness.step import run_steps

@@ -103,11 +103,11 @@ def main(args: argparse.Namespace) -> int:
     import os
 
     if args.nproc is not None or ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
-        from gembench.harness.launch import main as distributed_main  # torchrun ranks
+        from gembench.harness.distributed.launch import main as distributed_main  # torchrun ranks
 
         return distributed_main(args)
     from gembench.harness.errors import UsageError
-    from gembench.harness.results import check_writable, write_result
+    from gembench.harness.regression.results import check_writable, write_result
     from gembench.harness.runner import run_ab, run_benchmark
     from gembench.harness.report import run_report
     from gembench.harness.stack import stack_options

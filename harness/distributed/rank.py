@@ -4,7 +4,7 @@ Every rank builds the same model from the same seed, shards it with the same pla
 its own slice of the global batch (SyntheticData with its rank). After the timed steps it runs
 a few more under torch.profiler for the communication figures (so profiling costs the timed
 steps nothing), counts its real lookup load, and sends one record to rank 0, which assembles
-the job's single result (dist_result.py) and writes it.
+the job's single result (result.py) and writes it.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from gembench.harness import distributed as D
-from gembench.harness import watchdog as W
-from gembench.harness.cmd_run import Progress
+from gembench.harness.distributed import sharded as D
+from gembench.harness.distributed import watchdog as W
+from gembench.harness.commands.run import Progress
 from gembench.harness.errors import UsageError
 from gembench.harness.hardware import device_name, reference_peak, resolve_device
 from gembench.harness.metrics import comm
@@ -59,7 +59,7 @@ def main(args, env: dict) -> int:
         result = run(args, env, dev, watchdog, fault)
         if rank == 0:
             from gembench.harness.report import distributed_report
-            from gembench.harness.results import write_result
+            from gembench.harness.regression.results import write_result
 
             out = args.out or Path("results/runs") / f"{result['id']}.json"
             write_result(out, result)
@@ -80,7 +80,7 @@ def main(args, env: dict) -> int:
 
 
 def run(args, env: dict, dev: torch.device, watchdog: W.Watchdog, fault) -> dict:
-    from gembench.harness.dist_result import build_result
+    from gembench.harness.distributed.result import build_result
     from gembench.harness.stack import stack_options
 
     rank, world = env["rank"], env["world_size"]

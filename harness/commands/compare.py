@@ -63,7 +63,7 @@ def expand_side(text: str) -> list[Path]:
 
 
 def load_side(text: str) -> list[dict]:
-    from gembench.harness.results import load_runs
+    from gembench.harness.regression.results import load_runs
 
     return [run for path in expand_side(text) for run in load_runs(path)]
 
@@ -76,8 +76,8 @@ def check_decision_args(alpha: float | None, min_effect: float | None) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from gembench.harness import compare, stats
-    from gembench.harness.directions import METRICS
+    from gembench.harness.regression import compare, stats
+    from gembench.harness.regression.directions import METRICS
 
     if len(args.sides) < 2:
         raise UsageError("give at least two SIDEs: the reference A and one to compare with it")

@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from gembench.harness import stats
-from gembench.harness.directions import METRICS, per_step
-from gembench.harness.results import COMPARABLE_KEYS, differences
+from gembench.harness.regression import stats
+from gembench.harness.regression.directions import METRICS, per_step
+from gembench.harness.regression.results import COMPARABLE_KEYS, differences
 
 
 @dataclass

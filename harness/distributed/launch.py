@@ -6,7 +6,7 @@ re-executes the same command line under ``python -m torch.distributed.run`` with
 host, a rendezvous on 127.0.0.1 and a free port (or $MASTER_PORT if set). Inside torchrun
 (RANK and WORLD_SIZE set, as for a plain multi-node
 ``torchrun --nnodes 2 --nproc_per_node 8 --rdzv-endpoint host:port -m gembench run ...``)
-the process runs as its rank (dist_run.py).
+the process runs as its rank (rank.py).
 
 A failing rank ends the job: torchrun stops the other ranks when one exits non-zero, and a hung
 rank is ended by its watchdog after ``--timeout`` seconds (watchdog.py); the exit status is then
@@ -41,14 +41,14 @@ def port_free(port: int, host: str = HOST) -> bool:
 
 
 def main(args) -> int:
-    from gembench.harness.distributed import torchrun_env
+    from gembench.harness.distributed.sharded import torchrun_env
 
     env = torchrun_env()
     if env is not None:
         if args.nproc is not None and args.nproc != env["world_size"]:
             raise UsageError(f"--nproc {args.nproc} but torchrun started {env['world_size']} ranks "
                              f"(WORLD_SIZE): drop --nproc under torchrun, or make them agree")
-        from gembench.harness.dist_run import main as rank_main
+        from gembench.harness.distributed.rank import main as rank_main
 
         return rank_main(args, env)
     check(args)
@@ -73,10 +73,10 @@ def check(args) -> None:
     """Refuse, before starting any rank, what every rank would refuse."""
     import torch
 
-    from gembench.harness.dist_run import per_rank_batch
-    from gembench.harness.distributed import backend_for, parse_sharding
+    from gembench.harness.distributed.rank import per_rank_batch
+    from gembench.harness.distributed.sharded import backend_for, parse_sharding
     from gembench.harness.hardware import resolve_device
-    from gembench.harness.results import check_writable
+    from gembench.harness.regression.results import check_writable
     from gembench.models.config import load_config
     from gembench.models.sparse import pooled_tables, sequence_tables
 

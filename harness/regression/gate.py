@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gembench.harness import stats
-from gembench.harness.compare import compare
-from gembench.harness.results import COMPARABLE_KEYS, RUN_KEYS
-from gembench.harness.thresholds import Limits
+from gembench.harness.regression import stats
+from gembench.harness.regression.compare import compare
+from gembench.harness.regression.results import COMPARABLE_KEYS, RUN_KEYS
+from gembench.harness.regression.thresholds import Limits
 
 PASS, FAIL, SKIP, INCONCLUSIVE, NOT_COMPARABLE = "PASS", "FAIL", "SKIP", "INCONCLUSIVE", "NOT-COMPARABLE"
 EXIT = {PASS: 0, SKIP: 0, FAIL: 1, NOT_COMPARABLE: 3, INCONCLUSIVE: 4}

@@ -17,7 +17,7 @@ Schema ``gembench.result/1`` (all times in seconds, FLOPs as floats):
              (mfu, step_time_s, examples_per_s, peak_memory_bytes, and, where measured,
              imbalance_max_mean, exposed_comm_fraction, ab_mfu_ratio, baseline_mfu)
     ab:      (run --ab only) rounds, round ratios, mfu_ratio and its ci95, the baseline's summary
-    distributed runs add ranks, imbalance and comm: see harness/dist_result.py
+    distributed runs add ranks, imbalance and comm: see harness/distributed/result.py
 
 Baselines (``gembench.baseline/1``) bundle one or more replicate runs of one config on one hardware
 class: {schema, promoted (ISO 8601 UTC), hardware_class, config, runs: [result, ...]}. They live

@@ -1,0 +1,1 @@
+"""One module per `gembench` subcommand: ``configure(parser)`` adds its flags, ``main(args)`` runs it."""

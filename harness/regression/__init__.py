@@ -1,0 +1,1 @@
+"""Regression detection: the result store, statistics, comparison, thresholds and the CI gate."""
