@@ -314,9 +314,11 @@ def peak(dtype: str, threads: int | None = None) -> Calibrated:
             note += f"; the older cached {kept.tflops:.4g} is higher and kept"
         return Calibrated(kept, False, note)
     served = legacy if legacy is not None and legacy.tflops > m.tflops else m
-    result = Calibrated(served, True, (
-        f"PROVISIONAL: measured under load (others busy {m.others_busy:.2f} cores > "
-        f"{busy_limit(threads, m.cores):.2f}), not cached; `gembench peak --recalibrate` on a quiet machine"))
+    why = (f"PROVISIONAL: this run measured {m.tflops:.4g} under load (others busy {m.others_busy:.2f} "
+           f"cores > {busy_limit(threads, m.cores):.2f}), not cached")
+    if served is not m:
+        why += f"; the unsettled {served.how} figure {served.tflops:.4g} is higher and used"
+    result = Calibrated(served, True, why)
     _this_process[(dtype, threads)] = result
     return result
 
