@@ -120,7 +120,8 @@ def achieved_tflops(summary: dict, devices: int = 1) -> dict[str, float]:
     return out
 
 
-def peak_basis(device: torch.device, ranks: int, threads: int, host: Peak | None) -> dict:
+def peak_basis(device: torch.device, ranks: int, threads: int, host: Peak | None,
+               override: bool = False) -> dict:
     """How MFU's denominator is formed (the result's peak.basis and its words).
 
     GPUs: one device per rank, so N x the device's peak. CPUs: N ranks of T threads each, MFU
@@ -129,6 +130,8 @@ def peak_basis(device: torch.device, ranks: int, threads: int, host: Peak | None
     """
     if device.type == "cuda":
         return {"basis": "devices", "basis_text": f"{ranks} device(s) x the device's peak"}
+    if override:
+        return {"basis": "ranks", "basis_text": f"{ranks} rank(s) x the --peak-tflops figure"}
     out = {"basis": "ranks", "basis_text": f"{ranks} rank(s) x peak at {threads} thread(s)"}
     if host is not None:
         out["host"] = {"tflops": host.tflops_per_device, "threads": ranks * threads,

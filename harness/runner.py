@@ -183,7 +183,8 @@ def peak_section(peak: Peak, dev: torch.device) -> dict:
     """The result's peak: figure, provenance, whether provisional, and the MFU basis."""
     return {"tflops_per_device": peak.tflops_per_device, "devices": 1, "dtype": peak.dtype,
             "source": peak.source, "provisional": peak.provisional, "calibration": peak.calibration,
-            **peak_basis(dev, 1, torch.get_num_threads(), peak if peak.calibration else None)}
+            **peak_basis(dev, 1, torch.get_num_threads(), peak if peak.calibration else None,
+                         override=peak.source.startswith("override"))}
 
 
 def recheck_peak(setup: Setup, summaries: list[dict]) -> bool:

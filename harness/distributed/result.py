@@ -143,7 +143,8 @@ def peak_section(records, summary: dict) -> dict:
                "source": first["peak_source"] + (" (per rank)" if world > 1 else ""), "per_rank": peaks,
                "provisional": any(r.get("peak_provisional") for r in records),
                "calibration": first.get("peak_calibration")}
-    section.update(peak_basis(torch.device(first["device"]), world, first["torch_threads"], None))
+    section.update(peak_basis(torch.device(first["device"]), world, first["torch_threads"], None,
+                              override=first["peak_source"].startswith("override")))
     hosts = {r["host"]: r for r in records if r.get("host_peak_tflops")}
     if hosts and len(hosts) == len({r["host"] for r in records}):
         nodes = len(hosts)
