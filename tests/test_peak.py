@@ -124,3 +124,23 @@ def test_peak_command_shows_recalibrates_and_clears(cache, monkeypatch, capsys):
     assert code == 0 and "forgot 1" in out and C.all_entries() == []
     code, _, err = run_cli(["peak", "--recalibrate", "--threads", "x"], capsys)
     assert code == 2 and "--threads" in err
+
+
+def test_a_distributed_run_that_beats_its_peak_remeasures_on_rank_0(cache, monkeypatch):
+    from gembench.harness.distributed.rank import _recheck_peak
+    from gembench.harness.hardware import Peak
+
+    plant(1e-4, threads=1)
+    low = cpu_peak("bf16", threads=1)
+    machine = FakeMachine(monkeypatch, 0.5)
+    # rank 1's backward did 2 x 1e9 FLOPs in 1 ms: 2 TFLOP/s, far above the planted 1e-4
+    records = [{"rank": r, "host": "h", "forward_flops": [1e9], "step_s": [0.01],
+                "stages": {"dense_forward": [1.0], "backward": [1e-3 if r else 1.0]},
+                "peak_tflops": low.tflops_per_device} for r in (0, 1)]
+    _recheck_peak(low, records, "h")
+    assert all(r["peak_tflops"] == 0.5 and "stage backward of rank 1" in r["peak_source"] for r in records)
+    assert C.load_entry("bf16", 1).best.tflops == 0.5
+    gemms = machine.gemms
+    slow = [dict(r, stages={"dense_forward": [1.0], "backward": [1.0]}, step_s=[2.0]) for r in records]
+    _recheck_peak(Peak(0.5, "bf16", "x", calibration=records[0]["peak_calibration"]), slow, "h")
+    assert machine.gemms == gemms  # nothing beat the peak: nothing measured
