@@ -108,7 +108,7 @@ def cpu_model() -> str:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("GEMBENCH_CACHE", Path.home() / ".cache" / "gembench"))
+    return Path(os.environ.get("GEMBENCH_CACHE") or Path.home() / ".cache" / "gembench")
 
 
 def _key(cpu: str, threads: int, torch_version: str, dtype: str) -> str:
