@@ -58,12 +58,14 @@ class Measurement:
     how: str  # "run", "recalibrate", "beaten by <stage>", "legacy"
 
     def describe(self) -> str:
+        """How and when: 'GEMM 2048^3 on 1 thread(s), best of 5 round(s), 2026-12-01 03:37 UTC,
+        load 0.61, others busy 0.10 of 2 cores (quiet), recalibrate'."""
         load = ("load unknown" if self.quiet is None else
                 f"load {self.loadavg[0]:.2f}, others busy {self.others_busy:.2f} of {self.cores} cores"
                 f" ({'quiet' if self.quiet else 'busy'})")
         size = f"GEMM {self.size}^3" if self.size else "GEMM size unknown"
-        return (f"{self.tflops:.4g} TFLOP/s, {size}, best of {self.rounds} round(s) on {self.threads} "
-                f"thread(s), {self.measured_at}, {load}, {self.how}")
+        when = self.measured_at.replace("T", " ")[:16] + " UTC"
+        return f"{size} on {self.threads} thread(s), best of {self.rounds} round(s), {when}, {load}, {self.how}"
 
 
 @dataclass
