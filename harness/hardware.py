@@ -2,21 +2,18 @@
 
 GPUs: the dense bf16 datasheet figure (as torchtitan's peak table), one reference peak per
 device so MFU is comparable across dtypes and stacks. CPUs have no such figure: we measure it
-with a large GEMM per dtype and cache the result per machine, stack and thread count.
+with large GEMMs per dtype and thread count and cache the best quiet measurement (calibration.py).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import platform
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
+from gembench.harness import calibration
 from gembench.harness.errors import UsageError
 
 # Dense (no sparsity) bf16 tensor-core peaks in TFLOP/s, from vendor datasheets.
@@ -30,8 +27,6 @@ GPU_PEAK_TFLOPS = {
     "MI300X": 1307.4,
 }
 
-CALIBRATION_SIZES = (1024, 2048, 3072)  # square GEMMs; the best of them is the peak
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -41,16 +36,12 @@ class Peak:
     tflops_per_device: float
     dtype: str
     source: str  # "datasheet: H200 dense bf16", "calibrated: ...", "override: --peak-tflops"
+    provisional: bool = False  # CPU: measured under load for this run only, not cached
+    calibration: dict | None = None  # CPU: the calibration.Measurement served, as a dict
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+cpu_model = calibration.cpu_model
+cache_dir = calibration.cache_dir
 
 
 def resolve_device(name: str) -> torch.device:
@@ -93,55 +84,59 @@ def gpu_peak(device: torch.device) -> Peak:
     )
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("GEMBENCH_CACHE", Path.home() / ".cache" / "gembench"))
+def cpu_peak(dtype: str = "bf16", threads: int | None = None) -> Peak:
+    """Measured CPU GEMM peak for ``dtype`` on ``threads`` threads (default: torch's count):
+    the cached best when a quiet calibration settled it, else measured now (calibration.py)."""
+    return _as_peak(calibration.peak(dtype, threads), dtype)
 
 
-def cpu_peak(dtype: str = "bf16", refresh: bool = False) -> Peak:
-    """Measured CPU GEMM peak for ``dtype``, cached per CPU model, thread count and torch."""
-    threads = torch.get_num_threads()
-    key = hashlib.sha256(f"{cpu_model()}|{threads}|{torch.__version__}|{dtype}".encode()).hexdigest()[:12]
-    path = cache_dir() / f"cpu-peak-{key}.json"
-    if path.exists() and not refresh:
-        try:
-            data = json.loads(path.read_text())
-            return Peak(**data)
-        except (ValueError, TypeError):
-            pass  # a damaged cache is re-measured, not trusted
-    tflops, size = calibrate_gemm(DTYPES[dtype])
-    peak = Peak(
-        round(tflops, 4), dtype,
-        f"calibrated: best {dtype} GEMM {size}^3 on {threads} threads of {cpu_model()} "
-        f"(cached in {path})",
-    )
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(peak)))
-        os.replace(tmp, path)
-    except OSError:
-        pass  # an unwritable cache only costs a re-measurement next time
-    return peak
+def _as_peak(c: "calibration.Calibrated", dtype: str) -> Peak:
+    m = c.measurement
+    return Peak(m.tflops, dtype, f"calibrated: {m.describe()}; {c.note}",
+                provisional=c.provisional, calibration=asdict(m))
 
 
-def calibrate_gemm(dtype: torch.dtype, seconds: float = 0.5) -> tuple[float, int]:
-    """Best achieved TFLOP/s over a few square GEMM sizes (each run ~``seconds``)."""
-    best, best_size = 0.0, 0
-    for n in CALIBRATION_SIZES:
-        a = torch.randn(n, n, dtype=dtype)
-        b = torch.randn(n, n, dtype=dtype)
-        torch.mm(a, b)  # warm-up: thread pool, packing buffers
-        reps, start = 0, time.perf_counter()
-        while True:
-            torch.mm(a, b)
-            reps += 1
-            elapsed = time.perf_counter() - start
-            if elapsed >= seconds and reps >= 2:
-                break
-        tflops = 2 * n**3 * reps / elapsed / 1e12
-        if tflops > best:
-            best, best_size = tflops, n
-    return best, best_size
+def remeasure_if_beaten(peak: Peak, achieved: dict[str, float]) -> Peak | None:
+    """After a run: if ``achieved`` ({what: TFLOP/s per device}, GEMM-bound stages and the step)
+    beats a calibrated CPU peak, the peak was underestimated: re-measure and return the new one
+    (None when the peak stands or is not a calibration)."""
+    if peak.calibration is None or not achieved:
+        return None
+    what, best = max(achieved.items(), key=lambda kv: kv[1])
+    current = calibration.Calibrated(calibration.Measurement(**peak.calibration), peak.provisional, "")
+    new = calibration.beaten(current, best, what, peak.dtype, peak.calibration["threads"])
+    return None if new is None else _as_peak(new, peak.dtype)
+
+
+GEMM_STAGES = ("dense_forward", "backward")  # stages whose model FLOPs are GEMMs
+
+
+def achieved_tflops(summary: dict, devices: int = 1) -> dict[str, float]:
+    """TFLOP/s per device that a run's GEMM-bound stages and its whole step achieved, the figures
+    that must not beat the peak (summary as metrics.mfu.summarize returns it)."""
+    out = {f"stage {name}": row["tflops"] / devices for name, row in summary["stages"].items()
+           if name in GEMM_STAGES and row.get("flops")}
+    out["the step"] = summary["tflops"] / devices
+    return out
+
+
+def peak_basis(device: torch.device, ranks: int, threads: int, host: Peak | None,
+               override: bool = False) -> dict:
+    """How MFU's denominator is formed (the result's peak.basis and its words).
+
+    GPUs: one device per rank, so N x the device's peak. CPUs: N ranks of T threads each, MFU
+    against N x peak(T threads) ("ranks"); ``host`` is the host's own peak at N x T threads, the
+    basis on which one process of N x T threads and N ranks of T threads compare (mfu_host).
+    """
+    if device.type == "cuda":
+        return {"basis": "devices", "basis_text": f"{ranks} device(s) x the device's peak"}
+    if override:
+        return {"basis": "ranks", "basis_text": f"{ranks} rank(s) x the --peak-tflops figure"}
+    out = {"basis": "ranks", "basis_text": f"{ranks} rank(s) x peak at {threads} thread(s)"}
+    if host is not None:
+        out["host"] = {"tflops": host.tflops_per_device, "threads": ranks * threads,
+                       "source": host.source, "provisional": host.provisional}
+    return out
 
 
 def reference_peak(device: torch.device, override_tflops: float | None = None) -> Peak:

@@ -30,7 +30,26 @@ def header(result: dict) -> str:
         f"batch {run['global_batch']} global / {run['per_rank_batch']} per rank x {run['nproc']} rank(s); "
         f"{run['steps']} timed steps after {run['warmup']} warm-up; seed {run['seed']}; commit {commit}\n"
         f"peak {peak['tflops_per_device']:.4g} TFLOP/s per device ({peak['source']})"
+        + basis_line(result)
     )
+
+
+def basis_line(result: dict) -> str:
+    """What MFU divides by, and the other basis beside it (ranks sharing a CPU host)."""
+    peak = result["peak"]
+    if "basis_text" not in peak:  # results from before the basis was recorded
+        return ""
+    total = peak["tflops_per_device"] * peak["devices"]
+    line = f"\nMFU basis: {peak['basis_text']} = {total:.4g} TFLOP/s"
+    host = peak.get("host")
+    if host and result["run"]["nproc"] > 1:
+        line += (f"; beside it, MFU vs the host's own peak at {host['threads']} thread(s)"
+                 f"{' per host' if host.get('hosts', 1) > 1 else ''}: {host['tflops']:.4g} TFLOP/s "
+                 f"(the basis of one process on {host['threads']} thread(s))")
+    if peak.get("provisional") or (host or {}).get("provisional"):
+        line += ("\nPROVISIONAL peak: calibrated under load this run and not cached, so MFU may be "
+                 "overstated; `gembench peak --recalibrate` on a quiet machine")
+    return line
 
 
 def stage_table(result: dict) -> str:
@@ -54,15 +73,32 @@ def totals_table(result: dict) -> str:
     rows = [
         ["step time p50 / p90", f"{ms(step['p50'])} / {ms(step['p90'])} ms"],
         ["p50 95% CI", f"[{ms(lo)}, {ms(hi)}] ms"],
-        ["stages cover", f"{pct(s['stage_coverage'])} of each step's wall time"],
+        *coverage_rows(result),
         ["examples/s", f"{s['examples_per_s']:,.0f}"],
         ["achieved", f"{s['tflops']:.3f} TFLOP/s"],
-        ["MFU", pct(s["mfu"])],
+        ["MFU", pct(s["mfu"]) + (f" of {result['peak']['basis_text']}" if "basis_text" in result["peak"] else "")],
+        *([["MFU, host basis", f"{pct(s['mfu_host'])} of the host's peak at "
+                               f"{result['peak']['host']['threads']} thread(s)"]]
+          if "mfu_host" in s and result["run"]["nproc"] > 1 else []),
         ["peak memory", f"{s['peak_memory_bytes'] / 2**20:,.0f} MiB ({s['peak_memory_source']})"],
         ["embedding bytes/step", f"{si(s['embedding_bytes_per_step']['read'], 'B')} read, "
                                  f"{si(s['embedding_bytes_per_step']['written'], 'B')} written"],
     ]
     return tabulate(rows, tablefmt="plain")
+
+
+def coverage_rows(result: dict) -> list[list[str]]:
+    """How much of the step the timed stages account for, worded so that >100% explains itself."""
+    cover = pct(result["summary"]["stage_coverage"])
+    if "ranks" not in result:
+        return [["stages cover", f"{cover} of each step's wall time (the rest is untimed)"]]
+    per_rank = ", ".join(f"rank {r['rank']} {pct(r['stage_coverage'])}" for r in result["ranks"]
+                         if "stage_coverage" in r)
+    rows = [["critical path", f"{cover} of the step: the slowest rank's time in each stage, summed; "
+                              "different ranks are slowest in different stages, so it can exceed 100%"]]
+    if per_rank:
+        rows.append(["stages cover", f"{per_rank} of each rank's own step wall time"])
+    return rows
 
 
 def largest_loss(summary: dict, peak_tflops: float) -> tuple[str, float]:

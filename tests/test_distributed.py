@@ -1,7 +1,8 @@
 """`gembench run --nproc 2` end to end: sharded tiny GEM on 2 gloo ranks, as a user runs it.
 
 Each run costs ~15-25 s on 2 cores, so the module makes three: table-wise (staged, traced),
-row-wise (pipelined) on one planted-skew config, and the fault runs; plus parent-side refusals.
+row-wise (pipelined, --verbose) on one planted-skew config, and the fault runs; plus parent-side
+refusals.
 """
 
 import json
@@ -55,7 +56,7 @@ def table_wise(skew_config, tmp_path_factory):
 def row_wise(skew_config, tmp_path_factory):
     out = tmp_path_factory.mktemp("rw") / "r.json"
     proc = gembench("run", "--config", str(skew_config), "--nproc", "2", "--steps", "3", "--warmup", "1",
-                    "--sharding", "row_wise", "--pipeline", "--out", str(out), "--quiet")
+                    "--sharding", "row_wise", "--pipeline", "--out", str(out), "--quiet", "--verbose")
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc, json.loads(out.read_text())
 
@@ -91,6 +92,35 @@ def test_one_result_with_per_rank_stages_imbalance_and_comm(table_wise):
         assert title in proc.stdout
     assert "global 64 = 2 ranks x 32 per rank" in proc.stdout
     assert sorted(os.listdir(d / "traces")) == ["rank0.json", "rank1.json"]
+
+
+NOISE = ("The topology was constructed directly", "known issue with TorchRec's dense tensor size",
+         "USDT:", "profiler_start", "profiler_stop", "FutureWarning")
+
+
+def test_library_noise_is_kept_off_the_terminal_unless_verbose(table_wise, row_wise):
+    quiet, verbose = table_wise[0], row_wise[0]  # row_wise runs with --verbose
+    for line in NOISE:
+        assert line not in quiet.stdout + quiet.stderr, line
+    assert "library message(s) off the terminal" in quiet.stderr and "--verbose" in quiet.stderr
+    # the planner's logging warning (not silenced by the fixtures' PYTHONWARNINGS=ignore) is back
+    assert "The topology was constructed directly" in verbose.stderr
+
+
+def test_mfu_basis_and_coverage_say_what_they_are(table_wise):
+    proc, r, _ = table_wise
+    peak, s = r["peak"], r["summary"]
+    assert peak["basis"] == "ranks" and peak["basis_text"] == "2 rank(s) x peak at 1 thread(s)"
+    host = peak["host"]
+    assert host["threads"] == 2 and host["hosts"] == 1
+    # the two bases divide the same FLOPs: their MFU ratio is the inverse ratio of the peaks
+    assert s["mfu_host"] / s["mfu"] == pytest.approx(sum(peak["per_rank"]) / host["tflops"], rel=1e-9)
+    assert r["metrics"]["mfu_host"] == s["mfu_host"]
+    assert "MFU basis: 2 rank(s) x peak at 1 thread(s)" in proc.stdout
+    assert "MFU, host basis" in proc.stdout and "of the host's peak at 2 thread(s)" in proc.stdout
+    assert all(0 < x["stage_coverage"] <= 1.05 for x in r["ranks"])
+    assert "slowest rank's time in each stage, summed" in proc.stdout
+    assert "of each rank's own step wall time" in proc.stdout
 
 
 def expected_bytes(r, cfg, rank):

@@ -62,3 +62,53 @@ def test_tiers_grow():
                    for n in ("tiny", "small", "medium", "large", "xl")]
     assert per_example == sorted(per_example)
     assert 1e5 < per_example[0] < 1e7 and per_example[-1] > 1e11
+
+
+# -- independent checks of the blocks whose FLOPs come from formulas gembench registers ---------
+# (harness/metrics/flopcheck.py). On equal lengths the same math runs as plain aten matmuls,
+# which FlopCounterMode counts with torch's own formulas: no gembench formula is involved.
+
+def shapes(name):
+    cfg = load_config(name)
+    return cfg, cfg.sequences[0].max_len
+
+
+@pytest.mark.parametrize("name", ["tiny", "small"])
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "training"])
+def test_hstu_attention_full_square_is_twice_the_causal_count(name, backward):
+    from gembench.harness.metrics.flopcheck import hstu_attention_check
+
+    cfg, n = shapes(name)
+    r = hstu_attention_check(batch=3, length=n, dim=cfg.hstu.dim, heads=cfg.hstu.heads, backward=backward)
+    assert set(r["padded_ops"]) == {"aten.bmm"}  # Q K^T and A V (and their gradients), nothing else
+    # the padded path computes every N x N square; the model count is the causal half
+    assert r["padded"] == 2 * r["analytic"]
+    assert r["jagged"] == r["analytic"]
+
+
+@pytest.mark.parametrize("name", ["tiny", "small"])
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "training"])
+def test_pma_summary_dense_count_equals_the_analytic(name, backward):
+    from gembench.harness.metrics.flopcheck import summary_check
+
+    cfg, n = shapes(name)
+    x = cfg.cross
+    r = summary_check(batch=3, length=n + 1, dim_seq=cfg.hstu.dim, dim_out=cfg.sparse.dim,
+                      pma_seeds=x.pma_seeds, recent=x.recent, heads=cfg.hstu.heads, backward=backward)
+    assert r["max_abs_diff"] < 1e-5  # the dense reference computes what the jagged block does
+    assert set(r["dense_ops"]) <= {"aten.addmm", "aten.mm", "aten.bmm"}
+    assert r["dense"] == r["analytic"]
+    assert r["jagged"] == r["analytic"]
+
+
+def test_a_count_through_a_registered_formula_is_refused_as_independent():
+    import torch
+
+    from gembench.harness.metrics.flopcheck import count, equal_lengths, independent
+    from gembench.models.hstu import hstu_jagged_attention
+
+    q = k = v = torch.randn(8, 2, 4)
+    counted = count(lambda: hstu_jagged_attention(q, k, v, torch.zeros(2, 4), equal_lengths(2, 4)))
+    assert counted.flops > 0
+    with pytest.raises(AssertionError, match="hstu_jagged_attention"):
+        independent(counted)

@@ -51,8 +51,11 @@ def test_run_bf16_with_peak_override(tmp_path):
     assert proc.returncode == 0, proc.stderr
     result = json.loads(out.read_text())
     assert result["run"]["dtype"] == "bf16"
-    assert result["peak"] == {"tflops_per_device": 1.5, "devices": 1, "dtype": "bf16",
-                              "source": "override: --peak-tflops"}
+    peak = result["peak"]
+    assert {k: peak[k] for k in ("tflops_per_device", "devices", "dtype", "source", "provisional")} == {
+        "tflops_per_device": 1.5, "devices": 1, "dtype": "bf16", "source": "override: --peak-tflops",
+        "provisional": False}
+    assert peak["basis_text"] == "1 rank(s) x the --peak-tflops figure" and "host" not in peak
 
 
 @pytest.mark.parametrize("args, message", [

@@ -56,6 +56,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="peak TFLOP/s per device to measure MFU against (default: datasheet on GPU, "
                         "measured bf16 GEMM on CPU)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument("--verbose", action="store_true",
+                   help="show third-party messages kept off the terminal by default (TorchRec planner "
+                        "and deprecation warnings, torch.profiler's USDT lines of --nproc runs)")
     dist = p.add_argument_group(
         "distributed (torchrun + TorchRec)",
         "--nproc N re-runs this command as N torchrun ranks on this host (gloo on CPU, nccl on CUDA);\n"

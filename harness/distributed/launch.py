@@ -41,6 +41,9 @@ def port_free(port: int, host: str = HOST) -> bool:
 
 
 def main(args) -> int:
+    from gembench.harness.distributed import noise
+
+    noise.install(getattr(args, "verbose", False))  # before TorchRec's import, which may warn
     from gembench.harness.distributed.sharded import torchrun_env
 
     env = torchrun_env()

@@ -12,7 +12,8 @@ Same schema as a single-process run (regression/results.py), with ``run.nproc`` 
                 overlap_fraction, profiled_steps, calls: [per rank: [{kind, family, bytes}]]}
 Job-level samples are per step: step time = the slowest rank's (the step ends when the last rank
 is done), stage times = the slowest rank's in each stage (the critical path), model FLOPs = the
-sum over ranks. MFU = job model FLOPs / step time / sum of the ranks' peaks.
+sum over ranks. MFU = job model FLOPs / step time / sum of the ranks' peaks; on CPU hosts
+mfu_host is against each host's own peak at (its ranks x threads) instead (peak_section).
 """
 
 from __future__ import annotations
@@ -63,6 +64,10 @@ def build_result(cfg, args, env: dict, records: list[dict], planned, batch_indic
             "samples": {"step_s": r["step_s"], "stages": r["stages"], "loss": r["loss"]},
             "stage_means_s": means,
             "step_time_p50_s": float(np.median(r["step_s"])),
+            # this rank's stages over its own step: < 100% (its untimed gaps), unlike the
+            # critical path, whose slowest-rank-per-stage sum can exceed the step
+            "stage_coverage": float(np.mean([sum(r["stages"][s][i] for s in stage_names) / r["step_s"][i]
+                                             for i in range(steps)])),
             "model_flops_per_step": train,
             # its share of the job's FLOPs over the job's step time: what this rank achieved
             "tflops": train / p50 / 1e12,
@@ -95,9 +100,7 @@ def build_result(cfg, args, env: dict, records: list[dict], planned, batch_indic
             "batches": batch_indices,
         },
         "env": fingerprint(torch.device(device)),
-        "peak": {"tflops_per_device": sum(peaks) / world, "devices": world, "dtype": records[0]["peak_dtype"],
-                 "source": records[0]["peak_source"] + (" (per rank)" if world > 1 else ""),
-                 "per_rank": peaks},
+        "peak": peak_section(records, summary),
         "flops": {
             "forward_per_step": forward, "model_per_step": 3.0 * forward,
             "per_block": {k: sum(r["per_block"][k] for r in records) for k in records[0]["per_block"]},
@@ -116,8 +119,42 @@ def build_result(cfg, args, env: dict, records: list[dict], planned, batch_indic
             "peak_memory_bytes": summary["peak_memory_bytes"],
             "imbalance_max_mean": imb["measured"]["metrics"][PRIMARY_LOAD]["max_mean"],
             "exposed_comm_fraction": comm["exposed_comm_fraction"],
+            **({"mfu_host": summary["mfu_host"]} if "mfu_host" in summary else {}),
         },
     }
+
+
+def peak_section(records, summary: dict) -> dict:
+    """The job's peak: per-rank figures and the MFU basis (hardware.peak_basis).
+
+    Headline MFU is against the sum of the ranks' peaks (N x peak(T threads) on one CPU host,
+    N devices on GPUs). CPU ranks also record their host's peak at N x T threads: summary and
+    metrics mfu_host are against the sum of those over hosts, the basis one process of N x T
+    threads is measured on, so the two compare. Adds mfu_host to ``summary``.
+    """
+    import torch
+
+    from gembench.harness.hardware import peak_basis
+
+    world = len(records)
+    peaks = [r["peak_tflops"] for r in records]
+    first = records[0]
+    section = {"tflops_per_device": sum(peaks) / world, "devices": world, "dtype": first["peak_dtype"],
+               "source": first["peak_source"] + (" (per rank)" if world > 1 else ""), "per_rank": peaks,
+               "provisional": any(r.get("peak_provisional") for r in records),
+               "calibration": first.get("peak_calibration")}
+    section.update(peak_basis(torch.device(first["device"]), world, first["torch_threads"], None,
+                              override=first["peak_source"].startswith("override")))
+    hosts = {r["host"]: r for r in records if r.get("host_peak_tflops")}
+    if hosts and len(hosts) == len({r["host"] for r in records}):
+        nodes = len(hosts)
+        section["host"] = {
+            "tflops": sum(r["host_peak_tflops"] for r in hosts.values()),
+            "threads": first["host_peak_threads"], "hosts": nodes,
+            "source": first["host_peak_source"],
+            "provisional": any(r["host_peak_provisional"] for r in hosts.values())}
+        summary["mfu_host"] = summary["mfu"] * sum(peaks) / section["host"]["tflops"]
+    return section
 
 
 def imbalance_section(records, planned, stage_means, step_s: float) -> dict:

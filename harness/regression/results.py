@@ -8,7 +8,10 @@ Schema ``gembench.result/1`` (all times in seconds, FLOPs as floats):
     env:     {hardware_class, device_name, cpu_model, cpu_cores, torch_threads, python,
               packages: {torch, torchrec, fbgemm-gpu-cpu | fbgemm-gpu, numpy}, gembench,
               git_commit, git_dirty, hostname}
-    peak:    {tflops_per_device, devices, dtype, source}
+    peak:    {tflops_per_device, devices, dtype, source, provisional (CPU: calibrated under load,
+              not cached), calibration (CPU: the measurement served), basis ("ranks" | "devices"),
+              basis_text, host (CPU: {tflops, threads, source, provisional}, the host's own peak
+              at ranks x threads, the basis of summary/metrics mfu_host)}
     flops:   {forward_per_step, model_per_step, per_block: {block: forward FLOPs per step}}
     samples: {step_s: [...], mfu: [...], stages: {stage: [...]}}   one entry per timed step
     summary: {step_time_s: {p50, p90, mean, ci95: [lo, hi]}, examples_per_s, tflops, mfu,

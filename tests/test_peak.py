@@ -1,0 +1,146 @@
+"""CPU peaks that cannot stick when wrong: best-of, busy refusal, re-measuring when beaten.
+
+The GEMM timing and the load probe are monkeypatched, so every test is deterministic on a busy
+machine (which is exactly the machine these rules are for).
+"""
+
+import json
+
+import pytest
+import torch
+
+from gembench.harness import calibration as C
+from gembench.harness.hardware import cpu_peak
+from tests.synthetic import run_cli
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("GEMBENCH_CACHE", str(tmp_path))
+    monkeypatch.setattr(C, "_this_process", {})
+    return tmp_path
+
+
+class FakeMachine:
+    """Stands in for the GEMM timing and the load probe: figure and busy cores are set by tests."""
+
+    def __init__(self, monkeypatch, tflops: float, others_busy: float = 0.0):
+        self.tflops, self.others_busy, self.gemms = tflops, others_busy, 0
+        monkeypatch.setattr(C, "time_gemm", self.time_gemm)
+        monkeypatch.setattr(C.LoadProbe, "start", lambda probe: None)
+        monkeypatch.setattr(C.LoadProbe, "stop", lambda probe: self.others_busy)
+
+    def time_gemm(self, n, dtype, seconds):
+        self.gemms += 1
+        return self.tflops * n / max(C.CALIBRATION_SIZES)  # the largest size is the fastest
+
+
+def plant(tflops: float, quiet=True, threads=None) -> None:
+    threads = threads or torch.get_num_threads()
+    entry = C.Entry(C.cpu_model(), "bf16", threads, torch.__version__)
+    entry.add(C.Measurement(tflops, 2048, 1, threads, "2026-01-01T00:00:00+00:00", [3.0, 2.0, 1.0],
+                            1.5, 2, quiet, "run"))
+    C.save_entry(entry)
+
+
+def test_a_quiet_calibration_is_cached_and_served(cache, monkeypatch):
+    machine = FakeMachine(monkeypatch, 0.4)
+    first = cpu_peak("bf16")
+    assert first.tflops_per_device == 0.4 and not first.provisional
+    assert first.calibration["size"] == 3072 and first.calibration["quiet"] is True
+    machine.tflops = 9.0  # served from the cache now: no measurement
+    assert cpu_peak("bf16").tflops_per_device == 0.4
+    assert machine.gemms == len(C.CALIBRATION_SIZES)
+
+
+def test_a_busy_calibration_is_provisional_and_not_cached(cache, monkeypatch):
+    machine = FakeMachine(monkeypatch, 0.3, others_busy=1.7)
+    peak = cpu_peak("bf16")
+    assert peak.provisional and "PROVISIONAL" in peak.source and peak.tflops_per_device == 0.3
+    assert not list(cache.glob("*.json"))
+    cpu_peak("bf16")  # once per process: a second run in it reuses the provisional figure
+    assert machine.gemms == len(C.CALIBRATION_SIZES)
+
+
+def test_best_of_keeps_the_higher_figure(cache, monkeypatch):
+    machine = FakeMachine(monkeypatch, 0.3)
+    threads = torch.get_num_threads()
+    C.recalibrate("bf16", threads, rounds=2)
+    machine.tflops = 0.2  # a slower (noisier) later measurement does not lower the peak
+    m, entry, stored = C.recalibrate("bf16", threads, rounds=2)
+    assert stored and m.tflops == 0.2 and entry.best.tflops == 0.3
+    machine.tflops, machine.others_busy = 0.5, 9.0  # busy, but beats a settled entry: raises it
+    m, entry, stored = C.recalibrate("bf16", threads, rounds=1)
+    assert stored and not m.quiet and entry.best.tflops == 0.5
+    assert cpu_peak("bf16").tflops_per_device == 0.5
+
+
+def test_a_busy_machine_never_settles_an_entry(cache, monkeypatch):
+    FakeMachine(monkeypatch, 0.5, others_busy=9.0)
+    m, entry, stored = C.recalibrate("bf16", 1, rounds=1)
+    assert not stored and C.load_entry("bf16", 1) is None
+
+
+def test_a_legacy_cache_file_is_migrated_best_of(cache, monkeypatch):
+    threads = torch.get_num_threads()
+    legacy = C._legacy_path(C.entry_path("bf16", threads))
+    legacy.write_text(json.dumps({"tflops_per_device": 0.35, "dtype": "bf16", "source":
+                                  f"calibrated: best bf16 GEMM 2048^3 on {threads} threads of X (cached in y)"}))
+    FakeMachine(monkeypatch, 0.25)
+    peak = cpu_peak("bf16")  # legacy figures are unsettled: measured again, best kept
+    assert peak.tflops_per_device == 0.35 and not peak.provisional
+    entry = C.load_entry("bf16", threads)
+    assert entry.settled and [m.how for m in entry.history] == ["legacy", "run"]
+    assert json.loads(legacy.read_text())["tflops_per_device"] == 0.35  # left for older versions
+
+
+def test_a_too_low_cached_peak_is_beaten_and_remeasured(cache, monkeypatch):
+    """The issue's case: a peak cached while the machine was busy (far too low) and trusted."""
+    from gembench.harness.runner import run_benchmark
+    from gembench.harness.stack import STACKS
+
+    plant(1e-7)  # settled, so a run would trust it forever without the beaten check
+    FakeMachine(monkeypatch, 0.5)
+    result = run_benchmark("tiny", steps=2, warmup=1, options=STACKS["baseline"], device="cpu",
+                           stack_name="baseline")
+    peak = result["peak"]
+    assert peak["tflops_per_device"] == 0.5 and "RE-MEASURED" in peak["source"]
+    assert peak["calibration"]["how"].startswith("beaten by")
+    s = result["summary"]
+    assert s["mfu"] == pytest.approx(s["tflops"] / 0.5)  # measured against the new peak
+    assert C.load_entry("bf16", torch.get_num_threads()).best.tflops == 0.5
+    assert result["peak"]["basis"] == "ranks" and result["metrics"]["mfu_host"] == pytest.approx(s["mfu"])
+
+
+def test_peak_command_shows_recalibrates_and_clears(cache, monkeypatch, capsys):
+    FakeMachine(monkeypatch, 0.4)
+    code, out, err = run_cli(["peak", "--recalibrate", "--threads", "1", "--rounds", "3"], capsys)
+    assert code == 0 and "bf16 1 thread(s): 0.4 TFLOP/s (GEMM 3072^3), cached" in err
+    assert "0.4 *" in out and "quiet" in out and "recalibrate" in out
+    code, out, _ = run_cli(["peak", "--json"], capsys)
+    [entry] = json.loads(out)
+    assert entry["threads"] == 1 and entry["history"][0]["rounds"] == 3 and entry["settled"]
+    code, out, _ = run_cli(["peak", "--clear"], capsys)
+    assert code == 0 and "forgot 1" in out and C.all_entries() == []
+    code, _, err = run_cli(["peak", "--recalibrate", "--threads", "x"], capsys)
+    assert code == 2 and "--threads" in err
+
+
+def test_a_distributed_run_that_beats_its_peak_remeasures_on_rank_0(cache, monkeypatch):
+    from gembench.harness.distributed.rank import _recheck_peak
+    from gembench.harness.hardware import Peak
+
+    plant(1e-4, threads=1)
+    low = cpu_peak("bf16", threads=1)
+    machine = FakeMachine(monkeypatch, 0.5)
+    # rank 1's backward did 2 x 1e9 FLOPs in 1 ms: 2 TFLOP/s, far above the planted 1e-4
+    records = [{"rank": r, "host": "h", "forward_flops": [1e9], "step_s": [0.01],
+                "stages": {"dense_forward": [1.0], "backward": [1e-3 if r else 1.0]},
+                "peak_tflops": low.tflops_per_device} for r in (0, 1)]
+    _recheck_peak(low, records, "h")
+    assert all(r["peak_tflops"] == 0.5 and "stage backward of rank 1" in r["peak_source"] for r in records)
+    assert C.load_entry("bf16", 1).best.tflops == 0.5
+    gemms = machine.gemms
+    slow = [dict(r, stages={"dense_forward": [1.0], "backward": [1.0]}, step_s=[2.0]) for r in records]
+    _recheck_peak(Peak(0.5, "bf16", "x", calibration=records[0]["peak_calibration"]), slow, "h")
+    assert machine.gemms == gemms  # nothing beat the peak: nothing measured
