@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("gembench.harness.commands.compare", "compare runs metric by metric: change, interval, verdict"),
     "gate": ("gembench.harness.commands.gate", "CI gate: thresholds and regressions vs the baseline (exit 0/1/2/3/4)"),
     "promote": ("gembench.harness.commands.promote", "make runs the committed baseline for their config and hardware"),
+    "report": ("gembench.harness.commands.report", "one self-contained HTML page: MFU across commits, stages, ranks, comm"),
 }
 
 EPILOG = """\
@@ -33,6 +34,7 @@ examples:
   gembench compare a.json b.json        # change, interval and verdict per metric
   gembench gate r.json                  # CI: exit 0 pass, 1 regression, 3 not comparable, 4 noisy
   gembench promote r.json               # make a run the baseline of its config and hardware
+  gembench report --out report/         # HTML page of results/runs and the baselines
   gembench <command> --help             # every flag of a command
 """
 
