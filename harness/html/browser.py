@@ -20,6 +20,7 @@ import os
 import select
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -37,8 +38,22 @@ FIGURES_JS = """JSON.stringify(Array.from(document.querySelectorAll('figure svg,
   else { content = [el.complete ? el.naturalWidth : 0, el.complete ? el.naturalHeight : 0]; }
   return {index: i, tag: el.tagName.toLowerCase(), width: r.width, height: r.height,
           content_width: content[0], content_height: content[1],
-          caption: ((el.closest('figure') || document).querySelector('figcaption') || {textContent: ''}).textContent.trim().slice(0, 80)};
+          caption: (((el.closest('figure') || {querySelector: () => null}).querySelector('figcaption') || {textContent: ''})
+          .textContent.trim().slice(0, 80) || el.getAttribute('src') || '')};
 }))"""
+
+
+LAUNCHER = ("import os, sys; os.dup2(int(sys.argv[1]), 3); os.dup2(int(sys.argv[2]), 4); "
+            "os.execvp(sys.argv[3], sys.argv[3:])")
+
+
+def _above(fd: int, lowest: int) -> int:
+    """``fd`` moved to a descriptor number >= ``lowest`` (the original is closed)."""
+    import fcntl
+
+    moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, lowest)
+    os.close(fd)
+    return moved
 
 
 def find_chromium() -> str | None:
@@ -63,14 +78,14 @@ class PageCheck:
     def empty_figures(self) -> list[dict]:
         return [f for f in self.figures if min(f["width"], f["height"], f["content_width"], f["content_height"]) <= 0]
 
-    def problems(self) -> list[str]:
+    def problems(self, min_figures: int = 1) -> list[str]:
         out = [f"console error: {e}" for e in self.console_errors]
         out += [f"request left the page: {u}" for u in self.requests_out]
         out += [f"request failed: {u}" for u in self.failed_requests]
         out += [f"figure {f['index']} ({f['tag']}) rendered {f['width']:.0f}x{f['height']:.0f}, content "
                 f"{f['content_width']:.0f}x{f['content_height']:.0f}: {f['caption']!r}" for f in self.empty_figures()]
-        if not self.figures:
-            out.append("no figures on the page")
+        if len(self.figures) < min_figures:
+            out.append(f"{len(self.figures)} figures on the page, expected at least {min_figures}")
         return out
 
 
@@ -80,6 +95,8 @@ class DevTools:
     def __init__(self, chromium: str, profile: str, extra_args: list[str]):
         to_chrome_r, self._w = os.pipe()
         self._r, from_chrome_w = os.pipe()
+        # above 4, so that placing them at 3 and 4 in the child cannot overwrite one with the other
+        to_chrome_r, from_chrome_w = (_above(fd, 10) for fd in (to_chrome_r, from_chrome_w))
         args = [
             "--headless", "--remote-debugging-pipe", f"--user-data-dir={profile}", "--no-first-run",
             "--no-default-browser-check", "--disable-gpu", "--disable-extensions", "--disable-sync",
@@ -91,9 +108,10 @@ class DevTools:
             *(["--no-sandbox"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []),
             *extra_args, "about:blank",
         ]
-        # the child needs the pipe ends as fds 3 and 4 exactly; a shell puts them there
+        # the child needs the pipe ends as fds 3 and 4 exactly; a tiny Python launcher puts them
+        # there and execs Chromium (a POSIX shell cannot redirect descriptors above 9)
         self.proc = subprocess.Popen(
-            ["/bin/sh", "-c", f'exec "$0" "$@" 3<&{to_chrome_r} 4>&{from_chrome_w}', chromium, *args],
+            [sys.executable, "-c", LAUNCHER, str(to_chrome_r), str(from_chrome_w), chromium, *args],
             pass_fds=(to_chrome_r, from_chrome_w), stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         os.close(to_chrome_r)
@@ -253,7 +271,6 @@ def save_small_png(src: Path, dst: Path, colors: int = 128) -> int:
 def main(argv: list[str] | None = None) -> int:
     """python -m gembench.harness.html.browser PAGE [--screenshot PNG]: exit 1 on any problem."""
     import argparse
-    import sys
 
     parser = argparse.ArgumentParser(prog="python -m gembench.harness.html.browser", description=main.__doc__)
     parser.add_argument("page", type=Path)
@@ -261,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--width", type=int, default=1280)
     parser.add_argument("--max-height", type=int, default=None, help="cut the screenshot at this many CSS pixels")
     parser.add_argument("--scale", type=float, default=1.0)
+    parser.add_argument("--min-figures", type=int, default=1, help="fewer figures than this is a problem (0 for a table page)")
     parser.add_argument("--colors", type=int, default=0, help="re-encode the PNG with this many colours (smaller file)")
     args = parser.parse_args(argv)
     if not args.page.is_file():
@@ -277,9 +295,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{check.url}: {len(check.figures)} figures, page {check.page_size[0]:.0f}x{check.page_size[1]:.0f} px")
     if args.screenshot:
         print(f"screenshot: {args.screenshot} ({args.screenshot.stat().st_size / 1024:.0f} KiB)")
-    for p in check.problems():
+    problems = check.problems(args.min_figures)
+    for p in problems:
         print(f"problem: {p}")
-    return 1 if check.problems() else 0
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":
