@@ -18,6 +18,11 @@ from gembench.harness.regression.results import field as get
 from gembench.harness.report import LOAD_LABELS, largest_loss, pct, si
 
 
+def mfu_pct(value: float | None) -> str:
+    """MFU as a percentage with three significant digits: CPU runs sit far below 1%."""
+    return "-" if value is None else f"{100 * value:.3g}%"
+
+
 def commit_label(run: dict) -> str:
     c = get(run, "env.git_commit") or "unknown"
     return short(c) + ("+dirty" if get(run, "env.git_dirty") else "")
@@ -145,7 +150,7 @@ COUNTER_ORDER = ("aten_ops", "host_syncs", "h2d_bytes", "kernels", "graph_breaks
 def run_details(r: dict) -> str:
     s = r["summary"]
     summary = (f'<span class="mono">{esc(r.get("id"))}</span> — commit {esc(commit_label(r))}, '
-               f"{esc(r.get('created', '?'))}, MFU {pct(s['mfu'])}, step {1e3 * s['step_time_s']['p50']:.1f} ms")
+               f"{esc(r.get('created', '?'))}, MFU {mfu_pct(s['mfu'])}, step {1e3 * s['step_time_s']['p50']:.1f} ms")
     counters = r.get("counters")
     if isinstance(counters, dict):
         ordered = {k: counters[k] for k in COUNTER_ORDER if k in counters}
@@ -192,11 +197,12 @@ def overview(groups: list[Group]) -> str:
         r = g.latest
         commit = get(r, "env.git_commit") or "unknown"
         base = g.baseline
-        base_mfu = (sum(x["metrics"]["mfu"] for x in base) / len(base)) if base else None
+        values = [x["metrics"]["mfu"] for x in base if isinstance(x["metrics"].get("mfu"), (int, float))]
+        base_mfu = sum(values) / len(values) if values else None
         rows.append([f'<a href="#{esc(g.anchor)}">{esc(g.config)}</a>', esc(get(r, "run.stack")), esc(get(r, "run.dtype")),
                      esc(get(r, "run.nproc")), esc(g.hardware_class), esc(len(g.runs)), esc(commit_label(r)),
-                     pct(r["metrics"]["mfu"]), f"{1e3 * r['metrics']['step_time_s']:.1f}",
-                     pct(base_mfu) if base_mfu is not None else "-", badge(overall(g.checks.get(commit, []))).replace("none", "no checks")])
+                     mfu_pct(r["summary"]["mfu"]), f"{1e3 * r['summary']['step_time_s']['p50']:.1f}",
+                     mfu_pct(base_mfu), badge(overall(g.checks.get(commit, [])))])
     return table(["config", "stack", "dtype", "ranks", "hardware class", "runs", "latest commit", "MFU", "step ms",
                   "baseline MFU", "gate (latest)"], rows, raw=True)
 

@@ -18,6 +18,9 @@ from gembench.harness.regression.results import (BASELINE_SCHEMA, BASELINES_DIR,
                                                  field as get)
 
 SOURCE_DIR = Path(__file__).resolve().parents[2]  # the gembench checkout whose commits results name
+# what the page cannot be drawn without; a run lacking one is skipped with a warning naming it
+REQUIRED = ("config.name", "env.hardware_class", "run.stack", "summary.stages", "summary.step_time_s.p50",
+            "summary.mfu", "peak.tflops_per_device", "metrics")
 DEFAULT_INPUTS = (str(RUNS_DIR / "*.json"), str(BASELINES_DIR / "**" / "*.json"))
 
 
@@ -59,7 +62,7 @@ def load(inputs: list[str], warn=lambda msg: print(msg, file=sys.stderr)) -> Loa
         try:
             runs = load_runs(path)
             for r in runs:
-                for key in ("config.name", "env.hardware_class", "summary.stages", "metrics"):
+                for key in REQUIRED:
                     if get(r, key) is None:
                         raise UsageError(f"{path}: run {r.get('id')!r} lacks {key}")
         except UsageError as err:
@@ -153,8 +156,8 @@ def group(loaded: Loaded, known_commits: list[str]) -> list[Group]:
         if runs and tuple(get(runs[0], k) for k in RUN_KEYS) == run_keys:
             g.baseline_path, g.baseline = path, runs
     # single-process groups before distributed ones, then by stack and hardware
-    return sorted(groups.values(), key=lambda g: (g.config, g.run_keys[2] or 1, str(g.run_keys[0]), g.hardware_class,
-                                                  str(g.run_keys)))
+    return sorted(groups.values(), key=lambda g: (g.config, g.run_keys[2] or 1, g.run_keys[0] == "ab", str(g.run_keys[0]),
+                                                  g.hardware_class, str(g.run_keys)))
 
 
 def gate_group(g: Group, thresholds_path: str | None) -> None:
@@ -195,4 +198,4 @@ def overall(checks: list) -> str:
     for status in gate.PRECEDENCE:
         if status in statuses:
             return status
-    return gate.PASS if checks else "none"
+    return gate.PASS if checks else "no checks"

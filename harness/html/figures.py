@@ -116,7 +116,12 @@ def history(panels: list[dict], commits: list[str]) -> str:
             ax.set_xlim(-0.5, max(len(commits) - 0.5, 0.5))
             lo, hi = ax.get_ylim()
             ax.set_ylim(min(0, lo), hi * 1.08)
-            ax.legend(loc="lower left", fontsize=6.5)
+        # one legend for the row of panels, above it: the panels stay free for the data
+        seen: dict[str, object] = {}
+        for ax in axes:
+            for handle, label in zip(*ax.get_legend_handles_labels()):
+                seen.setdefault(label, handle)
+        fig.legend(list(seen.values()), list(seen), loc="outside upper center", ncols=min(len(seen), 4), fontsize=6.5)
         return to_svg(fig)
 
 

@@ -38,7 +38,7 @@ td.mono, span.mono { font-family: ui-monospace, "SFMono-Regular", Menlo, Consola
 .PASS, .improved, .unchanged { background: var(--good); }
 .FAIL, .regressed { background: var(--bad); }
 .INCONCLUSIVE, .inconclusive, .NOT-COMPARABLE, .not-comparable { background: var(--warn); }
-.SKIP, .not-judged, .none { background: #a0aec0; }
+.SKIP, .not-judged, .no-checks { background: #a0aec0; }
 .warn { background: #fffaf0; border: 1px solid #f6e05e; border-left: 4px solid var(--warn);
         padding: 8px 12px; border-radius: 4px; margin: 12px 0; font-size: 13px; }
 .callout { border-left: 4px solid var(--accent); background: #ebf4ff; padding: 6px 12px; margin: 8px 0;
