@@ -105,7 +105,9 @@ class DevTools:
             # network off at the source too: no proxy answers and no name resolves
             "--proxy-server=127.0.0.1:9", "--proxy-bypass-list=<-loopback>",
             "--host-resolver-rules=MAP * ~NOTFOUND",
-            *(["--no-sandbox"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []),
+            # the pages are local files with the network off; Chromium's sandbox needs user
+            # namespaces that CI containers (and root) often lack, so it is not used
+            "--no-sandbox",
             *extra_args, "about:blank",
         ]
         # the child needs the pipe ends as fds 3 and 4 exactly; a tiny Python launcher puts them
