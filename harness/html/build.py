@@ -52,7 +52,7 @@ def history_figure(g: Group) -> str:
     base = g.baseline
     base_commit = short(get(base[0], "env.git_commit") or "?") if base else ""
 
-    def panel(metric, title, ylabel, scale, limit_field=None, kind="min"):
+    def panel(metric, title, ylabel, scale, limit_field=None):
         points = [(x_of[get(r, "env.git_commit") or "unknown"], r["metrics"][metric]) for r in g.runs
                   if isinstance((r.get("metrics") or {}).get(metric), (int, float))]
         if not points:
@@ -77,7 +77,7 @@ def history_figure(g: Group) -> str:
     svg = figures.history(panels, labels)
     return figure(svg, caption(g, g.runs, "Per commit, oldest left (git order; commits git does not know last)")
                   + " Dots are runs, the line their median; dashed: the committed baseline; dotted red: the gate's "
-                  "limit from results/thresholds.toml; a red X: a gate check FAILed at that commit.")
+                  "limit from the thresholds file; a red X: a gate check FAILed at that commit.")
 
 
 def stages_figure(g: Group) -> str:
