@@ -5,8 +5,6 @@ page or failing, every figure drawn with a non-zero size; and a screenshot is ta
 itself is tested on pages broken on purpose, so a clean result means something.
 """
 
-from pathlib import Path
-
 import pytest
 from report_fixtures import ab_result, dist_result, full_result, write
 from synthetic import run_cli
@@ -20,7 +18,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def test_report_renders_clean_offline(tmp_path, capsys):
-    commit = collect.commit_order()[-1]
+    commit = collect.head() or "0" * 40
     runs = tmp_path / "runs"
     for i in range(2):
         write(runs / f"r{i}.json", full_result(f"r{i}", commit, seed=i))
