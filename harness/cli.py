@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "gate": ("gembench.harness.commands.gate", "CI gate: thresholds and regressions vs the baseline (exit 0/1/2/3/4)"),
     "promote": ("gembench.harness.commands.promote", "make runs the committed baseline for their config and hardware"),
     "peak": ("gembench.harness.commands.peak", "show, re-measure (--recalibrate) or forget (--clear) the CPU peaks"),
+    "report": ("gembench.harness.commands.report", "one self-contained HTML page: MFU across commits, stages, ranks, comm"),
 }
 
 EPILOG = """\
@@ -35,6 +36,7 @@ examples:
   gembench gate r.json                  # CI: exit 0 pass, 1 regression, 3 not comparable, 4 noisy
   gembench promote r.json               # make a run the baseline of its config and hardware
   gembench peak --recalibrate           # CPU peaks: best of several quiet GEMM rounds
+  gembench report --out report/         # HTML page of results/runs and the baselines
   gembench <command> --help             # every flag of a command
 """
 

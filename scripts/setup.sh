@@ -4,12 +4,23 @@
 #   scripts/setup.sh          CPU: torch 2.13.0 (CPU build) + fbgemm-gpu-cpu 1.8.0 + torchrec 1.8.0
 #   scripts/setup.sh --gpu    CUDA: torch 2.13.0 + fbgemm-gpu 1.8.0 from the PyTorch CUDA index
 #                             (set TORCH_INDEX_URL to pick the CUDA version, default cu128)
+#   scripts/setup.sh --browser  only Debian's chromium (apt, as root), for the report's browser test
 #
 # Safe to run again: it reuses .venv and installs only what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 gpu=0
 [ "${1:-}" = "--gpu" ] && gpu=1
+if [ "${1:-}" = "--browser" ]; then
+  # tests/test_report_browser.py opens `gembench report` pages in headless Chromium; it skips without one
+  if command -v chromium >/dev/null 2>&1; then echo "chromium present: $(command -v chromium)"; exit 0; fi
+  if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+    echo "setup.sh --browser: needs root and apt-get; install Chromium yourself (or set GEMBENCH_CHROMIUM)" >&2
+    exit 1
+  fi
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium
+  exit $?
+fi
 python=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 pip=(.venv/bin/python -m pip -q --disable-pip-version-check)

@@ -78,6 +78,10 @@ def test_analyze_one_step_by_hand():
     assert e["overlapped_s"] == pytest.approx(10e-6)
     assert e["exposed_s"] == pytest.approx(36e-6)
     assert e["exposed_fraction"] == pytest.approx(0.36)
+    # per kind: the all-to-all 4-20 overlaps mm 10-40 for 10 us; the other two are fully exposed
+    assert k["overlapped_s"] == pytest.approx(10e-6) and k["exposed_s"] == pytest.approx(6e-6)
+    grad = a["by_kind"]["dense_grad_all_reduce"]
+    assert grad["overlapped_s"] == 0 and grad["exposed_s"] == pytest.approx(20e-6)
 
 
 def test_classify_backward_and_forward():

@@ -19,6 +19,7 @@ examples:
   gembench compare 'results/runs/main-*.json' 'results/runs/pr-*.json'      # replicates
   gembench compare results/baselines/cpu/tiny.json r1.json,r2.json,r3.json --format markdown
   gembench compare a.json b.json --format json > cmp.json
+  gembench compare base.json pr.json --format html --out compare.html     # CI artifact, opens offline
   gembench compare a.json b.json --force       # compare across hardware classes anyway
 """
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import sys
 from pathlib import Path
 
 from gembench.harness.errors import UsageError
@@ -34,7 +36,9 @@ from gembench.harness.errors import UsageError
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("sides", nargs="+", metavar="SIDE", help="result file(s) of one side: file, a,b,c, 'glob*', or folder")
-    parser.add_argument("--format", choices=("table", "markdown", "json"), default="table", help="output format (default table)")
+    parser.add_argument("--format", choices=("table", "markdown", "json", "html"), default="table",
+                        help="output format (default table; html: one self-contained page, the report's look)")
+    parser.add_argument("--out", default=None, metavar="FILE", help="write the output to FILE (replaced if it exists) instead of stdout")
     parser.add_argument("--alpha", type=float, default=None, help="false-alarm rate per family of tests (default 0.01)")
     parser.add_argument("--min-effect", type=float, default=None, help="smallest relative change that counts, e.g. 0.03 = 3%% (default 0.03)")
     parser.add_argument("--metric", action="append", default=None, help="judge only this metric (repeatable)")
@@ -75,6 +79,27 @@ def check_decision_args(alpha: float | None, min_effect: float | None) -> None:
         raise UsageError(f"--min-effect is a fraction (0.03 = 3%), got {min_effect}")
 
 
+def write_output(path: Path, text: str) -> None:
+    """``text`` to ``path`` atomically (a CI artifact: replaced when it exists, never half-written)."""
+    import os
+    import tempfile
+
+    if path.is_dir():
+        raise UsageError(f"--out {path} is a folder; name a file, e.g. {path}/compare.html")
+    if not path.parent.is_dir():
+        raise UsageError(f"--out {path}: folder {path.parent} does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
 def main(args: argparse.Namespace) -> int:
     from gembench.harness.regression import compare, stats
     from gembench.harness.regression.directions import METRICS
@@ -93,7 +118,16 @@ def main(args: argparse.Namespace) -> int:
         for side in args.sides[1:]
     ]
     if args.format == "json":
-        print(json.dumps({"schema": "gembench.compare/1", "comparisons": [compare.to_json(c) for c in results]}, indent=1))
+        text = json.dumps({"schema": "gembench.compare/1", "comparisons": [compare.to_json(c) for c in results]}, indent=1)
+    elif args.format == "html":
+        from gembench.harness.html.build import render_compare
+
+        text = render_compare(results)
     else:
-        print("\n\n".join(compare.render_table(c, args.format) for c in results))
+        text = "\n\n".join(compare.render_table(c, args.format) for c in results)
+    if args.out:
+        write_output(Path(args.out), text + "\n")
+        print(f"compare: {args.out}", file=sys.stderr)
+    else:
+        print(text)
     return 3 if any(not c.comparable and not c.forced for c in results) else 0

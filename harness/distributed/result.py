@@ -187,6 +187,9 @@ def comm_section(records) -> dict:
             "busbw_Bps": factor * size / time_s if time_s > 0 else 0.0,
             "step_share": mean("step_share"),
         }
+        if all("exposed_s" in x for x in rows):  # traces analysed before per-kind exposure lack it
+            by_kind[kind]["overlapped_s"] = mean("overlapped_s")
+            by_kind[kind]["exposed_s"] = mean("exposed_s")
     exposure = [dict(r["comm"]["exposure"], rank=r["rank"], step_s=r["comm"]["step_s"]) for r in records]
     return {
         "profiled_steps": records[0]["comm"]["profiled_steps"],

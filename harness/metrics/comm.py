@@ -295,6 +295,12 @@ def analyze(events: Sequence[dict], world_size: int, step_name: str) -> dict:
         k["step_share"] = k["time_s"] / step_s if step_s > 0 else 0.0
     comm = intersect([(c["start_us"], c["end_us"]) for c in inside], steps)
     compute = intersect(compute_intervals(events), steps)
+    # the same split per kind, so a report can say which collective is the exposed one; kinds that
+    # run at the same time each count the shared wall time, so these may sum to more than the total
+    for kind, k in by_kind.items():
+        mine = intersect([(c["start_us"], c["end_us"]) for c in inside if c["kind"] == kind], steps)
+        k["overlapped_s"] = length(intersect(mine, compute)) / 1e6 / n
+        k["exposed_s"] = length(subtract(mine, compute)) / 1e6 / n
     exp = exposure([(a / 1e6, b / 1e6) for a, b in comm], [(a / 1e6, b / 1e6) for a, b in compute],
                    step_s * n)
     for key in ("comm_s", "overlapped_s", "exposed_s"):

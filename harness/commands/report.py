@@ -1,0 +1,91 @@
+"""One self-contained HTML page of results: MFU across commits, stages, ranks, communication.
+
+RESULTS are result files, baseline files, quoted globs (** recurses) or folders (every *.json
+below); by default results/runs/*.json and results/baselines/**/*.json. Writes DIR/index.html:
+one file with every figure inline as SVG (matplotlib), no scripts, no network requests, so it
+opens from disk and can be kept as a CI artifact. Runs are grouped by config, hardware class,
+stack, dtype, ranks and batch (what one baseline applies to); in each group:
+  - MFU and step time per commit in git order, the committed baseline, the gate's limits from
+    --thresholds, and every commit where a `gembench gate` check fails marked;
+  - the latest run's stages as stacked bars (both stacks for --ab runs), largest loss called out;
+  - for --nproc runs: per-rank stage heat map, embedding load per rank (measured vs planned),
+    communication per collective with exposed vs overlapped time;
+  - each run's cost counters and environment fingerprint, collapsed.
+A corrupt or foreign JSON file is named in a warning and skipped. index.html is replaced if it
+exists (the page is a view of result files, which are never touched).
+
+exit status: 0 written (perhaps with warnings), 2 nothing to report or a usage error.
+
+examples:
+  gembench report --out report/                         # results/runs + results/baselines
+  gembench report 'ci/runs/*.json' results/baselines --out public/
+  gembench report r1.json r2.json --out /tmp/r && xdg-open /tmp/r/index.html
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from gembench.harness.errors import UsageError
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("results", nargs="*", metavar="RESULTS",
+                        help="result/baseline files, 'globs' or folders (default results/runs/*.json and results/baselines/**/*.json)")
+    parser.add_argument("--out", required=True, metavar="DIR", help="folder to write index.html into (created if missing)")
+    parser.add_argument("--thresholds", default="results/thresholds.toml",
+                        help="gate limits to draw and check (default %(default)s; missing: drawn without limits)")
+
+
+def write_page(out_dir: Path, text: str) -> Path:
+    """DIR/index.html, atomically: a reader sees the old page or the new one, never half of one."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UsageError(f"cannot create folder {out_dir} for --out: {err.strerror}") from None
+    if not os.access(out_dir, os.W_OK):
+        raise UsageError(f"folder {out_dir} is not writable: pass an --out somewhere you can write")
+    fd, tmp = tempfile.mkstemp(prefix=".index.", suffix=".html.tmp", dir=out_dir)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, out_dir / "index.html")
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return out_dir / "index.html"
+
+
+def main(args: argparse.Namespace) -> int:
+    from gembench.harness.html import collect
+
+    out_dir = Path(args.out)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"--out {out_dir} is a file; name a folder (index.html is written into it)")
+    inputs = args.results or list(collect.DEFAULT_INPUTS)
+    loaded = collect.load(inputs)
+    if not loaded.runs:
+        where = ", ".join(inputs)
+        extra = f" ({len(loaded.skipped)} file(s) skipped, see above)" if loaded.skipped else ""
+        raise UsageError(f"no gembench results in {where}{extra}; make some with "
+                         "`gembench run --config tiny` (writes results/runs/*.json) or name result files")
+    thresholds = args.thresholds if Path(args.thresholds).is_file() else None
+    if thresholds is None:
+        print(f"gembench report: warning: no thresholds file {args.thresholds}; drawing without gate limits", file=sys.stderr)
+    known = collect.commit_order()
+    groups = collect.group(loaded, known)
+    for i, g in enumerate(groups, 1):
+        print(f"gembench report: [{i}/{len(groups)}] {g.title}: {len(g.runs)} run(s)", file=sys.stderr)
+        collect.gate_group(g, thresholds)
+    from gembench.harness.html import build
+
+    text = build.render(groups, loaded.skipped, inputs, loaded.files, collect.head(), thresholds)
+    path = write_page(out_dir, text)
+    print(f"report: {path} ({len(text) / 1024:.0f} KiB, {sum(len(g.runs) for g in groups)} runs, {len(groups)} groups)")
+    return 0

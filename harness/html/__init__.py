@@ -1,0 +1,1 @@
+"""HTML pages of results: matplotlib figures as inline SVG inside one self-contained file."""

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Regenerates results/report/screenshot.png, the README's picture of `gembench report`, from real
+# tiny runs: one replicate pair at HEAD~2 (promoted to a temporary baseline), one run at HEAD~1,
+# and at the working tree two runs, one --ab and one --nproc 2. The older commits are checked out
+# as temporary git worktrees so their runs carry their own commit. Takes a few minutes on 2 cores.
+#
+#   scripts/report_screenshot.sh              # writes results/report/screenshot.png
+#   KEEP=/tmp/rep scripts/report_screenshot.sh  # also keeps the runs and the page there
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+py=${PYTHON:-$root/.venv/bin/python}
+tmp=$(mktemp -d)
+worktrees=()
+cleanup() {
+  for w in "${worktrees[@]}"; do git worktree remove --force "$w" >/dev/null 2>&1 || true; done
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+mkdir -p "$tmp/runs"
+
+run_at() {  # run_at REV NAME ARGS...: a tiny run of the code at REV (WORKTREE = the checkout as it is)
+  local rev=$1 name=$2; shift 2
+  local pkg=$tmp/pkg-$rev
+  if [ ! -e "$pkg/gembench" ]; then
+    mkdir -p "$pkg"
+    if [ "$rev" = WORKTREE ]; then
+      ln -s "$root" "$pkg/gembench"
+    else
+      git worktree add --detach "$tmp/src-$rev" "$rev" >/dev/null 2>&1
+      worktrees+=("$tmp/src-$rev")
+      ln -s "$tmp/src-$rev" "$pkg/gembench"
+    fi
+  fi
+  echo "report_screenshot: $name at $rev: gembench run --config tiny $*" >&2
+  PYTHONPATH=$pkg "$py" -m gembench run --config tiny --warmup 1 --out "$tmp/runs/$name.json" "$@" >/dev/null 2>"$tmp/$name.log" \
+    || { tail -20 "$tmp/$name.log" >&2; exit 1; }
+}
+
+run_at HEAD~2 base-1 --steps 8
+run_at HEAD~2 base-2 --steps 8
+PYTHONPATH=$tmp/pkg-HEAD~2 "$py" -m gembench promote "$tmp/runs/base-1.json" "$tmp/runs/base-2.json" --baselines "$tmp/baselines" >&2
+run_at HEAD~1 mid --steps 8
+run_at WORKTREE now-1 --steps 8
+run_at WORKTREE now-2 --steps 8
+run_at WORKTREE ab --ab --rounds 2 --steps 4
+run_at WORKTREE dist --nproc 2 --steps 5
+
+export PYTHONPATH=$tmp/pkg-WORKTREE
+"$py" -m gembench report "$tmp/runs" "$tmp/baselines" --out "$tmp/report"
+mkdir -p results/report
+"$py" -m gembench.harness.html.browser "$tmp/report/index.html" --screenshot results/report/screenshot.png \
+  --width 1280 --max-height 2300 --scale 0.75 --colors 160
+if [ -n "${KEEP:-}" ]; then mkdir -p "$KEEP" && cp -r "$tmp/runs" "$tmp/baselines" "$tmp/report" "$KEEP/"; fi
