@@ -37,8 +37,9 @@ def test_baseline_bundle_holds_replicates(tmp_path):
     assert target == tmp_path / "cpu-test-2t" / "tiny.json" and archived is None
     assert [r["id"] for r in results.load_runs(target)] == ["r0", "r1", "r2"]
     broken = tmp_path / "broken.json"
-    broken.write_text(json.dumps({"schema": results.BASELINE_SCHEMA, "runs": []}))
-    with pytest.raises(UsageError, match="field 'runs'"):
+    broken.write_text(json.dumps({"schema": results.BASELINE_SCHEMA, "promoted": "2026-01-01T00:00:00+00:00",
+                                  "hardware_class": "cpu-test-2t", "config": "tiny", "runs": []}))
+    with pytest.raises(UsageError, match=r"\$\.runs must hold at least 1 item"):
         results.load_runs(broken)
 
 
