@@ -57,7 +57,7 @@ def totals_table(result: dict) -> str:
         ["stages cover", f"{pct(s['stage_coverage'])} of each step's wall time"],
         ["examples/s", f"{s['examples_per_s']:,.0f}"],
         ["achieved", f"{s['tflops']:.3f} TFLOP/s"],
-        ["MFU", pct(s["mfu"])],
+        ["MFU", pct(s["mfu"]) + (" (DIVERGED run: not a training figure)" if result.get("diverged") else "")],
         ["peak memory", f"{s['peak_memory_bytes'] / 2**20:,.0f} MiB ({s['peak_memory_source']})"],
         ["embedding bytes/step", f"{si(s['embedding_bytes_per_step']['read'], 'B')} read, "
                                  f"{si(s['embedding_bytes_per_step']['written'], 'B')} written"],
@@ -98,8 +98,19 @@ def ab_table(result: dict) -> str:
             f"{ab['steps_per_round']} steps each, ABBA order)")
 
 
+def diverged_banner(result: dict) -> list[str]:
+    """A prominent line when the loss turned non-finite (result["diverged"]); else nothing."""
+    d = result.get("diverged")
+    if not d:
+        return []
+    where = "".join(f", {k} {d[k]}" for k in ("task", "rank", "stack") if d.get(k) is not None)
+    return [f"!! DIVERGED: loss {d['loss']} at step {d['step']}{where} (steps counted from the first "
+            "warm-up step). The timed steps ran on non-finite numbers: the MFU below is flagged, and "
+            "`gembench gate` fails this run. Lower the learning rate or check the data."]
+
+
 def run_report(result: dict) -> str:
-    parts = [header(result), stage_table(result), totals_table(result), loss_line(result)]
+    parts = [header(result), *diverged_banner(result), stage_table(result), totals_table(result), loss_line(result)]
     if "ab" in result:
         parts.append(ab_table(result))
     return "\n\n".join(parts)
@@ -169,6 +180,7 @@ def distributed_report(result: dict) -> str:
               if run["options"].get("pipeline") else "staged (nothing overlapped)")
     return "\n\n".join([
         header(result),
+        *diverged_banner(result),
         f"{run['nproc']} ranks on {run['nnodes']} host(s), {run['backend']}; step: {engine}\n"
         f"batch: global {run['global_batch']} = {run['nproc']} ranks x {run['per_rank_batch']} per rank\n"
         f"sharding ({run['sharding']}): {plan}",
