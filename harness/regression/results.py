@@ -24,6 +24,10 @@ class: {schema, promoted (ISO 8601 UTC), hardware_class, config, runs: [result, 
 at ``results/baselines/<hardware_class>/<config>.json``; a promoted-over baseline moves to
 ``results/baselines/<hardware_class>/archive/`` so it is never silently lost (and git keeps it).
 
+Every reader validates a document against results/schema/ (schema.py: load_document, validate);
+a run whose loss turned non-finite carries ``diverged: {step, task, loss}``. Writers reserve their
+path first and keep a result they cannot write in $TMPDIR (reservation.py).
+
 Comparability: two results are comparable only when the fields in COMPARABLE_KEYS agree (same
 hardware class, same torch/torchrec/fbgemm versions, same config hash); the gate also requires
 RUN_KEYS to agree, since a baseline for another precision or stack is not this run's baseline.
