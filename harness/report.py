@@ -76,7 +76,8 @@ def totals_table(result: dict) -> str:
         *coverage_rows(result),
         ["examples/s", f"{s['examples_per_s']:,.0f}"],
         ["achieved", f"{s['tflops']:.3f} TFLOP/s"],
-        ["MFU", pct(s["mfu"]) + (f" of {result['peak']['basis_text']}" if "basis_text" in result["peak"] else "")],
+        ["MFU", pct(s["mfu"]) + (f" of {result['peak']['basis_text']}" if "basis_text" in result["peak"] else "")
+                + (" (DIVERGED run: not a training figure)" if result.get("diverged") else "")],
         *([["MFU, host basis", f"{pct(s['mfu_host'])} of the host's peak at "
                                f"{result['peak']['host']['threads']} thread(s)"]]
           if "mfu_host" in s and result["run"]["nproc"] > 1 else []),
@@ -134,8 +135,19 @@ def ab_table(result: dict) -> str:
             f"{ab['steps_per_round']} steps each, ABBA order)")
 
 
+def diverged_banner(result: dict) -> list[str]:
+    """A prominent line when the loss turned non-finite (result["diverged"]); else nothing."""
+    d = result.get("diverged")
+    if not d:
+        return []
+    where = "".join(f", {k} {d[k]}" for k in ("task", "rank", "stack") if d.get(k) is not None)
+    return [f"!! DIVERGED: loss {d['loss']} at step {d['step']}{where} (steps counted from the first "
+            "warm-up step). The timed steps ran on non-finite numbers: the MFU below is flagged, and "
+            "`gembench gate` fails this run. Lower the learning rate or check the data."]
+
+
 def run_report(result: dict) -> str:
-    parts = [header(result), stage_table(result), totals_table(result), loss_line(result)]
+    parts = [header(result), *diverged_banner(result), stage_table(result), totals_table(result), loss_line(result)]
     if "ab" in result:
         parts.append(ab_table(result))
     return "\n\n".join(parts)
@@ -205,6 +217,7 @@ def distributed_report(result: dict) -> str:
               if run["options"].get("pipeline") else "staged (nothing overlapped)")
     return "\n\n".join([
         header(result),
+        *diverged_banner(result),
         f"{run['nproc']} ranks on {run['nnodes']} host(s), {run['backend']}; step: {engine}\n"
         f"batch: global {run['global_batch']} = {run['nproc']} ranks x {run['per_rank_batch']} per rank\n"
         f"sharding ({run['sharding']}): {plan}",

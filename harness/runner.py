@@ -23,7 +23,7 @@ from gembench.harness.metrics.mfu import summarize
 from gembench.harness.regression.results import SCHEMA
 from gembench.harness.stack import STACKS, StackOptions, build_train_state
 from gembench.harness.regression.stats import paired_ratio_interval
-from gembench.harness.step import StepSamples, run_steps
+from gembench.harness.step import StepSamples, divergence, finite_or_none, run_steps
 from gembench.models.config import ModelConfig, load_config
 from gembench.models.data import SyntheticData
 from gembench.models.flops import batch_forward_flops, embedding_bytes, memory_estimate
@@ -124,7 +124,9 @@ def stack_result(setup: Setup, options: StackOptions, samples: StepSamples, warm
     summary["peak_memory_bytes"] = memory
     summary["peak_memory_source"] = memory_source
     summary["embedding_bytes_per_step"] = embedding_bytes(setup.cfg, setup.batches[warmup % len(setup.batches)])
+    diverged = divergence(samples.loss, samples.task_loss, first_step=warmup)
     return {
+        "diverged": diverged,
         "stack": stack_name,
         "options": options.to_dict(),
         "flops": {
@@ -135,7 +137,8 @@ def stack_result(setup: Setup, options: StackOptions, samples: StepSamples, warm
         "samples": {
             "step_s": samples.step_s,
             "mfu": [3.0 * f / t / (peak * 1e12) for f, t in zip(forward, samples.step_s)],
-            "loss": samples.loss,
+            "loss": finite_or_none(samples.loss),
+            "task_loss": finite_or_none(samples.task_loss),
             "stages": samples.stages,
         },
         "summary": summary,
@@ -174,6 +177,8 @@ def document(setup: Setup, steps: int, warmup: int, main: dict, extra: dict | No
     if host:  # one process: the host basis is the same peak, recorded so --nproc runs compare
         summary["mfu_host"] = summary["mfu"] * peak.tflops_per_device / host["tflops"]
         result["metrics"]["mfu_host"] = summary["mfu_host"]
+    if main.get("diverged"):
+        result["diverged"] = main["diverged"]
     if extra:
         result.update(extra)
     return result
@@ -253,6 +258,7 @@ def run_ab(config: str | ModelConfig, rounds: int = 6, steps_per_round: int = 3,
             per_round[n].append(float(np.median(s.step_s)))
             collected[n].step_s += s.step_s
             collected[n].loss += s.loss
+            collected[n].task_loss += s.task_loss
             for stage, v in s.stages.items():
                 collected[n].stages[stage] += v
             done += steps_per_round
@@ -273,4 +279,9 @@ def run_ab(config: str | ModelConfig, rounds: int = 6, steps_per_round: int = 3,
     doc["run"]["stack"] = "ab"
     doc["metrics"]["ab_mfu_ratio"] = center
     doc["metrics"]["baseline_mfu"] = results["baseline"]["summary"]["mfu"]
+    base_diverged = results["baseline"]["diverged"]
+    if base_diverged and (not doc.get("diverged") or base_diverged["step"] < doc["diverged"]["step"]):
+        doc["diverged"] = {**base_diverged, "stack": "baseline"}
+    elif doc.get("diverged"):
+        doc["diverged"]["stack"] = "optimized"
     return doc

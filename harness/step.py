@@ -8,13 +8,14 @@ so timing adds no stall inside the step; on CPU ops are synchronous and a clock 
 
 from __future__ import annotations
 
+import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 
-from gembench.models.heads import multitask_loss
+from gembench.models.heads import task_losses
 
 STAGES = ("data", "sparse_forward", "dense_forward", "loss", "backward", "optimizer")
 
@@ -72,7 +73,10 @@ class TrainState:
 
 
 def train_step(state: TrainState, batch, clock) -> torch.Tensor:
-    """One training step, marking each stage's end on ``clock``. Returns the loss (detached)."""
+    """One training step, marking each stage's end on ``clock``.
+
+    Returns the detached per-task losses, shape (tasks,); the trained loss is their mean.
+    """
     clock.mark("start")
     batch = batch.to(state.device, non_blocking=True)
     clock.mark("data")
@@ -81,7 +85,8 @@ def train_step(state: TrainState, batch, clock) -> torch.Tensor:
         clock.mark("sparse_forward")
         logits = state.model.dense(batch, embedded)
         clock.mark("dense_forward")
-        loss = multitask_loss(logits, batch.labels)
+        per_task = task_losses(logits, batch.labels)
+        loss = per_task.mean()  # = multitask_loss: every task has the same examples
     clock.mark("loss")
     loss.backward()
     clock.mark("backward")
@@ -89,7 +94,7 @@ def train_step(state: TrainState, batch, clock) -> torch.Tensor:
         opt.step()
     state.zero_grad()
     clock.mark("optimizer")
-    return loss.detach()
+    return per_task.detach()
 
 
 @dataclass
@@ -98,7 +103,29 @@ class StepSamples:
 
     step_s: list[float] = field(default_factory=list)
     stages: dict[str, list[float]] = field(default_factory=lambda: {s: [] for s in STAGES})
-    loss: list[float] = field(default_factory=list)
+    loss: list[float] = field(default_factory=list)  # NaN / inf where training diverged
+    task_loss: list[list[float]] = field(default_factory=list)  # per step: one loss per task
+
+
+def divergence(loss: list[float], task_loss: list[list[float]], first_step: int = 0) -> dict | None:
+    """The first step whose loss is not finite, as result["diverged"]; None when all are finite.
+
+    ``{"step": first_step + index, "task": "task<k>" (the first non-finite task) or None,
+    "loss": "nan" / "inf" / "-inf"}``: a diverged run still has step times, but they time
+    arithmetic on NaNs (or a skipped optimizer), not training, so its MFU must not pass a gate.
+    """
+    for i, value in enumerate(loss):
+        if not math.isfinite(value):
+            tasks = task_loss[i] if i < len(task_loss) else []
+            bad = next((k for k, v in enumerate(tasks) if not math.isfinite(v)), None)
+            return {"step": first_step + i, "task": None if bad is None else f"task{bad}",
+                    "loss": str(tasks[bad] if bad is not None else value)}
+    return None
+
+
+def finite_or_none(values: list) -> list:
+    """JSON has no NaN: non-finite losses are written as null (result["diverged"] says why)."""
+    return [finite_or_none(v) if isinstance(v, list) else (v if math.isfinite(v) else None) for v in values]
 
 
 def run_steps(state: TrainState, batches, steps: int, warmup: int, timed: bool = True,
@@ -110,6 +137,7 @@ def run_steps(state: TrainState, batches, steps: int, warmup: int, timed: bool =
     """
     samples = StepSamples()
     sync = torch.cuda.synchronize if state.device.type == "cuda" else (lambda: None)
+    losses = []  # detached (tasks,) tensors: read on the host after the loop, not inside it
     for i in range(warmup + steps):
         clock = StageClock(state.device) if timed else NoClock()
         sync()
@@ -120,9 +148,13 @@ def run_steps(state: TrainState, batches, steps: int, warmup: int, timed: bool =
         elapsed = time.perf_counter() - start
         if i >= warmup:
             samples.step_s.append(elapsed)
-            samples.loss.append(float(loss))
+            losses.append(loss)
             for stage, seconds in durations.items():
                 samples.stages[stage].append(seconds)
         if progress is not None:
             progress(i + 1, warmup + steps, elapsed)
+    if losses:
+        per_task = torch.stack(losses).cpu()  # (steps, tasks)
+        samples.task_loss = per_task.tolist()
+        samples.loss = per_task.mean(dim=1).tolist()
     return samples

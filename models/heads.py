@@ -39,3 +39,13 @@ def over_arch_flops(in_features: int, mlp, tasks: int) -> float:
 def multitask_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Mean binary cross-entropy over examples and tasks, computed in fp32 for stability."""
     return nn.functional.binary_cross_entropy_with_logits(logits.float(), labels.float())
+
+
+def task_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Per-task binary cross-entropy: logits, labels (B, tasks) -> (tasks,), fp32.
+
+    Their mean is ``multitask_loss`` (every task has B examples); kept apart so that a loss that
+    turns non-finite can be traced to the task it came from.
+    """
+    per_example = nn.functional.binary_cross_entropy_with_logits(logits.float(), labels.float(), reduction="none")
+    return per_example.mean(dim=0)

@@ -50,7 +50,10 @@ def make_result(
                 "nproc": 1, "global_batch": 64, "per_rank_batch": 64},
         "env": {"hardware_class": hardware_class, "torch": torch, "torchrec": "1.8.0", "fbgemm_gpu": "1.8.0",
                 "git_commit": "0" * 40, "git_dirty": False, **env},
+        "peak": {"tflops_per_device": peak_tflops, "devices": 1, "dtype": "fp32", "source": "synthetic"},
         "samples": {"step_s": samples, "mfu": mfu, "stages": {}},
+        "summary": {"step_time_s": {"p50": sorted(samples)[steps // 2], "mean": mean_s},
+                    "examples_per_s": headline["examples_per_s"], "mfu": headline["mfu"]},
         "metrics": headline,
     }
 

@@ -2,6 +2,8 @@
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 from synthetic import make_result, run_cli, save
@@ -9,6 +11,7 @@ from synthetic import make_result, run_cli, save
 from gembench.harness.regression import results
 from gembench.harness.commands.promote import promote
 from gembench.harness.errors import UsageError
+from gembench.harness.regression.schema import schema_dir
 
 
 def test_write_is_atomic_and_never_overwrites(tmp_path):
@@ -37,8 +40,9 @@ def test_baseline_bundle_holds_replicates(tmp_path):
     assert target == tmp_path / "cpu-test-2t" / "tiny.json" and archived is None
     assert [r["id"] for r in results.load_runs(target)] == ["r0", "r1", "r2"]
     broken = tmp_path / "broken.json"
-    broken.write_text(json.dumps({"schema": results.BASELINE_SCHEMA, "runs": []}))
-    with pytest.raises(UsageError, match="field 'runs'"):
+    broken.write_text(json.dumps({"schema": results.BASELINE_SCHEMA, "promoted": "2026-01-01T00:00:00+00:00",
+                                  "hardware_class": "cpu-test-2t", "config": "tiny", "runs": []}))
+    with pytest.raises(UsageError, match=r"\$\.runs must hold at least 1 item"):
         results.load_runs(broken)
 
 
@@ -70,3 +74,36 @@ def test_differences_and_safe_paths():
     assert results.differences(packaged, {"env": {"packages": {"torch": "2.13.0+cpu", "fbgemm-gpu": "1.9.0", "torchrec": "1.8.0"}}}, ["stack.fbgemm"])
     assert results.baseline_path("cuda/../x", "tiny", "root") == results.Path("root/cuda_.._x/tiny.json")
     assert os.sep not in results.safe_name("a/b")
+
+
+# -- the schema and the writers agree -------------------------------------------------------------
+
+REAL_RUNS = {  # few steps each: what matters is the document's shape, not the figures
+    "tiny": ["--config", "tiny", "--steps", "2", "--warmup", "1"],
+    "ab": ["--config", "tiny", "--ab", "--rounds", "2", "--steps", "2", "--warmup", "1"],
+    "distributed": ["--config", "tiny", "--nproc", "2", "--steps", "2", "--warmup", "1"],
+}
+
+
+@pytest.mark.parametrize("kind", REAL_RUNS)
+def test_schema_and_writer_agree_on_real_results(tmp_path, capsys, kind):
+    out = tmp_path / "r.json"
+    proc = subprocess.run([sys.executable, "-m", "gembench", "run", *REAL_RUNS[kind], "--quiet", "--out", str(out)],
+                          capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = results.load_result(out)  # raises, naming the field, if the writer broke the schema
+    # every top-level field the writer emits is described in the schema (typed when present)
+    schema = json.loads((schema_dir() / "result-1.json").read_text())
+    undescribed = set(result) - set(schema["properties"])
+    assert not undescribed, f"describe {sorted(undescribed)} in results/schema/result-1.json"
+    # and the readers take it: a bundle of it validates, and it compares with itself
+    target, _ = promote([result], tmp_path / "baselines", allow_dirty=True)
+    assert results.load_runs(target)[0]["id"] == result["id"]
+    assert run_cli(["compare", str(out), str(target)], capsys)[0] == 0
+
+
+def test_committed_baselines_validate():
+    committed = sorted((schema_dir().parent / "baselines").rglob("*.json"))
+    assert committed
+    for path in committed:
+        assert results.load_runs(path)

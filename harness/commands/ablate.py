@@ -46,18 +46,27 @@ def variants(single_process: bool):
 
 
 def main(args: argparse.Namespace) -> int:
+    from gembench.harness.regression.reservation import Reservation
+
+    reservation = Reservation.take(args.out) if args.out is not None else None  # before any work
+    try:
+        return _ablate(args)
+    finally:
+        if reservation is not None:
+            reservation.release()
+
+
+def _ablate(args: argparse.Namespace) -> int:
     import sys
 
     from tabulate import tabulate
 
     from gembench.harness.report import pct
-    from gembench.harness.regression.results import check_writable, write_result
+    from gembench.harness.regression.reservation import write_or_fallback
     from gembench.harness.runner import prepare, reset_peak_memory, stack_result
     from gembench.harness.stack import build_train_state
     from gembench.harness.step import run_steps
 
-    if args.out is not None:
-        check_writable(args.out)
     setup = prepare(args.config, args.steps, args.warmup, args.device, args.seed, args.peak_tflops)
     added, removed = variants(single_process=True)
     measured = {}
@@ -101,6 +110,6 @@ def main(args: argparse.Namespace) -> int:
                "peak": {"tflops_per_device": setup.peak.tflops_per_device, "source": setup.peak.source},
                "variants": {label: {k: measured[label][k] for k in ("options", "summary")}
                             for label, _ in added + removed}}
-        write_result(args.out, json.loads(json.dumps(doc)))
+        write_or_fallback(args.out, json.loads(json.dumps(doc)))
         print(f"\nablation: {args.out}")
     return 0

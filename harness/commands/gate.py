@@ -6,7 +6,8 @@ results/baselines/<hardware_class>/<config>.json unless --baseline names another
 per check: PASS, FAIL, SKIP (nothing to check), INCONCLUSIVE or NOT-COMPARABLE.
 
 exit status (worst check wins, in this order):
-  1  a threshold missed or a metric regressed against the baseline
+  1  a threshold missed, a metric regressed against the baseline, or a run diverged (its loss
+     turned NaN/inf: result["diverged"])
   3  the baseline is not comparable (other hardware class, torch/torchrec/fbgemm, config hash,
      stack, dtype, ranks or batch): promote a new baseline or pass a matching --baseline
   4  inconclusive: too noisy to decide; rerun with more replicates (--repeat in CI)
@@ -58,6 +59,7 @@ def main(args: argparse.Namespace) -> int:
     for other in runs[1:]:
         for d in differences(first, other, COMPARABLE_KEYS + RUN_KEYS):
             checks.append(gate.Check(gate.NOT_COMPARABLE, "replicates", f"{other.get('id')} differs from {first.get('id')} in {d}"))
+    checks += gate.diverged_checks(runs)
     checks += gate.threshold_checks(runs, limits)
     if not args.no_baseline:
         path = Path(args.baseline) if args.baseline else baseline_for(first)

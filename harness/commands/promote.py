@@ -50,17 +50,28 @@ def promote(runs: list[dict], root: str | os.PathLike, allow_dirty: bool = False
         "git_commit": field(first, "env.git_commit"),
         "runs": runs,
     }
-    archived = None
-    if target.exists():
-        archive = target.parent / "archive"
-        archive.mkdir(parents=True, exist_ok=True)
-        stem = f"{target.stem}.{now.strftime('%Y%m%dT%H%M%SZ')}"
-        archived = archive / f"{stem}.json"
-        i = 1
-        while archived.exists():
-            archived, i = archive / f"{stem}.{i}.json", i + 1
-        os.link(target, archived)  # keep the old one before the new one replaces it
-    write_result(target, bundle, overwrite=True)
+    from gembench.harness.regression.reservation import Reservation, reason
+
+    with Reservation.take(target, overwrite=True):  # a concurrent promote of this baseline stops here
+        archived = None
+        try:
+            if target.exists():
+                archive = target.parent / "archive"
+                archive.mkdir(parents=True, exist_ok=True)
+                stem = f"{target.stem}.{now.strftime('%Y%m%dT%H%M%SZ')}"
+                archived = archive / f"{stem}.json"
+                i = 1
+                while archived.exists():
+                    archived, i = archive / f"{stem}.{i}.json", i + 1
+                os.link(target, archived)  # keep the old one before the new one replaces it
+            write_result(target, bundle, overwrite=True)
+        except BaseException as err:  # incl. Ctrl-C: the old baseline stays, with no stray archive copy
+            if archived is not None and archived.exists() and os.path.samefile(target, archived):
+                archived.unlink()
+            if isinstance(err, OSError):
+                raise UsageError(f"could not write baseline {target}: {reason(err)}; "
+                                 "the previous baseline is unchanged") from None
+            raise
     return target, archived
 
 

@@ -109,14 +109,27 @@ def main(args: argparse.Namespace) -> int:
         from gembench.harness.distributed.launch import main as distributed_main  # torchrun ranks
 
         return distributed_main(args)
+    from gembench.harness.regression.reservation import Reservation
+    from gembench.harness.regression.results import check_writable
+
+    # fail before minutes of work, not after; a concurrent run with the same --out stops here
+    reservation = Reservation.take(args.out) if args.out is not None else None
+    if args.out is None:  # the default name is the run's unique id: only the folder can fail
+        check_writable(DEFAULT_OUT_DIR / "any.json", overwrite=True)
+    try:
+        return _run(args)
+    finally:
+        if reservation is not None:
+            reservation.release()
+
+
+def _run(args: argparse.Namespace) -> int:
     from gembench.harness.errors import UsageError
-    from gembench.harness.regression.results import check_writable, write_result
+    from gembench.harness.regression.reservation import write_or_fallback
     from gembench.harness.runner import run_ab, run_benchmark
     from gembench.harness.report import run_report
     from gembench.harness.stack import stack_options
 
-    if args.out is not None:
-        check_writable(args.out)  # fail before minutes of work, not after
     progress = Progress(not args.quiet, f"gembench run {args.config}")
     if not args.quiet and (args.ab or stack_options(args.stack, args.dtype).compile):
         print("gembench run: the first warm-up step compiles the dense arch with torch.compile "
@@ -136,7 +149,7 @@ def main(args: argparse.Namespace) -> int:
             seed=args.seed, peak_tflops=args.peak_tflops, progress=progress,
         )
     out = args.out or DEFAULT_OUT_DIR / f"{result['id']}.json"
-    write_result(out, result)
-    print(run_report(result))
+    print(run_report(result), flush=True)  # the figures reach the user even if the write fails
+    write_or_fallback(out, result)
     print(f"\nresult: {out}")
     return 0

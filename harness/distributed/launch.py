@@ -55,7 +55,18 @@ def main(args) -> int:
 
         return rank_main(args, env)
     check(args)
-    return relaunch(args.nproc, without_nproc(sys.argv[1:]))
+    from gembench.harness.regression.reservation import HELD_ENV, OUTCOME_ENV, Reservation
+
+    if args.out is None:
+        return relaunch(args.nproc, without_nproc(sys.argv[1:]))
+    # held for the whole job; rank 0 writes under it (HELD_ENV) and reports a failed write in
+    # the outcome file, so the job exits 2 after the table rather than as a failed rank
+    import tempfile
+
+    with Reservation.take(args.out) as held, tempfile.NamedTemporaryFile("r", prefix="gembench-outcome-") as outcome:
+        extra = {HELD_ENV: str(held.path.resolve()), OUTCOME_ENV: outcome.name}
+        code = relaunch(args.nproc, without_nproc(sys.argv[1:]), extra)
+        return 2 if code == 0 and outcome.read().strip() == "write-failed" else code
 
 
 def without_nproc(argv: list[str]) -> list[str]:
@@ -118,7 +129,7 @@ def check(args) -> None:
             raise UsageError(f"cannot create --trace folder {args.trace}: {err.strerror}") from None
 
 
-def relaunch(nproc: int, argv: list[str]) -> int:
+def relaunch(nproc: int, argv: list[str], extra_env: dict | None = None) -> int:
     """Run ``gembench <argv>`` as ``nproc`` torchrun ranks on this host; torchrun's exit status."""
     if os.environ.get("MASTER_PORT"):
         port = int(os.environ["MASTER_PORT"])
@@ -127,7 +138,7 @@ def relaunch(nproc: int, argv: list[str]) -> int:
                              f"or unset MASTER_PORT to let gembench choose")
     else:
         port = free_port()
-    env = dict(os.environ)
+    env = {**os.environ, **(extra_env or {})}
     # Ranks share the cores: one rank per core slice, not every rank on every core.
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",

@@ -50,9 +50,14 @@ def per_rank_batch(global_batch: int, world_size: int) -> int:
 
 def main(args, env: dict) -> int:
     """Run this rank; rank 0 writes the result. Exit status: 0, 2 (usage), 1 (failure)."""
+    from gembench.harness.regression.reservation import HELD_ENV, OUTCOME_ENV, Reservation, write_or_fallback
+
     rank = env["rank"]
-    watchdog = None
+    watchdog = reservation = None
     try:
+        held = os.environ.get(HELD_ENV)
+        if rank == 0 and args.out is not None and held != str(Path(args.out).resolve()):
+            reservation = Reservation.take(args.out)  # plain torchrun: rank 0 holds --out itself
         fault = W.Fault.from_env()
         dev = D.rank_device(str(resolve_device(args.device)), env["local_rank"])
         D.init_process_group(dev, args.timeout)
@@ -61,11 +66,17 @@ def main(args, env: dict) -> int:
         result = run(args, env, dev, watchdog, fault)
         if rank == 0:
             from gembench.harness.report import distributed_report
-            from gembench.harness.regression.results import write_result
 
             out = args.out or Path("results/runs") / f"{result['id']}.json"
-            write_result(out, result)
-            print(distributed_report(result))
+            print(distributed_report(result), flush=True)  # the figures first: the write may fail
+            try:
+                write_or_fallback(out, result)
+            except UsageError as err:
+                print(f"gembench run: error: {err}", file=sys.stderr, flush=True)
+                if os.environ.get(OUTCOME_ENV):  # our launcher turns this into exit 2
+                    Path(os.environ[OUTCOME_ENV]).write_text("write-failed\n")
+                    return 0
+                return 2
             print(f"\nresult: {out}", flush=True)
             if noise.hidden_note(rank):
                 print(noise.hidden_note(rank), file=sys.stderr, flush=True)
@@ -77,6 +88,8 @@ def main(args, env: dict) -> int:
         W.report_failure(rank, watchdog, err)
         return 1
     finally:
+        if reservation is not None:
+            reservation.release()
         if watchdog is not None:
             watchdog.stop()
         if dist.is_initialized():

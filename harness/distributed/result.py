@@ -27,6 +27,7 @@ from gembench.harness.env import fingerprint
 from gembench.harness.metrics.imbalance import critical_path, imbalance, stall_cost
 from gembench.harness.metrics.mfu import summarize
 from gembench.harness.regression.results import SCHEMA
+from gembench.harness.step import divergence, finite_or_none
 
 PRIMARY_LOAD = "bytes_read"  # deterministic and proportional to memory-bound lookup work
 
@@ -54,6 +55,12 @@ def build_result(cfg, args, env: dict, records: list[dict], planned, batch_indic
     summary["critical_path_s"] = sum(critical_path(stage_means).values())
 
     ranks = []
+    diverged = None  # the first non-finite loss of any rank (the staged step keeps no per-task loss)
+    for r in records:
+        found = divergence(r["loss"], [], first_step=args.warmup)
+        if found and (diverged is None or found["step"] < diverged["step"]):
+            diverged = {**found, "rank": r["rank"]}
+        r["loss"] = finite_or_none(r["loss"])
     for r, means in zip(records, stage_means):
         train = 3.0 * float(np.mean(r["forward_flops"]))
         ranks.append({
@@ -85,7 +92,7 @@ def build_result(cfg, args, env: dict, records: list[dict], planned, batch_indic
     options = stack_options(args.stack, args.dtype)
     stack = f"{args.stack}-{'pipeline' if args.pipeline else 'staged'}"
     device = records[0]["device"]
-    return {
+    result = {
         "schema": SCHEMA,
         "id": f"{created:%Y%m%dT%H%M%SZ}-{cfg.name}-{stack}-{world}r-{secrets.token_hex(3)}",
         "created": created.isoformat(timespec="seconds"),
@@ -122,6 +129,9 @@ def build_result(cfg, args, env: dict, records: list[dict], planned, batch_indic
             **({"mfu_host": summary["mfu_host"]} if "mfu_host" in summary else {}),
         },
     }
+    if diverged:
+        result["diverged"] = diverged
+    return result
 
 
 def peak_section(records, summary: dict) -> dict:

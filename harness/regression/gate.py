@@ -46,6 +46,18 @@ def exit_code(checks: list[Check]) -> int:
     return 0
 
 
+def diverged_checks(runs: list[dict]) -> list[Check]:
+    """A run whose loss turned non-finite timed broken training: FAIL, whatever its MFU."""
+    checks = []
+    for r in runs:
+        d = r.get("diverged")
+        if d:
+            task = f" (task {d['task']})" if d.get("task") else ""
+            checks.append(Check(FAIL, "diverged", f"run {r.get('id')} diverged: loss {d['loss']} at step "
+                                                  f"{d['step']}{task}; its figures do not measure training"))
+    return checks
+
+
 def threshold_checks(runs: list[dict], limits: Limits) -> list[Check]:
     """Compare the mean over the given replicate runs with each configured limit."""
     checks = []

@@ -27,6 +27,10 @@ class: {schema, promoted (ISO 8601 UTC), hardware_class, config, runs: [result, 
 at ``results/baselines/<hardware_class>/<config>.json``; a promoted-over baseline moves to
 ``results/baselines/<hardware_class>/archive/`` so it is never silently lost (and git keeps it).
 
+Every reader validates a document against results/schema/ (schema.py: load_document, validate);
+a run whose loss turned non-finite carries ``diverged: {step, task, loss}``. Writers reserve their
+path first and keep a result they cannot write in $TMPDIR (reservation.py).
+
 Comparability: two results are comparable only when the fields in COMPARABLE_KEYS agree (same
 hardware class, same torch/torchrec/fbgemm versions, same config hash); the gate also requires
 RUN_KEYS to agree, since a baseline for another precision or stack is not this run's baseline.
@@ -40,6 +44,7 @@ import tempfile
 from pathlib import Path
 
 from gembench.harness.errors import UsageError
+from gembench.harness.regression.schema import load_document, validate  # noqa: F401  (readers' API)
 
 SCHEMA = "gembench.result/1"
 BASELINE_SCHEMA = "gembench.baseline/1"
@@ -97,17 +102,11 @@ def write_result(path: str | os.PathLike, result: dict, overwrite: bool = False)
 
 
 def load_result(path: str | os.PathLike) -> dict:
-    """Read a result file, checking its schema; errors name the file."""
+    """Read one result file, validated against its JSON Schema; errors name the file and field."""
     path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UsageError(f"no result file {path}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise UsageError(f"{path} is not a gembench result (bad JSON: {err})") from None
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        found = data.get("schema") if isinstance(data, dict) else type(data).__name__
-        raise UsageError(f"{path} has schema {found!r}, expected {SCHEMA!r}")
+    data = load_document(path)
+    if data["schema"] != SCHEMA:
+        raise UsageError(f"{path} is a {data['schema']} bundle, not a single {SCHEMA} result")
     return data
 
 
@@ -145,21 +144,8 @@ def differences(a: dict, b: dict, keys=COMPARABLE_KEYS) -> list[str]:
 
 def load_runs(path: str | os.PathLike) -> list[dict]:
     """The runs in a result file (one) or a baseline bundle (one or more); errors name the file."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UsageError(f"no result file {path}") from None
-    except IsADirectoryError:
-        raise UsageError(f"{path} is a folder; name result files (or a glob such as {path}/*.json)") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise UsageError(f"{path} is not a gembench result (bad JSON: {err})") from None
-    if isinstance(data, dict) and data.get("schema") == BASELINE_SCHEMA:
-        runs = data.get("runs")
-        if not isinstance(runs, list) or not runs or not all(isinstance(r, dict) and r.get("schema") == SCHEMA for r in runs):
-            raise UsageError(f"{path}: field 'runs' must be a non-empty list of {SCHEMA} results")
-        return runs
-    return [load_result(path)]
+    data = load_document(path)
+    return data["runs"] if data["schema"] == BASELINE_SCHEMA else [data]
 
 
 def safe_name(text: str) -> str:
