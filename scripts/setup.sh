@@ -27,5 +27,6 @@ else
   "${pip[@]}" install -c "$constraints" --no-deps torchrec==1.8.0
   "${pip[@]}" install -c "$constraints" tensordict torchmetrics pyre-extensions tqdm
 fi
+# .[test] includes triton (pinned): its interpreter runs the GPU attention kernels' tests on CPU.
 "${pip[@]}" install -c "$constraints" -e ".[test]"
 .venv/bin/python -c "import torch, torchrec, fbgemm_gpu; print(f'gembench env ready: torch {torch.__version__}, torchrec {torchrec.__version__}')"
