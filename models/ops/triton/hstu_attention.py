@@ -26,29 +26,50 @@ TRITON_AVAILABLE = importlib.util.find_spec("triton") is not None
 
 
 @contextlib.contextmanager
-def _numpy_scalar_index():
-    """Loop bounds that are kernel scalars (``range(0, n, BLOCK)``) for Triton 3.6's interpreter.
+def interpreter_fixes():
+    """Two gaps of Triton 3.6's interpreter, patched for the duration of an interpreted call.
 
-    The interpreter holds scalars as shape-(1,) numpy arrays and gives tensors
-    ``__index__ = int(array)``, which numpy >= 2.4 refuses for 1-D arrays. While interpreting, its
-    tensor patch is wrapped so that ``__index__`` takes the single element instead.
+    * Loop bounds that are kernel scalars (``range(0, n, BLOCK)``): the interpreter holds scalars
+      as shape-(1,) numpy arrays and gives tensors ``__index__ = int(array)``, which numpy >= 2.4
+      refuses for 1-D arrays; ``__index__`` takes the single element instead.
+    * ``tl.dot`` of bf16 tiles: the interpreter stores bf16 as uint16 bit patterns and multiplies
+      those integers; the operands are widened to fp32 first (exact, as the GPU's bf16 MMA with
+      fp32 accumulation). Every other bf16 step (loads, casts, stores) is the interpreter's own.
+    The compiled GPU path never comes here.
     """
+    import numpy as np
+    import triton.language as tl
     from triton.runtime import interpreter
 
-    original = getattr(interpreter, "_patch_lang_tensor", None)
-    if original is None:
-        yield
-        return
+    patch_tensor = getattr(interpreter, "_patch_lang_tensor", None)
+    builder = getattr(interpreter, "InterpreterBuilder", None)
+    create_dot = getattr(builder, "create_dot", None)
+    convert = getattr(interpreter, "_convert_float", None)
 
-    def patched(tensor, scope):
-        original(tensor, scope)
+    def patched_tensor(tensor, scope):
+        patch_tensor(tensor, scope)
         scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
 
-    interpreter._patch_lang_tensor = patched
+    def widened(handle):
+        if handle.dtype.scalar != tl.bfloat16:
+            return handle
+        data = convert(handle.data, tl.bfloat16, tl.float32, None).view(np.float32)
+        return interpreter.TensorHandle(data, tl.float32)
+
+    def patched_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        return create_dot(self, widened(a), widened(b), d, input_precision, max_num_imprecise_acc)
+
+    if patch_tensor is not None:
+        interpreter._patch_lang_tensor = patched_tensor
+    if create_dot is not None and convert is not None:
+        builder.create_dot = patched_dot
     try:
         yield
     finally:
-        interpreter._patch_lang_tensor = original
+        if patch_tensor is not None:
+            interpreter._patch_lang_tensor = patch_tensor
+        if create_dot is not None and convert is not None:
+            builder.create_dot = create_dot
 
 
 def interpreted() -> bool:
@@ -73,7 +94,7 @@ def run_kernels(name: str, device: torch.device, *args, **kwargs):
         raise RuntimeError(
             f"triton_hstu_attention on {device.type} tensors needs Triton's interpreter: set "
             "TRITON_INTERPRET=1 before anything imports triton (torchrec does; tests/conftest.py sets it)")
-    with _numpy_scalar_index():
+    with interpreter_fixes():
         return getattr(kernels, name)(*args, **kwargs)
 
 
