@@ -86,10 +86,11 @@ def _check_against_reference(lengths, heads, d_head, buckets, dtype, rab_dtype=N
         _assert_rel(grad, ref, tol, f"grad {name}")
 
 
-# lengths: 1, the maximum, between, and an empty sequence; max_len never a power of two.
+# lengths: 1, the maximum, between, a multiple of the tiles, an empty sequence; max_len never a
+# power of two.
 CASES = {
     "fp32-h1-d16-unclamped": dict(lengths=[1, 37, 0, 13], heads=1, d_head=16, buckets=37, dtype=torch.float32),
-    "fp32-h3-d32-clamped": dict(lengths=[20, 1, 33, 0, 7], heads=3, d_head=32, buckets=8, dtype=torch.float32),
+    "fp32-h3-d32-clamped": dict(lengths=[20, 1, 33, 0, 32, 7], heads=3, d_head=32, buckets=8, dtype=torch.float32),
     "fp32-h2-d64-fused-views": dict(lengths=[19, 1, 6], heads=2, d_head=64, buckets=19, dtype=torch.float32,
                                     fused=True),
     "fp32-h4-d24-odd-head": dict(lengths=[1, 9, 0, 18], heads=4, d_head=24, buckets=18, dtype=torch.float32),
@@ -121,7 +122,7 @@ def test_other_tile_shapes(fwd_cfg, bwd_cfg):
     """The autotuned kernels with tile shapes other than the interpreter's default (BLOCK_M !=
     BLOCK_N, blocks longer than short sequences)."""
     kernels = pytest.importorskip("gembench.models.ops.triton.hstu_attention_kernels")
-    lengths = [45, 1, 0, 20]
+    lengths = [45, 1, 0, 20, 32]
     offsets = _offsets(lengths)
     q, k, v, rab = _inputs(lengths, heads=2, d_head=16, buckets=12, dtype=torch.float32)
     grad_out = torch.randn(v.shape, generator=torch.Generator().manual_seed(5)).to(DEVICE)

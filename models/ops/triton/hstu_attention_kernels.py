@@ -223,7 +223,7 @@ def _scores(q, k, rab_row, delta, inv_n, rows, cols, num_buckets,
 def _bwd_kv_tile(dk, dv, carry, k, v, q_base, do_base, rab_row, drab_row, m0, p0, n, inv_n,
                  stride_qt, stride_dot, num_buckets,
                  D_QK: tl.constexpr, D_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
-                 PRECISION: tl.constexpr, BLOCK: tl.constexpr, CAUSAL: tl.constexpr):
+                 PRECISION: tl.constexpr, BLOCK: tl.constexpr, CAUSAL: tl.constexpr, ROW_MASK: tl.constexpr):
     """One query block m0 against the program's key block p0: dK, dV and the rab gradient.
 
     d_rab: the tile's dS summed along its diagonals. A gather rotates each row di left by di, so
@@ -235,8 +235,8 @@ def _bwd_kv_tile(dk, dv, carry, k, v, q_base, do_base, rab_row, drab_row, m0, p0
     """
     rows = m0 + tl.arange(0, BLOCK)
     cols = p0 + tl.arange(0, BLOCK)
-    q = _load_rows(q_base, rows, n, stride_qt, D_QK, BLOCK_DQK, True)
-    do = _load_rows(do_base, rows, n, stride_dot, D_V, BLOCK_DV, True)
+    q = _load_rows(q_base, rows, n, stride_qt, D_QK, BLOCK_DQK, ROW_MASK)
+    do = _load_rows(do_base, rows, n, stride_dot, D_V, BLOCK_DV, ROW_MASK)
     a, dsilu = _scores(q, k, rab_row, m0 - p0, inv_n, rows, cols, num_buckets, PRECISION, BLOCK, CAUSAL)
     # Query rows past n were read as 0 (do = 0), so they add nothing to dV, dS, dK.
     dv = tl.dot(tl.trans(a.to(do.dtype)), do, dv, input_precision=PRECISION)
@@ -301,11 +301,17 @@ def hstu_bwd_kernel(
         carry = tl.zeros((BLOCK,), dtype=tl.float32)
         dk, dv, carry = _bwd_kv_tile(dk, dv, carry, k, v, q_base, do_base, rab_row, drab_row, p0, p0, n, inv_n,
                                      stride_qt, stride_dot, num_buckets,
-                                     D_QK, D_V, BLOCK_DQK, BLOCK_DV, PRECISION, BLOCK, True)
-        for m0 in range(p0 + BLOCK, n, BLOCK):
+                                     D_QK, D_V, BLOCK_DQK, BLOCK_DV, PRECISION, BLOCK, True, True)
+        # Whole query blocks load without row masks; the sequence's last, partial one with them.
+        whole = p0 + ((n - p0) // BLOCK) * BLOCK
+        for m0 in range(p0 + BLOCK, whole, BLOCK):
             dk, dv, carry = _bwd_kv_tile(dk, dv, carry, k, v, q_base, do_base, rab_row, drab_row, m0, p0, n, inv_n,
                                          stride_qt, stride_dot, num_buckets,
-                                         D_QK, D_V, BLOCK_DQK, BLOCK_DV, PRECISION, BLOCK, False)
+                                         D_QK, D_V, BLOCK_DQK, BLOCK_DV, PRECISION, BLOCK, False, False)
+        for m0 in range(tl.maximum(whole, p0 + BLOCK), n, BLOCK):
+            dk, dv, carry = _bwd_kv_tile(dk, dv, carry, k, v, q_base, do_base, rab_row, drab_row, m0, p0, n, inv_n,
+                                         stride_qt, stride_dot, num_buckets,
+                                         D_QK, D_V, BLOCK_DQK, BLOCK_DV, PRECISION, BLOCK, False, True)
         last = ((n - 1 - p0) // BLOCK) * BLOCK  # distance offset of the last query block
         _add_rab_grad(drab_row, carry, last, n, num_buckets, BLOCK)
         _store_rows(DK + start * stride_dkt + h * stride_dkh, dk, rows, n, stride_dkt, D_QK, BLOCK_DQK)
