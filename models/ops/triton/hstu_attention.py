@@ -105,8 +105,8 @@ def _check(q, k, v, rab, offsets, max_len) -> None:
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
     if not (q.dtype == k.dtype == v.dtype) or q.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ValueError(f"q, k, v must share one dtype of fp32/bf16/fp16; got {q.dtype}, {k.dtype}, {v.dtype}")
-    if rab.dim() != 2 or rab.shape[0] != q.shape[1]:
-        raise ValueError(f"rab must be (H={q.shape[1]}, R); got {tuple(rab.shape)}")
+    if rab.dim() != 2 or rab.shape[0] != q.shape[1] or rab.shape[1] < 1:
+        raise ValueError(f"rab must be (H={q.shape[1]}, R >= 1); got {tuple(rab.shape)}")
     if offsets.dim() != 1 or offsets.dtype not in (torch.int64, torch.int32):
         raise ValueError(f"offsets must be a 1-D int64/int32 tensor; got {offsets.dtype} {tuple(offsets.shape)}")
     if len({t.device for t in (q, k, v, rab, offsets)}) != 1:

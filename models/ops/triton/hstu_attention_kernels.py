@@ -47,7 +47,9 @@ INTERPRET = _interpreting()
 # Autotune spaces for sm_90 (H200/H100), small enough to tune in seconds on first use. The
 # forward keeps a query block in registers and streams key blocks; the backward uses square
 # tiles (one program: dK/dV of a key block, then dQ of the query block with the same index), so
-# its d_rab diagonal reduction stays two masked sums. Under the interpreter, one small config.
+# its d_rab diagonal reduction stays two masked sums. Backward tiles of 128 are left out: ptxas
+# spills kilobytes per thread there at d_head 64 (benchmarks/attention_sm90_compile.py prints
+# registers and spills of every config). Under the interpreter, one small config.
 _FWD_SHAPES = [  # BLOCK_M, BLOCK_N, num_warps, num_stages
     (64, 32, 4, 3),
     (64, 64, 4, 2),
@@ -65,7 +67,6 @@ _BWD_SHAPES = [  # BLOCK, num_warps, num_stages
     (64, 4, 3),
     (64, 8, 2),
     (64, 8, 3),
-    (128, 8, 2),
 ]
 INTERPRET_FWD = {"BLOCK_M": 16, "BLOCK_N": 16}
 INTERPRET_BWD = {"BLOCK": 16}
@@ -348,14 +349,17 @@ def _unit_last(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
+def _row_block(meta: dict) -> int:
+    return meta["BLOCK_M"] if "BLOCK_M" in meta else meta["BLOCK"]
+
+
 def _launch(kernel, grid_rows: int, batch: int, heads: int, args: tuple, config: dict | None, **meta):
-    """Autotuned launch, or a fixed ``config`` (tests run several tile shapes through the raw kernel)."""
+    """Autotuned launch on grid (cdiv(grid_rows, row block), batch, heads), or one fixed
+    ``config`` through the raw kernel (tests run several tile shapes)."""
     if config is None:
-        block = lambda c: c["BLOCK_M"] if "BLOCK_M" in c else c["BLOCK"]  # noqa: E731
-        kernel[lambda c: (triton.cdiv(grid_rows, block(c)), batch, heads)](*args, **meta)
+        kernel[lambda m: (triton.cdiv(grid_rows, _row_block(m)), batch, heads)](*args, **meta)
     else:
-        block = config.get("BLOCK_M", config.get("BLOCK"))
-        kernel.fn[(triton.cdiv(grid_rows, block), batch, heads)](*args, **meta, **config)
+        kernel.fn[(triton.cdiv(grid_rows, _row_block(config)), batch, heads)](*args, **meta, **config)
 
 
 def forward(q, k, v, rab, offsets, max_len: int, config: dict | None = None) -> torch.Tensor:
