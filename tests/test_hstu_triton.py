@@ -204,6 +204,18 @@ def test_layer_with_triton_backend_matches_tiled(monkeypatch):
         _assert_rel(g_triton[name], g_tiled[name].double(), 1e-4, f"grad {name}")
 
 
+def test_bad_inputs_are_named():
+    # Checked from shapes and dtypes alone (no device read), before any kernel runs.
+    q = torch.zeros(5, 2, 16)
+    off = torch.tensor([0, 5])
+    with pytest.raises(ValueError, match="one dtype"):
+        triton_hstu_attention(q, q, q.double(), torch.zeros(2, 4), off, 5)
+    with pytest.raises(ValueError, match="rab must be"):
+        triton_hstu_attention(q, q, q, torch.zeros(3, 4), off, 5)
+    with pytest.raises(ValueError, match="offsets must be"):
+        triton_hstu_attention(q, q, q, torch.zeros(2, 4), off.float(), 5)
+
+
 # ------------------------------------------------------------------------------- dispatcher
 
 
