@@ -13,6 +13,7 @@ asv prefix (time_, track_, mem_, peakmem_), so asv ignores this file.
 
 import math
 
+import pytest
 import torch
 
 torch.manual_seed(0)
@@ -51,6 +52,29 @@ def test_hstu_attention_padded(benchmark):
 
     q, k, v, rab, offsets, cap = _jagged()
     _bench(benchmark, hstu_padded_attention, q, k, v, rab, offsets, cap)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="needs CUDA: the Triton kernels are timed on a GPU (tests/test_hstu_triton.py checks them "
+                           "on CPU in Triton's interpreter)")
+def test_hstu_attention_triton_fwd_bwd(benchmark):
+    """Forward+backward of the Triton kernels, bf16, medium-like lengths (batch 128, up to 1024)."""
+    from gembench.models.hstu import triton_hstu_attention
+
+    q, k, v, rab, offsets, cap = _jagged(batch=128, mean=384, cap=1024, heads=4, head_dim=64)
+    q, k, v = (t.to("cuda", torch.bfloat16).requires_grad_() for t in (q, k, v))
+    rab, offsets = rab.to("cuda").requires_grad_(), offsets.to("cuda")
+    grad_out = torch.randn_like(v)
+
+    def fwd_bwd():
+        out = triton_hstu_attention(q, k, v, rab, offsets, cap)
+        grads = torch.autograd.grad(out, (q, k, v, rab), grad_out)
+        torch.cuda.synchronize()
+        return out, grads
+
+    fwd_bwd()  # autotune outside the timed rounds
+    out, grads = benchmark(fwd_bwd)
+    assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads)
 
 
 # ----------------------------------------------------------------------------- Wukong FM

@@ -30,13 +30,19 @@ if [ "$gpu" = 1 ]; then
   index=${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cu128}
   "${pip[@]}" install --index-url "$index" --extra-index-url https://pypi.org/simple \
     torch==2.13.0 fbgemm-gpu==1.8.0
-  "${pip[@]}" install torchrec==1.8.0 -c <(grep -v fbgemm-gpu-cpu "$constraints")
+  # CUDA torch brings the Triton it was built with: the CPU pins of fbgemm and triton stay out.
+  gpu_constraints=$(mktemp)
+  grep -v -e fbgemm-gpu-cpu -e '^triton' "$constraints" > "$gpu_constraints"
+  constraints=$gpu_constraints
+  "${pip[@]}" install torchrec==1.8.0 -c "$constraints"
 else
   "${pip[@]}" install -c "$constraints" torch==2.13.0 fbgemm-gpu-cpu==1.8.0
   # torchrec's metadata requires the CUDA `fbgemm-gpu` (~500 MB); on CPU, fbgemm-gpu-cpu
   # provides the same module, so torchrec goes in without its declared deps, which follow.
   "${pip[@]}" install -c "$constraints" --no-deps torchrec==1.8.0
   "${pip[@]}" install -c "$constraints" tensordict torchmetrics pyre-extensions tqdm
+  # Triton's interpreter runs the GPU attention kernels' tests on CPU tensors (tests/test_hstu_triton.py).
+  "${pip[@]}" install -c "$constraints" triton==3.6.0
 fi
 "${pip[@]}" install -c "$constraints" -e ".[test]"
 .venv/bin/python -c "import torch, torchrec, fbgemm_gpu; print(f'gembench env ready: torch {torch.__version__}, torchrec {torchrec.__version__}')"

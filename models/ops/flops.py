@@ -1,0 +1,36 @@
+"""Model FLOPs of the attention custom ops, registered with ``FlopCounterMode``.
+
+FlopCounterMode counts 0 for a custom op it does not know. Every backend of HSTU attention
+registers the same *model* FLOPs (real jagged lengths, causal half), whatever it executes, so the
+counted FLOPs and MFU do not depend on the backend.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.flop_counter import flop_registry, register_flop_formula
+
+
+def attention_model_flops(q: torch.Tensor, v: torch.Tensor, offsets: torch.Tensor) -> int:
+    """Forward model FLOPs H (d_qk + d_v) sum_i n_i^2 (needs real offsets, not fake ones; reads
+    them on the host, which is fine: FlopCounterMode runs outside timed steps)."""
+    lengths = (offsets[1:] - offsets[:-1]).to(torch.int64)
+    heads = q.shape[1]
+    return int(heads * (q.shape[2] + v.shape[2]) * int((lengths * lengths).sum()))
+
+
+def register_attention_flops(fwd, bwd) -> None:
+    """Registers forward ``fwd(q, k, v, rab, offsets, ...)`` and backward
+    ``bwd(grad_out, q, k, v, rab, offsets, ...)`` (model backward = 2 x forward: gradients of both
+    matmuls w.r.t. both operands). Guarded so that a module reload does not register twice."""
+    if fwd not in flop_registry:
+
+        @register_flop_formula(fwd, get_raw=True)
+        def _fwd_flops(q, k, v, rab, offsets, *args, out_val=None, **kwargs) -> int:
+            return attention_model_flops(q, v, offsets)
+
+    if bwd not in flop_registry:
+
+        @register_flop_formula(bwd, get_raw=True)
+        def _bwd_flops(grad_out, q, k, v, rab, offsets, *args, out_val=None, **kwargs) -> int:
+            return 2 * attention_model_flops(q, v, offsets)

@@ -1,0 +1,1 @@
+"""PyTorch implementations of the ops: the CPU paths and the padded references."""

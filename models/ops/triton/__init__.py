@@ -1,0 +1,1 @@
+"""Triton implementations of the ops (GPU kernels; CPU tensors run them in Triton's interpreter)."""
