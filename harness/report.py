@@ -59,6 +59,10 @@ def totals_table(result: dict) -> str:
         ["achieved", f"{s['tflops']:.3f} TFLOP/s"],
         ["MFU", pct(s["mfu"])],
         ["peak memory", f"{s['peak_memory_bytes'] / 2**20:,.0f} MiB ({s['peak_memory_source']})"],
+        *([["memory, estimate vs run", f"{s['peak_memory_estimate_bytes'] / 2**20:,.0f} MiB estimated, "
+                                       f"{s['peak_memory_run_bytes'] / 2**20:,.0f} MiB measured "
+                                       f"({s['peak_memory_run_source']})"]]
+          if s.get("peak_memory_run_bytes") else []),
         ["embedding bytes/step", f"{si(s['embedding_bytes_per_step']['read'], 'B')} read, "
                                  f"{si(s['embedding_bytes_per_step']['written'], 'B')} written"],
     ]
