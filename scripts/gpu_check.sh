@@ -134,7 +134,9 @@ for path in sys.argv[1:]:
     r = json.load(open(path))
     s = r["summary"]
     est, run = s.get("peak_memory_estimate_bytes"), s.get("peak_memory_run_bytes")
-    rows.append([r["config"]["name"], r["run"]["stack"], r["run"]["global_batch"],
+    ratio = r["metrics"].get("ab_mfu_ratio")  # --ab: optimized's row, with its MFU ratio over baseline
+    stack = f"ab ({ratio:.2f}x)" if ratio else r["run"]["stack"]
+    rows.append([r["config"]["name"], stack, r["run"]["global_batch"],
                  f"{1e3 * s['step_time_s']['p50']:.1f}", f"{100 * s['mfu']:.2f}%",
                  f"{run / 2**30:.1f}" if run else "-", f"{est / 2**30:.1f}" if est else "-",
                  f"{est / run:.2f}" if est and run else "-", r["run"]["device"]])
