@@ -82,6 +82,10 @@ def totals_table(result: dict) -> str:
                                f"{result['peak']['host']['threads']} thread(s)"]]
           if "mfu_host" in s and result["run"]["nproc"] > 1 else []),
         ["peak memory", f"{s['peak_memory_bytes'] / 2**20:,.0f} MiB ({s['peak_memory_source']})"],
+        *([["memory, estimate vs run", f"{s['peak_memory_estimate_bytes'] / 2**20:,.0f} MiB estimated, "
+                                       f"{s['peak_memory_run_bytes'] / 2**20:,.0f} MiB measured "
+                                       f"({s['peak_memory_run_source']})"]]
+          if s.get("peak_memory_run_bytes") else []),
         ["embedding bytes/step", f"{si(s['embedding_bytes_per_step']['read'], 'B')} read, "
                                  f"{si(s['embedding_bytes_per_step']['written'], 'B')} written"],
     ]

@@ -7,6 +7,7 @@ on a machine whose speed drifts.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import resource
 import secrets
@@ -23,40 +24,134 @@ from gembench.harness.metrics.mfu import summarize
 from gembench.harness.regression.results import SCHEMA
 from gembench.harness.stack import STACKS, StackOptions, build_train_state
 from gembench.harness.regression.stats import paired_ratio_interval
-from gembench.harness.step import StepSamples, divergence, finite_or_none, run_steps
-from gembench.models.config import ModelConfig, load_config
+from gembench.harness.step import StepSamples, divergence, finite_or_none, out_of_memory, run_steps
+from gembench.models.config import ModelConfig, load_config, with_global_batch
 from gembench.models.data import SyntheticData
-from gembench.models.flops import batch_forward_flops, embedding_bytes, memory_estimate
+from gembench.models.flops import batch_forward_flops, embedding_bytes, memory_estimate, parameter_counts
 
 MAX_DISTINCT_BATCHES = 32  # batches are prepared up front and cycled, like a prefetching loader
 
 
-def check_fits(cfg: ModelConfig, batch_size: int, device: torch.device, copies: int = 1) -> dict:
-    """Refuse, before allocating anything, a config whose estimated memory exceeds the device's."""
-    estimate = memory_estimate(cfg, batch_size)
+FIT_SHARE = 0.9  # of the free memory a run may plan to use: the allocator fragments the rest
+
+
+def combined_estimate(estimates: list[dict]) -> dict:
+    """One process holding several stacks' states (--ab, built one after the other) and running
+    them one at a time: every state stays resident, activations of one stack at a time."""
+    if len(estimates) == 1:
+        return estimates[0]
+    resident = [e["embeddings"] + e["dense"] for e in estimates]
+    working = max(e["activations"] + e["transient"] for e in estimates)
+    last_build = sum(resident[:-1]) + estimates[-1]["build"]  # the last stack built while the rest live
+    out = {k: float(sum(e[k] for e in estimates)) for k in ("embeddings", "dense")}
+    out.update(activations=max(e["activations"] for e in estimates),
+               transient=max(e["transient"] for e in estimates), build=float(last_build),
+               runtime=max(e["runtime"] for e in estimates))
+    out["total"] = float(max(sum(resident) + working, last_build) + out["runtime"])
+    return out
+
+
+def stacks_estimate(cfg: ModelConfig, batch_size: int, stacks: list[StackOptions], device_type: str,
+                    counts: dict | None = None) -> dict:
+    counts = counts or parameter_counts(cfg)
+    return combined_estimate([memory_estimate(cfg, batch_size, counts, s, device_type) for s in stacks])
+
+
+def largest_fitting_batch(cfg: ModelConfig, stacks: list[StackOptions], device_type: str, available: float,
+                          counts: dict | None = None, upto: int | None = None) -> int:
+    """The largest batch (<= upto) whose estimate fits ``available`` bytes; 0 if none does."""
+    counts = counts or parameter_counts(cfg)
+    fits = lambda b: stacks_estimate(cfg, b, stacks, device_type, counts)["total"] <= available  # noqa: E731
+    lo, hi = 0, upto or cfg.data.global_batch
+    while lo < hi:  # the estimate grows with the batch: bisect
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    return lo
+
+
+def fit_hint(cfg: ModelConfig, stacks: list[StackOptions], device_type: str, available: float,
+             counts: dict | None = None, upto: int | None = None) -> str:
+    best = largest_fitting_batch(cfg, stacks, device_type, available, counts, upto)
+    if best == 0:
+        return "it does not fit at any batch (its tables and dense state alone are too large): " \
+               "pick a smaller config (see `gembench describe`)"
+    return f"the estimate fits --batch {best} or smaller"
+
+
+def check_fits(cfg: ModelConfig, batch_size: int, device: torch.device, copies: int = 1,
+               stacks: list[StackOptions] | None = None, counts: dict | None = None) -> dict:
+    """Refuse, before allocating anything, a run whose estimated peak exceeds the device's free memory.
+
+    ``stacks``: the stacks the process will hold (two for --ab); default ``copies`` optimized ones.
+    """
+    stacks = stacks or [STACKS["optimized"]] * copies
+    counts = counts or parameter_counts(cfg)
+    estimate = stacks_estimate(cfg, batch_size, stacks, device.type, counts)
     available = memory_available(device)
-    if copies * estimate["total"] > 0.9 * available:
+    if estimate["total"] > FIT_SHARE * available:
         gib = 2**30
+        names = " + ".join(stack_label(s) for s in stacks)
         raise UsageError(
-            f"config {cfg.name!r} needs about {copies * estimate['total'] / gib:,.1f} GiB "
-            f"(embeddings {estimate['embeddings'] / gib:,.1f}, dense {estimate['dense'] / gib:,.1f}, "
-            f"activations {estimate['activations'] / gib:,.1f}{', x2 for two stacks' if copies > 1 else ''}) "
-            f"but {device.type} has {available / gib:,.1f} GiB free; pick a smaller config "
-            "(see `gembench describe`)"
+            f"config {cfg.name!r} needs about {estimate['total'] / gib:,.1f} GiB at batch {batch_size} "
+            f"with the {names} stack{'s' if len(stacks) > 1 else ''} (embeddings {estimate['embeddings'] / gib:,.1f}, dense {estimate['dense'] / gib:,.1f}, "
+            f"activations {estimate['activations'] / gib:,.1f}, transient {estimate['transient'] / gib:,.1f}) "
+            f"but {device.type} has {available / gib:,.1f} GiB free; "
+            f"{fit_hint(cfg, stacks, device.type, FIT_SHARE * available, counts, batch_size)}"
         )
     return estimate
 
 
-def reset_peak_memory(device: torch.device) -> None:
-    """Start a new peak: several runs in one process (asv, --ab, ablate) must not inherit one."""
+def stack_label(options: StackOptions) -> str:
+    for name, known in STACKS.items():
+        if options == known:
+            return name
+    return options.describe()
+
+
+def reset_peak_memory(device: torch.device) -> int:
+    """Start a new peak: several runs in one process (asv, --ab, ablate) must not inherit one.
+
+    Returns the memory in use now (CUDA: allocated by tensors; CPU: resident set), the floor
+    that run_memory_bytes subtracts on CPU.
+    """
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-        return
+        return int(torch.cuda.memory_allocated(device))
     try:  # Linux: writing 5 to clear_refs resets the process's peak RSS (VmHWM)
         with open("/proc/self/clear_refs", "w") as fh:
             fh.write("5")
     except OSError:
         pass
+    return resident_bytes()
+
+
+def resident_bytes() -> int:
+    """The process's resident set now (0 where /proc is missing)."""
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def run_memory_bytes(device: torch.device, start: int) -> tuple[int, str]:
+    """The run's measured peak, comparable with memory_estimate: CUDA, the tensors' peak
+    (max_memory_allocated); CPU, how far the resident set rose above ``start`` (the Python, torch
+    and torchrec runtime loaded before the run is not the run's: CPU_RUNTIME_BYTES models what
+    the run itself adds besides tensors)."""
+    peak, source = peak_memory_bytes(device)
+    if device.type == "cuda":
+        return peak, source
+    return max(0, peak - start), "rise of the process's peak RSS over its RSS when the run began"
+
+
+def memory_fields(estimate: dict, measured: int, source: str) -> dict:
+    """Estimate and measured peak side by side, for every result's summary."""
+    return {"peak_memory_estimate_bytes": estimate["total"], "peak_memory_run_bytes": measured,
+            "peak_memory_run_source": source,
+            "memory_estimate_ratio": estimate["total"] / measured if measured else None}
 
 
 def peak_memory_bytes(device: torch.device) -> tuple[int, str]:
@@ -82,22 +177,31 @@ class Setup:
     seed: int
     batches: list
     estimate: dict
+    counts: dict | None = None  # parameter_counts(cfg), kept for per-stack estimates
+    available: float = 0.0  # free device memory when the run was prepared
 
 
 def prepare(config: str | ModelConfig, steps: int, warmup: int, device: str = "auto", seed: int = 0,
-            peak_tflops: float | None = None, copies: int = 1) -> Setup:
-    """Validate the request and prepare batches; every usage error surfaces here, before work."""
+            peak_tflops: float | None = None, copies: int = 1, stacks: list[StackOptions] | None = None,
+            batch: int | None = None) -> Setup:
+    """Validate the request and prepare batches; every usage error surfaces here, before work.
+
+    ``stacks``: every stack the process will hold (for the memory check); ``batch`` overrides
+    the config's global batch (--batch).
+    """
     if steps < 1:
         raise UsageError(f"--steps must be at least 1, got {steps}")
     if warmup < 0:
         raise UsageError(f"--warmup must be 0 or more, got {warmup}")
     cfg = config if isinstance(config, ModelConfig) else load_config(config)
+    cfg = with_global_batch(cfg, batch)
     dev = resolve_device(device)
-    estimate = check_fits(cfg, cfg.data.global_batch, dev, copies)
+    counts = parameter_counts(cfg)
+    estimate = check_fits(cfg, cfg.data.global_batch, dev, copies, stacks, counts)
     peak = reference_peak(dev, peak_tflops)
     data = SyntheticData(cfg, seed=seed, batch_size=cfg.data.global_batch)
     batches = [data.batch(i) for i in range(min(steps + warmup, MAX_DISTINCT_BATCHES))]
-    return Setup(cfg, dev, peak, seed, batches, estimate)
+    return Setup(cfg, dev, peak, seed, batches, estimate, counts, float(memory_available(dev)))
 
 
 def step_flops(setup: Setup, first: int, count: int) -> list[dict[str, float]]:
@@ -113,7 +217,7 @@ def step_flops(setup: Setup, first: int, count: int) -> list[dict[str, float]]:
 
 
 def stack_result(setup: Setup, options: StackOptions, samples: StepSamples, warmup: int,
-                 stack_name: str) -> dict:
+                 stack_name: str, start_bytes: int = 0, estimate: dict | None = None) -> dict:
     """Summary, samples and headline metrics of one stack's measured steps."""
     steps = len(samples.step_s)
     per_block = step_flops(setup, warmup, steps)
@@ -123,6 +227,9 @@ def stack_result(setup: Setup, options: StackOptions, samples: StepSamples, warm
     memory, memory_source = peak_memory_bytes(setup.device)
     summary["peak_memory_bytes"] = memory
     summary["peak_memory_source"] = memory_source
+    estimate = estimate or memory_estimate(setup.cfg, setup.cfg.data.global_batch, setup.counts, options,
+                                           setup.device.type)
+    summary.update(memory_fields(estimate, *run_memory_bytes(setup.device, start_bytes)))
     summary["embedding_bytes_per_step"] = embedding_bytes(setup.cfg, setup.batches[warmup % len(setup.batches)])
     diverged = divergence(samples.loss, samples.task_loss, first_step=warmup)
     return {
@@ -212,23 +319,54 @@ def recheck_peak(setup: Setup, summaries: list[dict]) -> bool:
     return True
 
 
+@contextlib.contextmanager
+def out_of_memory_guard(setup: Setup, stacks: list[StackOptions]):
+    """Turn a device out-of-memory error anywhere in the run into one line: the stage (run_steps
+    names it; otherwise the stack was being built), the peak reached, and the largest --batch the
+    estimate says fits, corrected by how far this run's real peak outgrew it. Nothing is written."""
+    try:
+        yield
+    except RuntimeError as err:  # torch.OutOfMemoryError is one, as are compile errors wrapping it
+        if out_of_memory(err) is None:
+            raise
+        stage = getattr(err, "stage", "build (model, embeddings and optimizers)")
+        peak, source = peak_memory_bytes(setup.device)
+        batch = setup.cfg.data.global_batch
+        capacity = FIT_SHARE * setup.available * min(1.0, setup.estimate["total"] / max(peak, 1))
+        hint = fit_hint(setup.cfg, stacks, setup.device.type, capacity, setup.counts, max(batch - 1, 1))
+        gib = 2**30
+        raise UsageError(
+            f"{setup.device} ran out of memory in stage {stage} ({setup.cfg.name!r}, batch {batch}): "
+            f"peak {peak / gib:,.2f} GiB ({source}) of {setup.available / gib:,.1f} GiB free at the start, "
+            f"estimate {setup.estimate['total'] / gib:,.2f} GiB; {hint}; no result was written"
+        ) from None
+
+
 def run_benchmark(config: str | ModelConfig, steps: int = 20, warmup: int = 3,
                   options: StackOptions = STACKS["optimized"], device: str = "auto", seed: int = 0,
-                  peak_tflops: float | None = None, progress=None, stack_name: str = "optimized") -> dict:
-    """Train ``config`` under one stack for ``warmup`` + ``steps`` steps; return the result."""
-    setup = prepare(config, steps, warmup, device, seed, peak_tflops)
-    reset_peak_memory(setup.device)
-    state = build_train_state(setup.cfg, options, setup.device, seed=seed)
-    samples = run_steps(state, setup.batches, steps, warmup, progress=progress)
-    main = stack_result(setup, options, samples, warmup, stack_name)
+                  peak_tflops: float | None = None, progress=None, stack_name: str = "optimized",
+                  batch: int | None = None, on_prepared=None) -> dict:
+    """Train ``config`` under one stack for ``warmup`` + ``steps`` steps; return the result.
+
+    ``batch`` overrides the config's global batch (recorded in run.global_batch and config.hash);
+    ``on_prepared()`` is called once the request is validated and fits, before any work.
+    """
+    setup = prepare(config, steps, warmup, device, seed, peak_tflops, stacks=[options], batch=batch)
+    if on_prepared is not None:
+        on_prepared()
+    start = reset_peak_memory(setup.device)
+    with out_of_memory_guard(setup, [options]):
+        state = build_train_state(setup.cfg, options, setup.device, seed=seed)
+        samples = run_steps(state, setup.batches, steps, warmup, progress=progress)
+    main = stack_result(setup, options, samples, warmup, stack_name, start)
     if recheck_peak(setup, [main["summary"]]):
-        main = stack_result(setup, options, samples, warmup, stack_name)
+        main = stack_result(setup, options, samples, warmup, stack_name, start)
     return document(setup, steps, warmup, main)
 
 
 def run_ab(config: str | ModelConfig, rounds: int = 6, steps_per_round: int = 3, warmup: int = 3,
            device: str = "auto", seed: int = 0, peak_tflops: float | None = None, dtype: str | None = None,
-           progress=None) -> dict:
+           progress=None, batch: int | None = None, on_prepared=None) -> dict:
     """Baseline and optimized stacks interleaved in one process, ABBA order, same weights.
 
     Each round times ``steps_per_round`` steps of each stack over the same batches; the ratio
@@ -238,11 +376,20 @@ def run_ab(config: str | ModelConfig, rounds: int = 6, steps_per_round: int = 3,
     if rounds < 2:
         raise UsageError(f"--rounds must be at least 2 for an interval, got {rounds}")
     steps = rounds * steps_per_round
-    setup = prepare(config, steps, warmup, device, seed, peak_tflops, copies=2)
     names = ("baseline", "optimized")
     opts = {n: STACKS[n] if dtype is None or n == "baseline" else replace(STACKS[n], bf16=dtype == "bf16")
             for n in names}
-    reset_peak_memory(setup.device)
+    stacks = [opts[n] for n in names]
+    setup = prepare(config, steps, warmup, device, seed, peak_tflops, stacks=stacks, batch=batch)
+    if on_prepared is not None:
+        on_prepared()
+    start = reset_peak_memory(setup.device)
+    with out_of_memory_guard(setup, stacks):
+        return _run_ab(setup, names, opts, rounds, steps_per_round, warmup, seed, progress, start)
+
+
+def _run_ab(setup: Setup, names, opts, rounds, steps_per_round, warmup, seed, progress, start) -> dict:
+    steps = rounds * steps_per_round
     states = {n: build_train_state(setup.cfg, opts[n], setup.device, seed=seed) for n in names}
     collected = {n: StepSamples() for n in names}
     per_round = {n: [] for n in names}
@@ -268,9 +415,10 @@ def run_ab(config: str | ModelConfig, rounds: int = 6, steps_per_round: int = 3,
     # ratio is the inverse step-time ratio.
     ratios = [b / o for b, o in zip(per_round["baseline"], per_round["optimized"])]
     center, lo, hi = paired_ratio_interval(ratios)
-    results = {n: stack_result(setup, opts[n], collected[n], warmup, n) for n in names}
+    # One process held both stacks: its peak is theirs together, against their combined estimate.
+    results = {n: stack_result(setup, opts[n], collected[n], warmup, n, start, setup.estimate) for n in names}
     if recheck_peak(setup, [r["summary"] for r in results.values()]):
-        results = {n: stack_result(setup, opts[n], collected[n], warmup, n) for n in names}
+        results = {n: stack_result(setup, opts[n], collected[n], warmup, n, start, setup.estimate) for n in names}
     ab = {"rounds": rounds, "steps_per_round": steps_per_round, "order": "ABBA",
           "round_step_s": per_round, "round_ratios": ratios,
           "mfu_ratio": center, "mfu_ratio_ci95": [lo, hi],

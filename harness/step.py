@@ -97,6 +97,23 @@ def train_step(state: TrainState, batch, clock) -> torch.Tensor:
     return per_task.detach()
 
 
+def out_of_memory(err: BaseException) -> BaseException | None:
+    """The torch.OutOfMemoryError in ``err``'s chain (torch.compile wraps errors it meets), if any."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, torch.OutOfMemoryError):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def failing_stage(clock) -> str:
+    """The stage a step was in when it raised: the one after the last marked boundary."""
+    done = len(getattr(clock, "marks", ())) - 1  # marks: "start", then one per finished stage
+    return STAGES[done] if 0 <= done < len(STAGES) else "step"
+
+
 @dataclass
 class StepSamples:
     """Every timed step's wall time, stage times and loss; warm-up steps are not kept."""
@@ -142,7 +159,12 @@ def run_steps(state: TrainState, batches, steps: int, warmup: int, timed: bool =
         clock = StageClock(state.device) if timed else NoClock()
         sync()
         start = time.perf_counter()
-        loss = train_step(state, batches[i % len(batches)], clock)
+        try:
+            loss = train_step(state, batches[i % len(batches)], clock)
+        except RuntimeError as err:
+            if out_of_memory(err) is not None:
+                err.stage = failing_stage(clock)  # the runner names it in its one-line report
+            raise
         durations = clock.durations()
         sync()
         elapsed = time.perf_counter() - start

@@ -134,6 +134,19 @@ class ModelConfig:
         return dataclasses.asdict(self)
 
 
+def with_global_batch(cfg: ModelConfig, batch: int | None, nproc: int = 1) -> ModelConfig:
+    """``cfg`` with its global batch overridden by --batch (None: unchanged). The hash covers it,
+    so runs at another batch never compare as the same config."""
+    if batch is None:
+        return cfg
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise UsageError(f"--batch must be a positive number of examples, got {batch!r}")
+    if batch % nproc:
+        raise UsageError(f"--batch {batch} does not split evenly over --nproc {nproc} ranks: "
+                         f"pick a multiple of {nproc}, e.g. {max(nproc, batch - batch % nproc)}")
+    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, global_batch=batch))
+
+
 def known_configs() -> list[str]:
     return sorted(p.stem for p in CONFIG_DIR.glob("*.toml"))
 

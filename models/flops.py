@@ -100,31 +100,98 @@ def parameter_counts(cfg: ModelConfig) -> dict[str, int]:
     return {"embedding_rows": rows, "embedding_params": embedding, "dense_params": dense}
 
 
-def memory_estimate(cfg: ModelConfig, batch_size: int, counts: dict | None = None) -> dict[str, float]:
-    """A deliberately generous estimate of training memory, in bytes, for refusing early.
+# Training memory (see memory_estimate). Bytes per element of each kind of state.
+ADAGRAD_BYTES = 4  # exact Adagrad: one fp32 sum per embedding element (fused or not)
+ADAM_BYTES = 8  # Adam: m and v, fp32
+# Saved-for-backward bytes per token and unit of width of one HSTU layer, counted tensor by tensor
+# in HSTULayer.forward: x and LN(x) (fp32), the cast of LN(x) to bf16 (autocast), W1's output and
+# its SiLU (4 d each), the attention output, out_norm's output (fp32), the gated product and its
+# bf16 cast. fp32: 4 + 4 + 16 + 16 + 4 + 4 + 4 = 52; bf16: 4 + 4 + 2 + 8 + 8 + 2 + 4 + 4 + 2 = 38.
+HSTU_SAVED_BYTES = {"fp32": 52, "bf16": 38}
+# The sequence's embedding output and its copy with the CLS token prepended (fp32), per token and width.
+SEQUENCE_INPUT_BYTES = 8
+# What a CPU process's resident set grows by in a run besides tensors: lazily loaded kernels and
+# allocator arenas (eager), and torch.compile's FX graphs and generated code. Measured with
+# `gembench run --config tiny` (torch 2.13, 2-core x86), where tensors are a few MiB. On CUDA the
+# measured peak is torch.cuda.max_memory_allocated, tensors only: no runtime term.
+CPU_RUNTIME_BYTES = {"eager": 16 * 2**20, "compile": 280 * 2**20}
+# Sequences per tile of the jagged attention op (hstu.TILE_MAX): its transient scores are per tile.
+ATTENTION_TILE = 64
 
-    fp32 embeddings + their gradient + one optimizer state each (eager Adagrad); dense
-    parameters x4 (weight, grad, Adam m and v); activations ~ the forward FLOPs' output
-    elements kept for backward, bounded by 4 bytes per FLOP/(2 x width), plus attention tiles.
+
+def embedding_param_split(cfg: ModelConfig) -> tuple[int, int]:
+    """(pooled, sequence) embedding parameters of a config."""
+    pooled = sum(cfg.sparse.rows) * cfg.sparse.dim
+    sequence = sum(s.rows for s in cfg.sequences) * (cfg.hstu.dim if cfg.hstu else 0)
+    return pooled, sequence
+
+
+def memory_estimate(cfg: ModelConfig, batch_size: int, counts: dict | None = None, stack=None,
+                    device_type: str = "cuda") -> dict[str, float]:
+    """Training memory of one process, in bytes, for the stack that will run: its peak.
+
+    ``stack`` is any object with the StackOptions fields fused_embeddings, jagged, bf16, compile
+    (None: the optimized stack). The figures, each a sum of tensors counted from the code:
+
+    - embeddings: fp32 tables + exact Adagrad state (4 + 4 B per element), + a dense fp32
+      gradient of every table without fused embeddings (+4 B). Fused tables are built next to the
+      plain ones and loaded from them, so while the stack is built both exist: ``build`` is that
+      moment's total, before any activation exists.
+    - dense: weight, gradient, Adam m and v (16 B per parameter), + a bf16 autocast copy.
+    - activations: tensors saved for backward, bf16 or fp32 as the stack computes them:
+      HSTU_SAVED_BYTES per token, width and layer over E[n] + 1 tokens per sequence; padded
+      attention adds its (B, H, N, N) scores and SiLU (both saved) and padded Q, K, V per layer,
+      N = max_len + 1; Wukong and the MLPs a few widths per example.
+    - transient: the largest short-lived block on top of them: the attention scores of one layer's
+      backward (padded: 3 x (B, H, N, N); jagged: tiles of ATTENTION_TILE sequences).
+    - runtime: on CPU, what the process grows by besides tensors (CPU_RUNTIME_BYTES).
+
+    total = max(build, embeddings + dense + activations + transient) + runtime.
     """
     counts = counts or parameter_counts(cfg)
-    emb = counts["embedding_params"] * 4 * 3
-    dense = counts["dense_params"] * 4 * 4
-    acts = 0.0
+    fused = getattr(stack, "fused_embeddings", True)
+    jagged = getattr(stack, "jagged", True)
+    dtype = "bf16" if getattr(stack, "bf16", True) else "fp32"
+    act = 2 if dtype == "bf16" else 4
+    pooled, sequence = embedding_param_split(cfg)
+    if fused:
+        # fbgemm has no CPU kernel for sequence tables: on CPU they stay plain with row-sparse grads.
+        fused_params = pooled + (sequence if device_type == "cuda" else 0)
+        emb = (pooled + sequence) * (4 + ADAGRAD_BYTES)
+        build = emb + fused_params * 4  # the plain tables, until the fused ones replace them
+    else:
+        emb = (pooled + sequence) * (4 + 4 + ADAGRAD_BYTES)
+        build = emb
+    dense = counts["dense_params"] * (4 + 4 + ADAM_BYTES + (2 if dtype == "bf16" else 0))
+    acts = transient = 0.0
     if cfg.kind == "gem":
         lengths = expected_lengths(cfg, samples=4096)
         h = cfg.hstu
         for s in cfg.sequences:
-            n = lengths[s.name].astype(np.float64) + 1
+            n = lengths[s.name].astype(np.float64) + 1  # with the CLS token
             tokens = n.mean() * batch_size
-            # per layer: x, LN, uvqk (4d), attention out, norm, gated: ~ 12 d floats per token,
-            # and the scores/SiLU/mask of the attention tiles: 3 n^2 per head per sequence.
-            acts += h.layers * (12 * h.dim * tokens + 3 * h.heads * (n**2).mean() * batch_size) * 4
+            acts += SEQUENCE_INPUT_BYTES * h.dim * tokens
+            acts += h.layers * HSTU_SAVED_BYTES[dtype] * h.dim * tokens
+            if jagged:
+                # Inside the op, per tile: scores and SiLU (forward), their gradients (backward).
+                tile = min(batch_size, ATTENTION_TILE)
+                transient = max(transient, 4 * h.heads * tile * float(n.max()) ** 2 * act
+                                + h.heads * float(n.max()) ** 2 * 4)
+            else:
+                square = batch_size * h.heads * (s.max_len + 1) ** 2
+                pad = batch_size * (s.max_len + 1) * h.dim
+                acts += h.layers * (2 * square * act + square / h.heads + 3 * pad * act)
+                transient = max(transient, 3 * square * act)
         w = cfg.wukong
         widest = max([cfg.sparse.dim * interaction_tokens(cfg), *w.mlp, *cfg.over.mlp])
-        acts += (w.layers + len(cfg.over.mlp) + 2) * 4 * widest * batch_size * 4
+        acts += (w.layers + len(cfg.over.mlp) + 2) * 4 * widest * batch_size * act
     else:
         widest = max([*cfg.dense.mlp, *cfg.over.mlp, (len(cfg.sparse.rows) + 1) * cfg.sparse.dim])
-        acts += (len(cfg.dense.mlp) + len(cfg.over.mlp) + 8) * widest * batch_size * 4
+        acts += (len(cfg.dense.mlp) + len(cfg.over.mlp) + 8) * widest * batch_size * act
+    runtime = 0.0
+    if device_type != "cuda":
+        runtime = CPU_RUNTIME_BYTES["compile" if getattr(stack, "compile", True) else "eager"]
+    steady = emb + dense + acts + transient
     return {"embeddings": float(emb), "dense": float(dense), "activations": float(acts),
-            "total": float(emb + dense + acts)}
+            "transient": float(transient), "build": float(build), "runtime": float(runtime),
+            "total": float(max(build, steady) + runtime)}

@@ -80,9 +80,17 @@ class GEM(nn.Module):
 
 
 def build_model(cfg: ModelConfig, device: torch.device | str | None = None, attention: str = "jagged") -> nn.Module:
-    """The pure model for a config: GEM for kind "gem", TorchRec's DLRM / DLRM-DCN otherwise."""
-    if cfg.kind == "gem":
-        return GEM(cfg, device, attention=attention)
+    """The pure model for a config: GEM for kind "gem", TorchRec's DLRM / DLRM-DCN otherwise.
+
+    Every tensor lands on ``device``, including those of modules that take no device argument
+    (TorchRec's LowRankCrossNet creates its W/V kernels with a bare torch.empty): building under
+    the device context is what puts them there, where a later ``.to()`` would copy a model that
+    may not fit the host (medium's tables) and miss plain tensor attributes.
+    """
     from gembench.models.dlrm import ReferenceDLRM
 
-    return ReferenceDLRM(cfg, device)
+    device = torch.device(device or "cpu")
+    with torch.device(device):
+        if cfg.kind == "gem":
+            return GEM(cfg, device, attention=attention)
+        return ReferenceDLRM(cfg, device)

@@ -87,3 +87,25 @@ def test_not_toml(tmp_path):
     path.write_text("[data\n")
     with pytest.raises(UsageError, match="not valid TOML"):
         load_config(path)
+
+
+def test_batch_override_changes_global_batch_and_hash():
+    from gembench.models.config import with_global_batch
+
+    cfg = load_config("tiny")
+    assert with_global_batch(cfg, None) is cfg
+    other = with_global_batch(cfg, 128, nproc=2)
+    assert other.data.global_batch == 128 and other.hash != cfg.hash
+    assert with_global_batch(cfg, cfg.data.global_batch).hash == cfg.hash  # same batch, same config
+
+
+@pytest.mark.parametrize("batch, nproc, message", [
+    (0, 1, "--batch must be a positive"),
+    (-8, 1, "--batch must be a positive"),
+    (63, 2, "--batch 63 does not split evenly over --nproc 2"),
+])
+def test_bad_batch_is_a_usage_error(batch, nproc, message):
+    from gembench.models.config import with_global_batch
+
+    with pytest.raises(UsageError, match=message):
+        with_global_batch(load_config("tiny"), batch, nproc)

@@ -113,3 +113,41 @@ def test_describe_cli_and_help():
     run_help = gembench("run", "--help")
     assert "--peak-tflops" in run_help.stdout and "examples:" in run_help.stdout
     assert gembench().returncode == 2
+
+
+def test_batch_flag_is_recorded_in_run_and_hash(tmp_path):
+    from gembench.models.config import with_global_batch
+
+    out = tmp_path / "r.json"
+    proc = gembench("run", "--config", "tiny", "--stack", "baseline", "--batch", "32", "--steps", "2",
+                    "--warmup", "1", "--quiet", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())
+    assert result["run"]["global_batch"] == 32 == result["run"]["per_rank_batch"]
+    assert result["config"]["hash"] == with_global_batch(load_config("tiny"), 32).hash != load_config("tiny").hash
+    s = result["summary"]  # estimate and measured peak side by side
+    assert s["peak_memory_estimate_bytes"] > 0 and s["peak_memory_run_bytes"] > 0 and s["memory_estimate_ratio"] > 0
+
+
+@pytest.mark.parametrize("command", ["run", "ablate", "describe"])
+def test_bad_batch_is_one_line_exit_2(tmp_path, command):
+    proc = gembench(command, "--config", "tiny", "--batch", "0", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--batch must be a positive" in proc.stderr
+
+
+def test_batch_must_split_over_ranks(tmp_path):
+    proc = gembench("run", "--config", "tiny", "--batch", "33", "--nproc", "2", cwd=tmp_path)
+    assert proc.returncode == 2 and "--batch 33 does not split evenly over --nproc 2" in proc.stderr
+
+
+def test_refusal_comes_before_the_compile_notice(tmp_path):
+    # xl never fits: the memory refusal is the only line, no "compiles the dense arch" before it
+    proc = gembench("run", "--config", "xl", "--device", "cpu", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "needs about" in proc.stderr and "torch.compile" not in proc.stderr
+
+
+def test_describe_batch(tmp_path):
+    proc = gembench("describe", "--config", "medium", "--batch", "512", "--json")
+    d = json.loads(proc.stdout)
+    assert d["global_batch"] == 512 and set(d["memory_estimate_bytes_by_stack"]) == {"baseline", "optimized"}

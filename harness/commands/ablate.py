@@ -11,6 +11,7 @@ peak, at the same model FLOPs, so a ratio of MFUs is a ratio of throughputs.
 examples:
   gembench ablate --config small
   gembench ablate --config tiny --steps 5 --warmup 2 --out ablation.json
+  gembench ablate --config medium --device cuda --batch 256   # a batch every variant fits
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from pathlib import Path
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default="small", help="config name or .toml path (default: small)")
+    p.add_argument("--batch", type=int, default=None, metavar="N",
+                   help="global batch, overriding the config's (recorded with its config hash)")
     p.add_argument("--steps", type=int, default=8, help="timed steps per stack variant (default: 8)")
     p.add_argument("--warmup", type=int, default=3, help="warm-up steps per variant, incl. compile (default: 3)")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda[:N] (default: auto)")
@@ -63,12 +66,20 @@ def _ablate(args: argparse.Namespace) -> int:
 
     from gembench.harness.report import pct
     from gembench.harness.regression.reservation import write_or_fallback
-    from gembench.harness.runner import prepare, reset_peak_memory, stack_result
+    from gembench.harness.hardware import resolve_device
+    from gembench.harness.runner import out_of_memory_guard, prepare, reset_peak_memory, stack_result
+    from gembench.models.config import load_config, with_global_batch
+    from gembench.models.flops import memory_estimate, parameter_counts
     from gembench.harness.stack import build_train_state
     from gembench.harness.step import run_steps
 
-    setup = prepare(args.config, args.steps, args.warmup, args.device, args.seed, args.peak_tflops)
     added, removed = variants(single_process=True)
+    # Variants run one at a time, and each must fit: the memory check takes the hungriest.
+    cfg = with_global_batch(load_config(args.config), args.batch)
+    counts, device_type = parameter_counts(cfg), resolve_device(args.device).type
+    hungriest = max((options for _, options in added + removed),
+                    key=lambda o: memory_estimate(cfg, cfg.data.global_batch, counts, o, device_type)["total"])
+    setup = prepare(cfg, args.steps, args.warmup, args.device, args.seed, args.peak_tflops, stacks=[hungriest])
     measured = {}
     todo = added + removed
     for i, (label, options) in enumerate(todo):
@@ -77,10 +88,12 @@ def _ablate(args: argparse.Namespace) -> int:
             if not args.quiet:
                 print(f"gembench ablate: [{i + 1}/{len(todo)}] {label}: {options.describe()}",
                       file=sys.stderr, flush=True)
-            reset_peak_memory(setup.device)
-            state = build_train_state(setup.cfg, options, setup.device, seed=args.seed)
-            samples = run_steps(state, setup.batches, args.steps, args.warmup)
-            measured[key] = stack_result(setup, options, samples, args.warmup, label)
+            state = None  # the previous variant's state goes before the next is built
+            start = reset_peak_memory(setup.device)
+            with out_of_memory_guard(setup, [options]):
+                state = build_train_state(setup.cfg, options, setup.device, seed=args.seed)
+                samples = run_steps(state, setup.batches, args.steps, args.warmup)
+            measured[key] = stack_result(setup, options, samples, args.warmup, label, start)
         measured[label] = measured[key]
 
     def row(label, reference):

@@ -8,6 +8,14 @@ examples:
   gembench describe                       # small
   gembench describe --config xl
   gembench describe --config dcnv2 --json
+  gembench describe --config medium --batch 512   # sizes and memory at another global batch
+
+The memory table is the estimate `gembench run` checks before allocating (models/flops.py
+memory_estimate), per stack, for one CUDA device: embeddings (tables + Adagrad state, + dense
+gradients without fused embeddings), dense (weights, gradients, Adam state), activations saved
+for backward, the largest transient block, and build (the moment fused tables are built next to
+the plain ones). total = max(build, the rest summed): the peak torch.cuda.max_memory_allocated
+should show. On CPU a run adds its runtime's growth (see README "Memory estimate").
 """
 
 from __future__ import annotations
@@ -18,10 +26,13 @@ import json
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default="small", help="config name or path to a .toml file (default: small)")
+    p.add_argument("--batch", type=int, default=None, metavar="N",
+                   help="global batch, overriding the config's (changes the config hash)")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
 
 def describe(cfg) -> dict:
+    from gembench.harness.stack import STACKS
     from gembench.models.flops import TRAIN_FLOPS_PER_FORWARD, forward_flops_per_example, \
         memory_estimate, parameter_counts
 
@@ -37,7 +48,11 @@ def describe(cfg) -> dict:
         "forward_flops_per_example": per_example,
         "forward_gflop_per_example": forward / 1e9,
         "train_flops_per_step": TRAIN_FLOPS_PER_FORWARD * forward * cfg.data.global_batch,
-        "memory_estimate_bytes": memory_estimate(cfg, cfg.data.global_batch, counts),
+        "memory_estimate_bytes": memory_estimate(cfg, cfg.data.global_batch, counts, STACKS["optimized"]),
+        "memory_estimate_bytes_by_stack": {
+            name: memory_estimate(cfg, cfg.data.global_batch, counts, options, "cuda")
+            for name, options in STACKS.items()
+        },
     }
 
 
@@ -47,7 +62,9 @@ def main(args: argparse.Namespace) -> int:
     from gembench.harness.report import si
     from gembench.models.config import load_config
 
-    d = describe(load_config(args.config))
+    from gembench.models.config import with_global_batch
+
+    d = describe(with_global_batch(load_config(args.config), args.batch))
     if args.json:
         print(json.dumps(d, indent=1))
         return 0
@@ -66,7 +83,8 @@ def main(args: argparse.Namespace) -> int:
     blocks = [[name, si(v, "FLOP"), f"{100 * v / total:.1f}%"]
               for name, v in d["forward_flops_per_example"].items()]
     print("\n" + tabulate(blocks, headers=["block", "forward/example", "share"], colalign=("left", "right", "right")))
-    mem = d["memory_estimate_bytes"]
-    rows = [[k, si(v, "B")] for k, v in mem.items()]
-    print("\n" + tabulate(rows, headers=["training memory (estimate, fp32, one device)", ""]))
+    by_stack = d["memory_estimate_bytes_by_stack"]
+    rows = [[k, *(f"{by_stack[name][k] / 2**30:,.2f}" for name in by_stack)] for k in by_stack["optimized"]]
+    print("\n" + tabulate(rows, headers=["peak training memory, GiB (estimate, one CUDA device)", *by_stack],
+                          colalign=("left", "right", "right")))
     return 0

@@ -16,6 +16,7 @@ examples:
   gembench run --config tiny --steps 5 --out r.json
   gembench run --config small --stack baseline
   gembench run --config small --ab              # optimized/baseline MFU ratio, interleaved
+  gembench run --config medium --device cuda --batch 512   # override the config's global batch
   gembench run --config my_model.toml           # any config file of your own
   gembench run --device cuda --peak-tflops 989  # override the datasheet peak
   gembench run --config small --nproc 2         # 2 torchrun ranks, TorchRec's plan, staged step
@@ -40,6 +41,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "file (default: small)")
     p.add_argument("--steps", type=int, default=10, help="timed steps (default: 10)")
     p.add_argument("--warmup", type=int, default=3, help="discarded warm-up steps (default: 3)")
+    p.add_argument("--batch", type=int, default=None, metavar="N",
+                   help="global batch, overriding the config's (recorded in the result and its config "
+                        "hash; with --nproc split evenly over the ranks)")
     p.add_argument("--stack", choices=("optimized", "baseline"), default="optimized",
                    help="training stack (default: optimized)")
     p.add_argument("--dtype", choices=("fp32", "bf16"), default=None,
@@ -131,22 +135,27 @@ def _run(args: argparse.Namespace) -> int:
     from gembench.harness.stack import stack_options
 
     progress = Progress(not args.quiet, f"gembench run {args.config}")
-    if not args.quiet and (args.ab or stack_options(args.stack, args.dtype).compile):
-        print("gembench run: the first warm-up step compiles the dense arch with torch.compile "
-              "(1-2 minutes on 2 cores the first time on a machine, cached afterwards)",
-              file=sys.stderr, flush=True)
+
+    def compile_notice() -> None:  # once the run is validated and fits: never before a refusal
+        if not args.quiet and (args.ab or stack_options(args.stack, args.dtype).compile):
+            print("gembench run: the first warm-up step compiles the dense arch with torch.compile "
+                  "(1-2 minutes on 2 cores the first time on a machine, cached afterwards)",
+                  file=sys.stderr, flush=True)
+
     if args.ab:
         if args.rounds < 2 or args.steps < args.rounds:
             raise UsageError(f"--ab needs --rounds >= 2 and --steps >= --rounds, got "
                              f"--rounds {args.rounds} --steps {args.steps}")
         result = run_ab(args.config, rounds=args.rounds, steps_per_round=args.steps // args.rounds,
                         warmup=args.warmup, device=args.device, seed=args.seed,
-                        peak_tflops=args.peak_tflops, dtype=args.dtype, progress=progress)
+                        peak_tflops=args.peak_tflops, dtype=args.dtype, progress=progress,
+                        batch=args.batch, on_prepared=compile_notice)
     else:
         result = run_benchmark(
             args.config, steps=args.steps, warmup=args.warmup,
             options=stack_options(args.stack, args.dtype), stack_name=args.stack, device=args.device,
-            seed=args.seed, peak_tflops=args.peak_tflops, progress=progress,
+            seed=args.seed, peak_tflops=args.peak_tflops, progress=progress, batch=args.batch,
+            on_prepared=compile_notice,
         )
     out = args.out or DEFAULT_OUT_DIR / f"{result['id']}.json"
     print(run_report(result), flush=True)  # the figures reach the user even if the write fails

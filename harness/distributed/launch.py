@@ -91,7 +91,7 @@ def check(args) -> None:
     from gembench.harness.distributed.sharded import backend_for, parse_sharding
     from gembench.harness.hardware import resolve_device
     from gembench.harness.regression.results import check_writable
-    from gembench.models.config import load_config
+    from gembench.models.config import load_config, with_global_batch
     from gembench.models.sparse import pooled_tables, sequence_tables
 
     if getattr(args, "ab", False):
@@ -104,7 +104,7 @@ def check(args) -> None:
         raise UsageError(f"--warmup must be 0 or more, got {args.warmup}")
     if args.timeout <= 0:
         raise UsageError(f"--timeout must be positive seconds, got {args.timeout}")
-    cfg = load_config(args.config)
+    cfg = with_global_batch(load_config(args.config), getattr(args, "batch", None), args.nproc)
     per_rank_batch(cfg.data.global_batch, args.nproc)
     tables = [t.name for t in pooled_tables(cfg)]
     sequences = [t.name for t in sequence_tables(cfg)] if cfg.kind == "gem" else []

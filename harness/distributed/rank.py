@@ -32,7 +32,7 @@ from gembench.harness.metrics.mfu import STAGE_FLOP_SHARE
 from gembench.harness.metrics.imbalance import hot_share
 from gembench.harness.runner import MAX_DISTINCT_BATCHES, peak_memory_bytes
 from gembench.harness.step import StageClock
-from gembench.models.config import load_config
+from gembench.models.config import load_config, with_global_batch
 from gembench.models.data import SyntheticData
 from gembench.models.flops import batch_forward_flops, embedding_bytes
 
@@ -101,7 +101,7 @@ def run(args, env: dict, dev: torch.device, watchdog: W.Watchdog, fault) -> dict
     from gembench.harness.stack import stack_options
 
     rank, world = env["rank"], env["world_size"]
-    cfg = load_config(args.config)
+    cfg = with_global_batch(load_config(args.config), getattr(args, "batch", None), world)  # --batch
     local_batch = per_rank_batch(cfg.data.global_batch, world)
     watchdog.at("build")
     torch.manual_seed(args.seed)  # same seed on every rank: identical replicated weights

@@ -1,0 +1,71 @@
+"""The memory estimate tracks the measured peak (issue 9 item 2), and refuses before allocating.
+
+On CPU the measured peak is how far the process's peak RSS rose during the run (the runtime
+loaded before it is not the run's); the estimate adds CPU_RUNTIME_BYTES for what a run grows by
+besides tensors. Each run is its own process, so one run's caches do not hide in another's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from gembench.harness.errors import UsageError
+from gembench.harness.runner import check_fits, largest_fitting_batch
+from gembench.harness.stack import STACKS
+from gembench.models.config import load_config
+from gembench.models.flops import memory_estimate
+
+
+def run(tmp_path, *args):
+    out = tmp_path / "r.json"
+    proc = subprocess.run([sys.executable, "-m", "gembench", "run", "--quiet", "--device", "cpu",
+                           "--out", str(out), *args], capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("config", ["tiny", "small"])
+@pytest.mark.parametrize("stack", ["baseline", "optimized"])
+def test_estimate_is_within_0_7_to_1_5_of_the_measured_peak(tmp_path, config, stack):
+    result = run(tmp_path, "--config", config, "--stack", stack, "--steps", "3", "--warmup", "1")
+    s = result["summary"]
+    assert s["peak_memory_run_bytes"] > 0 and s["peak_memory_estimate_bytes"] > 0
+    assert s["memory_estimate_ratio"] == pytest.approx(s["peak_memory_estimate_bytes"] / s["peak_memory_run_bytes"])
+    print(f"{config} {stack}: estimate {s['peak_memory_estimate_bytes'] / 2**20:.0f} MiB, "
+          f"measured {s['peak_memory_run_bytes'] / 2**20:.0f} MiB, ratio {s['memory_estimate_ratio']:.2f}")
+    assert 0.7 <= s["memory_estimate_ratio"] <= 1.5
+
+
+def test_estimate_follows_the_stack():
+    cfg = load_config("medium")
+    opt = memory_estimate(cfg, 2048, stack=STACKS["optimized"])
+    base = memory_estimate(cfg, 2048, stack=STACKS["baseline"])
+    # padded fp32 attention squares every sequence to max_len; jagged bf16 does not
+    assert base["activations"] > 5 * opt["activations"]
+    # without fused embeddings every table also has a dense gradient
+    assert base["embeddings"] == pytest.approx(1.5 * opt["embeddings"])
+    # medium as shipped fits one 141 GB GPU (139.3 GiB free, 90% planned) with the optimized stack
+    assert opt["total"] < 0.9 * 139.3 * 2**30
+
+
+def test_what_does_not_fit_is_refused_naming_the_batch_that_would(monkeypatch):
+    import torch
+
+    import gembench.harness.runner as runner
+
+    cfg = load_config("medium")
+    monkeypatch.setattr(runner, "memory_available", lambda device: int(139.3 * 2**30))
+    check_fits(cfg, 2048, torch.device("cuda"), stacks=[STACKS["optimized"]])  # fits: no error
+    with pytest.raises(UsageError) as err:
+        check_fits(cfg, 2048, torch.device("cuda"), stacks=[STACKS["baseline"]])
+    best = largest_fitting_batch(cfg, [STACKS["baseline"]], "cuda", 0.9 * 139.3 * 2**30)
+    assert 0 < best < 2048 and f"--batch {best} or smaller" in str(err.value)
+    assert memory_estimate(cfg, best + 1, stack=STACKS["baseline"])["total"] > 0.9 * 139.3 * 2**30
+    with pytest.raises(UsageError, match="with the baseline \\+ optimized stacks"):  # --ab holds both stacks
+        check_fits(cfg, 2048, torch.device("cuda"), stacks=[STACKS["baseline"], STACKS["optimized"]])
