@@ -11,6 +11,7 @@ import datetime as dt
 import resource
 import secrets
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -18,11 +19,13 @@ import torch
 from gembench.harness.env import fingerprint
 from gembench.harness.errors import UsageError
 from gembench.harness.hardware import Peak, memory_available, reference_peak, resolve_device
+from gembench.harness.metrics import counters as C
+from gembench.harness.metrics import trace as TR
 from gembench.harness.metrics.mfu import summarize
 from gembench.harness.regression.results import SCHEMA
 from gembench.harness.stack import STACKS, StackOptions, build_train_state
 from gembench.harness.regression.stats import paired_ratio_interval
-from gembench.harness.step import StepSamples, run_steps
+from gembench.harness.step import NoClock, StepSamples, run_steps, train_step
 from gembench.models.config import ModelConfig, load_config
 from gembench.models.data import SyntheticData
 from gembench.models.flops import batch_forward_flops, embedding_bytes, memory_estimate
@@ -175,25 +178,70 @@ def document(setup: Setup, steps: int, warmup: int, main: dict, extra: dict | No
     return result
 
 
+def step_costs(setup: Setup, state, index: int, compiled_since: dict, compiles: bool = True,
+               trace_dir=None) -> tuple[dict, dict | None]:
+    """Cost counters (metrics/counters.py) of one extra step on batch ``index``, after the timed
+    ones, under torch.profiler; with ``trace_dir`` its trace is kept as trace_dir/trace.json.
+
+    Returns (counters, profile): profile = {trace, ranked, top} for the report, or None.
+    ``compiles``: whether this stack uses torch.compile (its compile counts are the run's).
+    """
+    batch = setup.batches[index % len(setup.batches)]
+    prof = TR.profiler(setup.device)
+    with prof:
+        with C.StepCounter(setup.device, state.optimizers) as counted, torch.autograd.profiler.record_function(TR.STEP_SPAN):
+            train_step(state, batch, NoClock())
+        if setup.device.type == "cuda":
+            torch.cuda.synchronize(setup.device)  # the step's kernels end inside the profile
+    path = None if trace_dir is None else Path(trace_dir) / "trace.json"
+    events = TR.trace_events(prof, path)
+    compiled = C.compile_counts(compiled_since) if compiles else {"graph_breaks": 0, "recompiles": 0}
+    counts = C.counters(counted, events, compiled)
+    profile = None
+    if path is not None:
+        what, rows = TR.top_rows(events, setup.device)
+        profile = {"trace": str(path), "ranked": what, "top": rows}
+    return counts, profile
+
+
+def with_costs(result: dict, counts: dict, profile: dict | None = None) -> dict:
+    """Put the counters (and the profile's top ops) into a result document."""
+    result["counters"] = counts
+    result["metrics"].update(C.flat_metrics(counts))
+    if profile is not None:
+        result["profile"] = profile
+    return result
+
+
 def run_benchmark(config: str | ModelConfig, steps: int = 20, warmup: int = 3,
                   options: StackOptions = STACKS["optimized"], device: str = "auto", seed: int = 0,
-                  peak_tflops: float | None = None, progress=None, stack_name: str = "optimized") -> dict:
-    """Train ``config`` under one stack for ``warmup`` + ``steps`` steps; return the result."""
+                  peak_tflops: float | None = None, progress=None, stack_name: str = "optimized",
+                  trace=None) -> dict:
+    """Train ``config`` under one stack for ``warmup`` + ``steps`` steps; return the result.
+
+    One more step after the timed ones measures the cost counters (and with ``trace``, a
+    directory, keeps its profile as trace/trace.json).
+    """
     setup = prepare(config, steps, warmup, device, seed, peak_tflops)
     reset_peak_memory(setup.device)
+    since = C.fresh_compile_state()
     state = build_train_state(setup.cfg, options, setup.device, seed=seed)
     samples = run_steps(state, setup.batches, steps, warmup, progress=progress)
-    return document(setup, steps, warmup, stack_result(setup, options, samples, warmup, stack_name))
+    main = stack_result(setup, options, samples, warmup, stack_name)  # peak memory before profiling
+    counts, profile = step_costs(setup, state, warmup + steps, since, options.compile, trace)
+    return with_costs(document(setup, steps, warmup, main), counts, profile)
 
 
 def run_ab(config: str | ModelConfig, rounds: int = 6, steps_per_round: int = 3, warmup: int = 3,
            device: str = "auto", seed: int = 0, peak_tflops: float | None = None, dtype: str | None = None,
-           progress=None) -> dict:
+           progress=None, trace=None) -> dict:
     """Baseline and optimized stacks interleaved in one process, ABBA order, same weights.
 
     Each round times ``steps_per_round`` steps of each stack over the same batches; the ratio
     of their MFU per round is paired, so slow phases of a shared machine hit both stacks alike.
     The headline ``ab_mfu_ratio`` is the geometric mean over rounds with a 95% t-interval.
+    Cost counters: one extra step of each stack after the rounds (the result's are the
+    optimized stack's, the baseline's are in ab.baseline.counters).
     """
     if rounds < 2:
         raise UsageError(f"--rounds must be at least 2 for an interval, got {rounds}")
@@ -203,6 +251,7 @@ def run_ab(config: str | ModelConfig, rounds: int = 6, steps_per_round: int = 3,
     opts = {n: STACKS[n] if dtype is None or n == "baseline" else replace(STACKS[n], bf16=dtype == "bf16")
             for n in names}
     reset_peak_memory(setup.device)
+    since = C.fresh_compile_state()
     states = {n: build_train_state(setup.cfg, opts[n], setup.device, seed=seed) for n in names}
     collected = {n: StepSamples() for n in names}
     per_round = {n: [] for n in names}
@@ -228,11 +277,15 @@ def run_ab(config: str | ModelConfig, rounds: int = 6, steps_per_round: int = 3,
     ratios = [b / o for b, o in zip(per_round["baseline"], per_round["optimized"])]
     center, lo, hi = paired_ratio_interval(ratios)
     results = {n: stack_result(setup, opts[n], collected[n], warmup, n) for n in names}
+    # only the optimized stack compiles, so the run's compile counts are its own
+    costs = {n: step_costs(setup, states[n], warmup + steps, since, opts[n].compile,
+                           trace if n == "optimized" else None) for n in names}
     ab = {"rounds": rounds, "steps_per_round": steps_per_round, "order": "ABBA",
           "round_step_s": per_round, "round_ratios": ratios,
           "mfu_ratio": center, "mfu_ratio_ci95": [lo, hi],
           "baseline": {k: results["baseline"][k] for k in ("options", "flops", "samples", "summary")}}
-    doc = document(setup, steps, warmup, results["optimized"], {"ab": ab})
+    ab["baseline"]["counters"] = costs["baseline"][0]
+    doc = with_costs(document(setup, steps, warmup, results["optimized"], {"ab": ab}), *costs["optimized"])
     doc["run"]["stack"] = "ab"
     doc["metrics"]["ab_mfu_ratio"] = center
     doc["metrics"]["baseline_mfu"] = results["baseline"]["summary"]["mfu"]

@@ -110,6 +110,7 @@ def run_steps(state: TrainState, batches, steps: int, warmup: int, timed: bool =
     """
     samples = StepSamples()
     sync = torch.cuda.synchronize if state.device.type == "cuda" else (lambda: None)
+    losses = []  # detached loss tensors, read after the loop: a read in it syncs every step
     for i in range(warmup + steps):
         clock = StageClock(state.device) if timed else NoClock()
         sync()
@@ -120,9 +121,10 @@ def run_steps(state: TrainState, batches, steps: int, warmup: int, timed: bool =
         elapsed = time.perf_counter() - start
         if i >= warmup:
             samples.step_s.append(elapsed)
-            samples.loss.append(float(loss))
+            losses.append(loss.detach())
             for stage, seconds in durations.items():
                 samples.stages[stage].append(seconds)
         if progress is not None:
             progress(i + 1, warmup + steps, elapsed)
+    samples.loss = [float(x) for x in losses]
     return samples

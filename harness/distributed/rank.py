@@ -9,11 +9,9 @@ the job's single result (result.py) and writes it.
 
 from __future__ import annotations
 
-import json
-import os
+import contextlib
 import socket
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -27,6 +25,8 @@ from gembench.harness.commands.run import Progress
 from gembench.harness.errors import UsageError
 from gembench.harness.hardware import device_name, reference_peak, resolve_device
 from gembench.harness.metrics import comm
+from gembench.harness.metrics import counters as C
+from gembench.harness.metrics import trace as TR
 from gembench.harness.metrics.imbalance import hot_share
 from gembench.harness.runner import MAX_DISTINCT_BATCHES, peak_memory_bytes
 from gembench.harness.step import StageClock
@@ -36,7 +36,7 @@ from gembench.models.flops import batch_forward_flops, embedding_bytes
 
 PROFILED_STEPS = 2  # extra steps under the profiler, after the timed ones
 LOAD_BATCHES = 8  # batches whose real input dist is counted for the measured load
-STEP_SPAN = "gembench/step"
+STEP_SPAN = TR.STEP_SPAN
 
 
 def per_rank_batch(global_batch: int, world_size: int) -> int:
@@ -124,6 +124,7 @@ def run(args, env: dict, dev: torch.device, watchdog: W.Watchdog, fault) -> dict
                  "per_block": _mean_blocks(per_block), "embedding_bytes": embedding_bytes(cfg, timed[0]),
                  "hot": _hot_counts(cfg, timed)}
     autocast = _autocast(options.dtype, dev)
+    since = C.fresh_compile_state()
     W.STAGE_ORDER.update({s: i for i, s in enumerate(D.PIPELINE_STAGES if args.pipeline else D.STAGES)})
     show = rank == 0 and not args.quiet
     if args.pipeline:
@@ -131,14 +132,19 @@ def run(args, env: dict, dev: torch.device, watchdog: W.Watchdog, fault) -> dict
         # the pipeline holds batches in flight across steps: it gets its own batch objects
         # (regenerated: same seed, same data) rather than the list measured above
         fed = [data.batch(i % len(batches)) for i in range(total)]
-        samples, prof = _pipeline_steps(engine, fed, args, watchdog, fault, rank, autocast, show)
+        samples, prof, counted = _pipeline_steps(engine, fed, args, watchdog, fault, rank, autocast, show)
     else:
         engine = D.StagedStep(dmp, dev, world)
-        samples, prof = _staged_steps(engine, batches, args, watchdog, fault, rank, autocast, show)
+        samples, prof, counted = _staged_steps(engine, batches, args, watchdog, fault, rank, autocast, show)
 
     watchdog.at("analysis")
-    events = _trace_events(prof, args.trace, rank)
+    events = TR.trace_events(prof, None if args.trace is None else Path(args.trace) / f"rank{rank}.json")
     comm_stats = comm.analyze(events, world, STEP_SPAN)
+    # counted on the first profiled step; its device events are those that start before the
+    # second one does (kernels run after the host span that launched them)
+    spans = sorted(comm.windows(events, STEP_SPAN))
+    first = (spans[0][0], spans[1][0] if len(spans) > 1 else float("inf"))
+    counts = C.counters(counted, events, C.compile_counts(since), window=first)
     if not args.pipeline:
         loads["lookup_s"] = float(np.mean(samples["stages"]["embedding_lookup"]))
     memory, memory_source = peak_memory_bytes(dev)
@@ -151,6 +157,7 @@ def run(args, env: dict, dev: torch.device, watchdog: W.Watchdog, fault) -> dict
         "comm": {k: v for k, v in comm_stats.items() if k != "calls"},
         "comm_calls": comm_stats["calls"],
         "peak_memory_bytes": memory, "peak_memory_source": memory_source,
+        "counters": counts,
     }
     watchdog.at("gather")
     records = [None] * world if rank == 0 else None
@@ -166,15 +173,13 @@ def run(args, env: dict, dev: torch.device, watchdog: W.Watchdog, fault) -> dict
 def _autocast(dtype: str | None, dev: torch.device):
     if dtype == "bf16":
         return lambda: torch.autocast(device_type=dev.type, dtype=torch.bfloat16)
-    import contextlib
-
     return contextlib.nullcontext
 
 
 def _keep(samples: dict, elapsed: float, loss, stage_seconds: dict) -> None:
     """Record one timed step (warm-up and profiled steps are not kept)."""
     samples["step_s"].append(elapsed)
-    samples["loss"].append(float(loss))
+    samples["loss"].append(loss.detach())  # read after the loop: a read here syncs every step
     for stage, seconds in stage_seconds.items():
         samples["stages"][stage].append(seconds)
 
@@ -184,13 +189,15 @@ def _staged_steps(engine: D.StagedStep, batches, args, watchdog, fault, rank, au
     sync = torch.cuda.synchronize if engine.device.type == "cuda" else (lambda: None)
     total = args.warmup + args.steps + PROFILED_STEPS
     prof = None
+    counted = C.StepCounter(engine.device, [engine.optimizer])
     progress = Progress(show, "gembench run (rank 0)")
     for i in range(total):
         profiled = i >= args.warmup + args.steps
         if profiled and prof is None:
-            prof = _profiler(engine.device)
+            prof = TR.profiler(engine.device)
             prof.__enter__()
         clock = StageClock(engine.device)
+        counting = counted if i == args.warmup + args.steps else contextlib.nullcontext()
 
         def mark(stage, _i=i, _clock=clock):
             _clock.mark(stage)
@@ -203,7 +210,7 @@ def _staged_steps(engine: D.StagedStep, batches, args, watchdog, fault, rank, au
         start = time.perf_counter()
         watchdog.at("data", i)
         clock.mark("start")
-        with torch.autograd.profiler.record_function(STEP_SPAN), autocast():
+        with counting, torch.autograd.profiler.record_function(STEP_SPAN), autocast():
             loss = engine(batches[i % len(batches)], mark)
         durations = clock.durations()
         sync()
@@ -212,7 +219,8 @@ def _staged_steps(engine: D.StagedStep, batches, args, watchdog, fault, rank, au
             _keep(samples, elapsed, loss, durations)
         progress(i + 1, total, elapsed)
     prof.__exit__(None, None, None)
-    return samples, prof
+    samples["loss"] = [float(x) for x in samples["loss"]]
+    return samples, prof, counted
 
 
 def _pipeline_steps(engine: D.PipelineStep, batches, args, watchdog, fault, rank, autocast, show):
@@ -220,17 +228,19 @@ def _pipeline_steps(engine: D.PipelineStep, batches, args, watchdog, fault, rank
     total = args.warmup + args.steps + PROFILED_STEPS
     feed = iter([D.pipelineable(b) for b in batches])
     prof = None
+    counted = C.StepCounter(engine.pipeline._device, [engine.optimizer])
     progress = Progress(show, "gembench run (rank 0)")
     for i in range(total):
         if i >= args.warmup + args.steps and prof is None:
-            prof = _profiler(engine.pipeline._device)
+            prof = TR.profiler(engine.pipeline._device)
             prof.__enter__()
+        counting = counted if i == args.warmup + args.steps else contextlib.nullcontext()
         watchdog.at("forward", i)
         if fault:
             fault.trigger(rank, i, "forward")
         engine.sync()
         start = time.perf_counter()
-        with torch.autograd.profiler.record_function(STEP_SPAN), autocast():
+        with counting, torch.autograd.profiler.record_function(STEP_SPAN), autocast():
             loss, times = engine(feed)
         engine.sync()
         elapsed = time.perf_counter() - start
@@ -238,30 +248,8 @@ def _pipeline_steps(engine: D.PipelineStep, batches, args, watchdog, fault, rank
             _keep(samples, elapsed, loss, times)
         progress(i + 1, total, elapsed)
     prof.__exit__(None, None, None)
-    return samples, prof
-
-
-def _profiler(device: torch.device):
-    from torch.profiler import ProfilerActivity, profile
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    return profile(activities=activities, record_shapes=True)
-
-
-def _trace_events(prof, trace_dir, rank: int) -> list[dict]:
-    """Export the profiled steps as a Chrome trace (kept under --trace DIR) and read it back."""
-    if trace_dir:
-        path = Path(trace_dir) / f"rank{rank}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        prof.export_chrome_trace(str(path))
-        return json.loads(path.read_text())["traceEvents"]
-    fd, tmp = tempfile.mkstemp(suffix=".json")
-    os.close(fd)
-    try:
-        prof.export_chrome_trace(tmp)
-        return json.loads(Path(tmp).read_text())["traceEvents"]
-    finally:
-        os.unlink(tmp)
+    samples["loss"] = [float(x) for x in samples["loss"]]
+    return samples, prof, counted
 
 
 def _mean_blocks(per_block: list[dict]) -> dict:
