@@ -180,16 +180,22 @@ def document(setup: Setup, steps: int, warmup: int, main: dict, extra: dict | No
 
 def step_costs(setup: Setup, state, index: int, compiled_since: dict, compiles: bool = True,
                trace_dir=None) -> tuple[dict, dict | None]:
-    """Cost counters (metrics/counters.py) of one extra step on batch ``index``, after the timed
-    ones, under torch.profiler; with ``trace_dir`` its trace is kept as trace_dir/trace.json.
+    """Cost counters (metrics/counters.py) of two extra steps on batch ``index``, after the
+    timed ones: the first counted (ops, host syncs), the second under torch.profiler (kernels,
+    host-to-device bytes; with ``trace_dir`` its trace is kept as trace_dir/trace.json). Not one
+    step: the counting dispatch mode re-dispatches every op, which the profiler records twice.
 
     Returns (counters, profile): profile = {trace, ranked, top} for the report, or None.
     ``compiles``: whether this stack uses torch.compile (its compile counts are the run's).
     """
     batch = setup.batches[index % len(setup.batches)]
+    with C.StepCounter(setup.device, state.optimizers) as counted:
+        train_step(state, batch, NoClock())
+    if setup.device.type == "cuda":
+        torch.cuda.synchronize(setup.device)
     prof = TR.profiler(setup.device)
     with prof:
-        with C.StepCounter(setup.device, state.optimizers) as counted, torch.autograd.profiler.record_function(TR.STEP_SPAN):
+        with torch.autograd.profiler.record_function(TR.STEP_SPAN):
             train_step(state, batch, NoClock())
         if setup.device.type == "cuda":
             torch.cuda.synchronize(setup.device)  # the step's kernels end inside the profile
@@ -219,8 +225,8 @@ def run_benchmark(config: str | ModelConfig, steps: int = 20, warmup: int = 3,
                   trace=None) -> dict:
     """Train ``config`` under one stack for ``warmup`` + ``steps`` steps; return the result.
 
-    One more step after the timed ones measures the cost counters (and with ``trace``, a
-    directory, keeps its profile as trace/trace.json).
+    Two more steps after the timed ones measure the cost counters (and with ``trace``, a
+    directory, keep the profiled one as trace/trace.json).
     """
     setup = prepare(config, steps, warmup, device, seed, peak_tflops)
     reset_peak_memory(setup.device)
@@ -240,7 +246,7 @@ def run_ab(config: str | ModelConfig, rounds: int = 6, steps_per_round: int = 3,
     Each round times ``steps_per_round`` steps of each stack over the same batches; the ratio
     of their MFU per round is paired, so slow phases of a shared machine hit both stacks alike.
     The headline ``ab_mfu_ratio`` is the geometric mean over rounds with a 95% t-interval.
-    Cost counters: one extra step of each stack after the rounds (the result's are the
+    Cost counters: extra steps of each stack after the rounds (the result's are the
     optimized stack's, the baseline's are in ab.baseline.counters).
     """
     if rounds < 2:

@@ -148,3 +148,36 @@ def test_one_tiny_step_on_cuda_makes_no_host_sync():
     finally:
         torch.cuda.set_sync_debug_mode(0)
     torch.cuda.synchronize()
+
+
+def test_compile_counts_see_graph_breaks_and_recompiles():
+    since = C.fresh_compile_state()
+
+    @torch.compile(backend="eager")
+    def f(x):
+        y = x * 2
+        torch._dynamo.graph_break()
+        return y + 1
+
+    f(torch.ones(3))
+    assert C.compile_counts(since) == {"graph_breaks": 1, "recompiles": 0}
+    f(torch.ones(3, 4))  # another rank: the guards fail, dynamo compiles f again
+    counts = C.compile_counts(since)
+    assert counts["recompiles"] >= 1 and counts["graph_breaks"] >= 1
+    assert C.compile_counts(C.fresh_compile_state()) == {"graph_breaks": 0, "recompiles": 0}
+
+
+def test_compiled_code_runs_compiled_under_the_counter():
+    @torch.compile(dynamic=False)
+    def f(x):
+        return ((x.sin() + 1).cos() * 3).exp()
+
+    C.fresh_compile_state()
+    x = torch.ones(4)
+    f(x)
+    before = C.compile_snapshot()
+    with C.StepCounter("cpu") as c:
+        f(x)
+    # one fused inductor kernel (its output allocated by an op or none), not 5 eager ops: the
+    # dispatch mode did not send torch.compile back to eager
+    assert c.aten_ops <= 1 and C.compile_counts(before)["recompiles"] == 0

@@ -6,6 +6,8 @@ from the optimized stack, each row removes one optimization alone, so the loss c
 what the full stack would lose without it. All MFU figures are against the same dense bf16
 peak, at the same model FLOPs, so a ratio of MFUs is a ratio of throughputs.
 
+Each variant's cost counters (aten ops, host syncs, ...; see `gembench run`) go into --out.
+
 `pipeline` only acts on several ranks (gembench run --nproc N); on one process it is skipped.
 
 examples:
@@ -52,7 +54,8 @@ def main(args: argparse.Namespace) -> int:
 
     from gembench.harness.report import pct
     from gembench.harness.regression.results import check_writable, write_result
-    from gembench.harness.runner import prepare, reset_peak_memory, stack_result
+    from gembench.harness.metrics.counters import fresh_compile_state
+    from gembench.harness.runner import prepare, reset_peak_memory, stack_result, step_costs
     from gembench.harness.stack import build_train_state
     from gembench.harness.step import run_steps
 
@@ -69,9 +72,12 @@ def main(args: argparse.Namespace) -> int:
                 print(f"gembench ablate: [{i + 1}/{len(todo)}] {label}: {options.describe()}",
                       file=sys.stderr, flush=True)
             reset_peak_memory(setup.device)
+            since = fresh_compile_state()  # each variant's compile counts are its own
             state = build_train_state(setup.cfg, options, setup.device, seed=args.seed)
             samples = run_steps(state, setup.batches, args.steps, args.warmup)
             measured[key] = stack_result(setup, options, samples, args.warmup, label)
+            measured[key]["counters"] = step_costs(setup, state, args.warmup + args.steps, since,
+                                                   options.compile)[0]
         measured[label] = measured[key]
 
     def row(label, reference):
@@ -99,7 +105,7 @@ def main(args: argparse.Namespace) -> int:
     if args.out is not None:
         doc = {"schema": "gembench.ablation/1", "config": setup.cfg.name, "config_hash": setup.cfg.hash,
                "peak": {"tflops_per_device": setup.peak.tflops_per_device, "source": setup.peak.source},
-               "variants": {label: {k: measured[label][k] for k in ("options", "summary")}
+               "variants": {label: {k: measured[label][k] for k in ("options", "summary", "counters")}
                             for label, _ in added + removed}}
         write_result(args.out, json.loads(json.dumps(doc)))
         print(f"\nablation: {args.out}")

@@ -2,8 +2,8 @@
 
 Every rank builds the same model from the same seed, shards it with the same plan, and trains on
 its own slice of the global batch (SyntheticData with its rank). After the timed steps it runs
-a few more under torch.profiler for the communication figures (so profiling costs the timed
-steps nothing), counts its real lookup load, and sends one record to rank 0, which assembles
+one whose costs it counts (metrics/counters.py) and a few more under torch.profiler for the
+communication figures (so counting and profiling cost the timed steps nothing), counts its real lookup load, and sends one record to rank 0, which assembles
 the job's single result (result.py) and writes it.
 """
 
@@ -34,7 +34,9 @@ from gembench.models.config import load_config
 from gembench.models.data import SyntheticData
 from gembench.models.flops import batch_forward_flops, embedding_bytes
 
-PROFILED_STEPS = 2  # extra steps under the profiler, after the timed ones
+COUNTED_STEPS = 1  # an extra step after the timed ones, its cost counters taken (no profiler:
+# the counting dispatch mode re-dispatches every op, which the profiler would record twice)
+PROFILED_STEPS = 2  # extra steps under the profiler, after that
 LOAD_BATCHES = 8  # batches whose real input dist is counted for the measured load
 STEP_SPAN = TR.STEP_SPAN
 
@@ -103,7 +105,7 @@ def run(args, env: dict, dev: torch.device, watchdog: W.Watchdog, fault) -> dict
     dmp = D.shard(model, plan, dev, args.pipeline)
     watchdog.at("data")
     data = SyntheticData(cfg, seed=args.seed, batch_size=local_batch, rank=rank)
-    total = args.warmup + args.steps + PROFILED_STEPS
+    total = args.warmup + args.steps + COUNTED_STEPS + PROFILED_STEPS
     batches = [data.batch(i) for i in range(min(total, MAX_DISTINCT_BATCHES))]
     watchdog.at("peak")
     if dev.type == "cpu" and args.peak_tflops is None:
@@ -140,7 +142,7 @@ def run(args, env: dict, dev: torch.device, watchdog: W.Watchdog, fault) -> dict
     watchdog.at("analysis")
     events = TR.trace_events(prof, None if args.trace is None else Path(args.trace) / f"rank{rank}.json")
     comm_stats = comm.analyze(events, world, STEP_SPAN)
-    # counted on the first profiled step; its device events are those that start before the
+    # device counts from the first profiled step: the device events that start before the
     # second one does (kernels run after the host span that launched them)
     spans = sorted(comm.windows(events, STEP_SPAN))
     first = (spans[0][0], spans[1][0] if len(spans) > 1 else float("inf"))
@@ -166,7 +168,8 @@ def run(args, env: dict, dev: torch.device, watchdog: W.Watchdog, fault) -> dict
         return {}
     return build_result(cfg, args, env, records, planned, batch_indices={
         "timed": [i % len(batches) for i in range(args.warmup, args.warmup + args.steps)],
-        "profiled": [i % len(batches) for i in range(args.warmup + args.steps, total)],
+        "counted": [i % len(batches) for i in range(args.warmup + args.steps, total - PROFILED_STEPS)],
+        "profiled": [i % len(batches) for i in range(total - PROFILED_STEPS, total)],
     }, backend=dist.get_backend())
 
 
@@ -187,12 +190,12 @@ def _keep(samples: dict, elapsed: float, loss, stage_seconds: dict) -> None:
 def _staged_steps(engine: D.StagedStep, batches, args, watchdog, fault, rank, autocast, show):
     samples = {"step_s": [], "loss": [], "stages": {s: [] for s in D.STAGES}}
     sync = torch.cuda.synchronize if engine.device.type == "cuda" else (lambda: None)
-    total = args.warmup + args.steps + PROFILED_STEPS
+    total = args.warmup + args.steps + COUNTED_STEPS + PROFILED_STEPS
     prof = None
     counted = C.StepCounter(engine.device, [engine.optimizer])
     progress = Progress(show, "gembench run (rank 0)")
     for i in range(total):
-        profiled = i >= args.warmup + args.steps
+        profiled = i >= total - PROFILED_STEPS
         if profiled and prof is None:
             prof = TR.profiler(engine.device)
             prof.__enter__()
@@ -225,13 +228,13 @@ def _staged_steps(engine: D.StagedStep, batches, args, watchdog, fault, rank, au
 
 def _pipeline_steps(engine: D.PipelineStep, batches, args, watchdog, fault, rank, autocast, show):
     samples = {"step_s": [], "loss": [], "stages": {s: [] for s in D.PIPELINE_STAGES}}
-    total = args.warmup + args.steps + PROFILED_STEPS
+    total = args.warmup + args.steps + COUNTED_STEPS + PROFILED_STEPS
     feed = iter([D.pipelineable(b) for b in batches])
     prof = None
     counted = C.StepCounter(engine.pipeline._device, [engine.optimizer])
     progress = Progress(show, "gembench run (rank 0)")
     for i in range(total):
-        if i >= args.warmup + args.steps and prof is None:
+        if i >= total - PROFILED_STEPS and prof is None:
             prof = TR.profiler(engine.pipeline._device)
             prof.__enter__()
         counting = counted if i == args.warmup + args.steps else contextlib.nullcontext()

@@ -10,7 +10,8 @@ Same schema as a single-process run (regression/results.py), with ``run.nproc`` 
     comm:      {by_kind: {kind: calls, bytes, time_s, time_max_s, algbw_Bps, busbw_Bps, step_share}
                 (per step, mean over ranks), exposure: [per rank], exposed_comm_fraction,
                 overlap_fraction, profiled_steps, calls: [per rank: [{kind, family, bytes}]]}
-    counters:  rank 0's cost counters on its first profiled step (metrics/counters.py); each
+    counters:  rank 0's cost counters (metrics/counters.py): ops and host syncs on one step after
+               the timed ones, kernels and H2D bytes on the first profiled step after it; each
                rank's own are in ranks[r].counters
 Job-level samples are per step: step time = the slowest rank's (the step ends when the last rank
 is done), stage times = the slowest rank's in each stage (the critical path), model FLOPs = the

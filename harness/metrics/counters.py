@@ -1,7 +1,9 @@
 """Cost counters of one training step: what the step asks of the host and the device.
 
-Counted on one extra step after the timed ones (never inside them), except the compile counts,
-which cover the whole run because that is where compiling happens. All are lower-is-better and
+Counted on extra steps after the timed ones (never inside them): ops and host syncs on one,
+kernels and bytes on the next, under torch.profiler (the counting mode re-dispatches every op,
+which a profiler of the same step would record twice). The compile counts cover the whole
+run, because that is where compiling happens. All are lower-is-better and
 deterministic for a seed (the same code over the same batches dispatches the same ops):
 
   aten_ops      ops in the ``aten`` namespace that the step dispatches, as a TorchDispatchMode
@@ -23,8 +25,8 @@ deterministic for a seed (the same code over the same batches dispatches the sam
   recompiles    torch._dynamo compilations of a frame it had compiled before, over the whole run.
 
 Use: ``snapshot = compile_snapshot()`` when the run starts; around the extra step,
-``with StepCounter(device) as c: ...`` inside a torch.profiler; then
-``counters(c, trace_events, compile_counts(snapshot))``.
+``with StepCounter(device) as c: step()``; a step under torch.profiler for its trace events;
+then ``counters(c, trace_events, compile_counts(snapshot))``.
 """
 
 from __future__ import annotations
@@ -100,6 +102,13 @@ class _Dispatched(TorchDispatchMode):
     def __init__(self, owner: "StepCounter"):
         super().__init__()
         self.owner = owner
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # True: compiled code runs compiled under this mode, which sees the ops it calls out to
+        # (the default makes torch.compile fall back to eager whenever a dispatch mode is on,
+        # and the count would be the eager step's). Consulted by torch >= 2.9's dynamo.
+        return True
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -232,16 +241,16 @@ def fresh_compile_state() -> dict:
 
 def source(device: torch.device) -> str:
     if torch.device(device).type == "cuda":
-        return ("one extra step after the timed ones: aten ops seen by a TorchDispatchMode; host "
+        return ("extra steps after the timed ones: aten ops seen by a TorchDispatchMode; host "
                 "syncs = calls torch.cuda.set_sync_debug_mode('warn') reported; kernels and "
-                "host-to-device bytes from torch.profiler (kernel events, HtoD memcpy); graph "
-                "breaks and recompiles from torch._dynamo over the whole run")
-    return ("one extra step after the timed ones on the CPU: aten ops seen by a TorchDispatchMode; "
+                "host-to-device bytes from torch.profiler on the next step (kernel events, HtoD "
+                "memcpy); graph breaks and recompiles from torch._dynamo over the whole run")
+    return ("extra steps after the timed ones on the CPU: aten ops seen by a TorchDispatchMode; "
             "host syncs = host reads of tensor values that would sync a GPU (item/bool/int/float, "
-            "tolist, nonzero and data-sized ops, device-to-CPU copies) outside custom ops, optimizer "
-            "step counters (CPU-resident on GPUs too) exempt; "
-            "h2d_bytes 0 (the device is the host); kernels null (no device kernels); graph breaks "
-            "and recompiles from torch._dynamo over the whole run")
+            "tolist, nonzero and data-sized ops, device-to-CPU copies) outside custom ops, "
+            "optimizer step counters (CPU-resident on GPUs too) exempt; h2d_bytes 0 (the device "
+            "is the host); kernels null (no device kernels); graph breaks and recompiles from "
+            "torch._dynamo over the whole run")
 
 
 def counters(step: StepCounter, events: Sequence[dict], compiled: dict,
