@@ -110,7 +110,7 @@ def counters_block(result: dict) -> str:
         ["graph breaks (whole run)", f"{c['graph_breaks']:,}"],
         ["recompiles (whole run)", f"{c['recompiles']:,}"],
     ]
-    return "cost counters (one extra step after the timed ones; lower is better)\n" + tabulate(
+    return "cost counters (extra steps after the timed ones; lower is better)\n" + tabulate(
         rows, tablefmt="plain", colalign=("left", "right"))
 
 
@@ -120,8 +120,8 @@ def profile_block(result: dict) -> str:
     rows = [[r["name"] if len(r["name"]) <= 70 else r["name"][:67] + "...", r["calls"],
              f"{r['self_us'] / 1e3:.2f}", pct(r["share"])] for r in p["top"]]
     table = tabulate(rows, headers=[f"top {len(rows)} {p['ranked']} by self time", "calls", "self ms", "share"],
-                     colalign=("left", "right", "right", "right"))
-    return f"{table}\n(one profiled step; trace: {p['trace']}, open in ui.perfetto.dev)"
+                     colalign=("left", "right", "right", "right"), disable_numparse=True)
+    return f"{table}\n(one profiled step after the timed ones; trace: {p['trace']}, open in ui.perfetto.dev)"
 
 
 def run_report(result: dict) -> str:
