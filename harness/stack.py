@@ -93,6 +93,42 @@ class SparseAdagrad(torch.optim.Adagrad):
             return super().step(closure)
 
 
+@functools.cache
+def sync_free_fused_embedding_collection():
+    """TorchRec's FusedEmbeddingCollection with a forward that reads nothing back to the host.
+
+    TorchRec's forward splits each table group's looked-up rows by per-feature sizes that it sums
+    on the device (``torch.sum`` of the lengths) and hands to ``torch.split`` as tensors: one
+    device sync per feature, every step. Those sizes are the KJT's ``length_per_key``, host ints
+    the batch carries (models/data.py). Same lookups, same outputs:
+    {feature: JaggedTensor(values (n_f, dim), lengths (B,))}. The class is made on first use, as
+    TorchRec's fused modules are imported: they pull in fbgemm's lookup code.
+    """
+    from torchrec.modules.fused_embedding_modules import FusedEmbeddingCollection
+    from torchrec.sparse.jagged_tensor import JaggedTensor
+
+    class SyncFreeFusedEmbeddingCollection(FusedEmbeddingCollection):
+        def forward(self, features):
+            feature_dict = features.to_dict()
+            sizes = dict(zip(features.keys(), features.length_per_key()))
+            out = {}
+            for emb_op, tables in zip(self._emb_modules, self._key_to_tables.values()):
+                names, jts = [], []
+                for table in tables:
+                    for feature in table.feature_names:
+                        jts.append(feature_dict[feature])
+                        shared = feature in self._shared_features
+                        names.append((feature, f"{feature}@{table.name}" if shared else feature))
+                offsets = torch.ops.fbgemm.asynchronous_complete_cumsum(torch.cat([jt.lengths() for jt in jts]))
+                lookups = emb_op(torch.cat([jt.values() for jt in jts]).int(), offsets.int(), weights=None)
+                for (_, name), jt, rows in zip(names, jts, lookups.split([sizes[f] for f, _ in names])):
+                    out[name] = JaggedTensor(values=rows, lengths=jt.lengths(),
+                                             weights=jt.values() if self.need_indices() else None)
+            return out
+
+    return SyncFreeFusedEmbeddingCollection
+
+
 def fuse_embeddings(model: nn.Module, device: torch.device) -> list[torch.optim.Optimizer]:
     """Swap plain TorchRec embedding modules for fused ones, keeping the weights.
 
@@ -102,10 +138,7 @@ def fuse_embeddings(model: nn.Module, device: torch.device) -> list[torch.optim.
     nn.Embedding but get row-sparse gradients: Adagrad then touches only the looked-up rows,
     which is what the fused kernel does too. Returns the optimizers still to be stepped.
     """
-    from torchrec.modules.fused_embedding_modules import (
-        FusedEmbeddingBagCollection,
-        FusedEmbeddingCollection,
-    )
+    from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection
 
     kwargs = {"lr": EMBEDDING_LR, "eps": ADAGRAD_EPS}
     remaining: list[nn.Parameter] = []
@@ -120,7 +153,7 @@ def fuse_embeddings(model: nn.Module, device: torch.device) -> list[torch.optim.
                 setattr(parent, name, fused)
             elif isinstance(child, EmbeddingCollection):
                 if device.type == "cuda":
-                    fused = FusedEmbeddingCollection(
+                    fused = sync_free_fused_embedding_collection()(
                         child.embedding_configs(), optimizer_type=torch.optim.Adagrad,
                         optimizer_kwargs=kwargs, device=device,
                     )

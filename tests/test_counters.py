@@ -181,3 +181,42 @@ def test_compiled_code_runs_compiled_under_the_counter():
     # one fused inductor kernel (its output allocated by an op or none), not 5 eager ops: the
     # dispatch mode did not send torch.compile back to eager
     assert c.aten_ops <= 1 and C.compile_counts(before)["recompiles"] == 0
+
+
+def test_fused_sequence_tables_split_their_rows_by_host_sizes():
+    """The CUDA stack's FusedEmbeddingCollection (stack.py) against TorchRec's, on the CPU.
+
+    fbgemm has no CPU kernel for unpooled tables, so both are built on the meta device and get
+    the same CPU lookup (rows of one weight); what differs is how the rows are split per feature.
+    """
+    from torchrec import EmbeddingConfig
+    from torchrec.modules.fused_embedding_modules import FusedEmbeddingCollection
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    from gembench.harness.stack import sync_free_fused_embedding_collection
+
+    tables = [EmbeddingConfig(name=f"table_{f}", embedding_dim=4, num_embeddings=20, feature_names=[f])
+              for f in ("a", "b")]
+    weight = torch.randn(20, 4)
+
+    def lookup(indices, offsets, weights=None):  # unpooled TBE: one row per index
+        return weight[indices.long()]
+
+    modules = []
+    for cls in (FusedEmbeddingCollection, sync_free_fused_embedding_collection()):
+        m = cls(tables, optimizer_type=torch.optim.Adagrad, optimizer_kwargs={"lr": 0.1},
+                device=torch.device("meta"))
+        m._emb_modules[:] = [lookup] * len(m._emb_modules)
+        modules.append(m)
+    lengths = torch.tensor([2, 1, 3, 0, 1, 2])  # a: 3 examples, 6 ids; b: 3 ids
+    kjt = KeyedJaggedTensor(["a", "b"], torch.arange(9), lengths=lengths, stride=3,
+                            length_per_key=[6, 3], offset_per_key=[0, 6, 9])
+    with C.StepCounter("cpu") as theirs:
+        want = modules[0](kjt)
+    with C.StepCounter("cpu") as ours:
+        got = modules[1](kjt)
+    assert set(got) == set(want) == {"a", "b"}
+    for f in want:
+        assert torch.equal(got[f].values(), want[f].values())
+        assert torch.equal(got[f].lengths(), want[f].lengths())
+    assert theirs.host_reads == 2 and ours.host_reads == 0  # one torch.split size per feature
