@@ -9,7 +9,7 @@ import torch
 
 from gembench.harness import step as step_module
 from gembench.harness.metrics import counters as C
-from gembench.harness.metrics.trace import self_times, top_rows
+from gembench.harness.metrics.trace import kineto_marks_dropped, self_times, top_rows
 from gembench.harness.runner import run_benchmark
 from gembench.harness.stack import STACKS, build_train_state
 from gembench.harness.step import NoClock, run_steps, train_step
@@ -222,3 +222,13 @@ def test_fused_sequence_tables_split_their_rows_by_host_sizes():
         assert torch.equal(got[f].values(), want[f].values())
         assert torch.equal(got[f].lengths(), want[f].lengths())
     assert theirs.host_reads == 2 and ours.host_reads == 0  # one torch.split size per feature
+
+
+def test_only_kineto_marks_are_dropped_from_stderr(capfd):
+    import os
+
+    with kineto_marks_dropped():
+        os.write(2, b"USDT:2026-12-01 04:23:15 1:1 SyncActivityProfilerHandler.cpp:52] profiler_start\n")
+        os.write(2, b"a real error\n")
+        os.write(2, b"STAGE:2026-12-01 04:23:15 1:1 SyncActivityProfilerHandler.cpp:60] Completed\n")
+    assert capfd.readouterr().err == "a real error\n"

@@ -85,6 +85,7 @@ def test_run_trace_writes_one_step_and_prints_top_ops(traced_run):
 def test_a_default_run_shows_no_user_warning(traced_run):
     # e.g. "Sparse invariant checks are implicitly disabled" from the sparse Adagrad (issue 9)
     assert "UserWarning" not in traced_run[0].stderr, traced_run[0].stderr
+    assert "profiler_start" not in traced_run[0].stderr  # libkineto's marks (trace.py)
 
 
 def test_run_bf16_with_peak_override(tmp_path):

@@ -7,8 +7,11 @@ or chrome://tracing); the pure functions below read their ``traceEvents``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
+import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,12 +24,48 @@ HOST_CATEGORIES = ("cpu_op", "user_annotation")
 STEP_SPAN = "gembench/step"  # the record_function span around each profiled step
 
 
+# libkineto (torch 2.13) writes "USDT: ... profiler_start" / "profiler_stop" (and at some log
+# levels "STAGE: ...") to stderr whenever a profile starts and stops; no log level hides them
+# without hiding its errors too, so those lines alone are dropped.
+KINETO_MARK = re.compile(r"^(USDT|STAGE):.*ActivityProfiler")
+
+
+@contextlib.contextmanager
+def kineto_marks_dropped():
+    """Run the body with fd 2 captured; pass on every line but libkineto's start/stop marks."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            kept = [line for line in tmp.read().decode(errors="replace").splitlines(keepends=True)
+                    if not KINETO_MARK.match(line)]
+            if kept:
+                sys.stderr.write("".join(kept))
+                sys.stderr.flush()
+
+
 def profiler(device: torch.device):
     """A torch.profiler of the host and, on CUDA, the device; shapes recorded (comm bytes)."""
     from torch.profiler import ProfilerActivity, profile
 
+    class QuietProfile(profile):
+        def start(self):
+            with kineto_marks_dropped():
+                super().start()
+
+        def stop(self):
+            with kineto_marks_dropped():
+                super().stop()
+
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    return profile(activities=activities, record_shapes=True)
+    return QuietProfile(activities=activities, record_shapes=True)
 
 
 def trace_events(prof, path: Path | str | None = None) -> list[dict]:
