@@ -150,10 +150,41 @@ def diverged_banner(result: dict) -> list[str]:
             "`gembench gate` fails this run. Lower the learning rate or check the data."]
 
 
+def counters_block(result: dict) -> str:
+    """The cost counters of one extra step (harness/metrics/counters.py), one line each."""
+    c = result["counters"]
+    na = "- (no device kernels on the CPU)"
+    rows = [
+        ["aten ops dispatched", f"{c['aten_ops']:,}"],
+        ["host syncs", f"{c['host_syncs']:,}"],
+        ["host-to-device bytes", f"{c['h2d_bytes']:,}"],
+        ["kernels launched", na if c["kernels"] is None else f"{c['kernels']:,}"],
+        ["graph breaks (whole run)", f"{c['graph_breaks']:,}"],
+        ["recompiles (whole run)", f"{c['recompiles']:,}"],
+    ]
+    return "cost counters (extra steps after the timed ones; lower is better)\n" + tabulate(
+        rows, tablefmt="plain", colalign=("left", "right"))
+
+
+def profile_block(result: dict) -> str:
+    """The profiled step's top ops (``gembench run --trace DIR``) and where its trace is."""
+    p = result["profile"]
+    rows = [[r["name"] if len(r["name"]) <= 70 else r["name"][:67] + "...", r["calls"],
+             f"{r['self_us'] / 1e3:.2f}", pct(r["share"])] for r in p["top"]]
+    table = tabulate(rows, headers=[f"top {len(rows)} {p['ranked']} by self time", "calls", "self ms", "share"],
+                     colalign=("left", "right", "right", "right"), disable_numparse=True)
+    return f"{table}\n(one profiled step after the timed ones; trace: {p['trace']}, open in ui.perfetto.dev)"
+
+
 def run_report(result: dict) -> str:
-    parts = [header(result), *diverged_banner(result), stage_table(result), totals_table(result), loss_line(result)]
+    parts = [header(result), *diverged_banner(result), stage_table(result)]
+    if "counters" in result:
+        parts.append(counters_block(result))
+    parts += [totals_table(result), loss_line(result)]
     if "ab" in result:
         parts.append(ab_table(result))
+    if "profile" in result:
+        parts.append(profile_block(result))
     return "\n\n".join(parts)
 
 

@@ -12,6 +12,7 @@ import datetime as dt
 import resource
 import secrets
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -20,11 +21,13 @@ from gembench.harness.env import fingerprint
 from gembench.harness.errors import UsageError
 from gembench.harness.hardware import (Peak, achieved_tflops, memory_available, peak_basis, reference_peak,
                                        remeasure_if_beaten, resolve_device)
+from gembench.harness.metrics import counters as C
+from gembench.harness.metrics import trace as TR
 from gembench.harness.metrics.mfu import summarize
 from gembench.harness.regression.results import SCHEMA
 from gembench.harness.stack import STACKS, StackOptions, build_train_state
 from gembench.harness.regression.stats import paired_ratio_interval
-from gembench.harness.step import StepSamples, divergence, finite_or_none, out_of_memory, run_steps
+from gembench.harness.step import NoClock, StepSamples, divergence, finite_or_none, out_of_memory, run_steps, train_step
 from gembench.models.config import ModelConfig, load_config, with_global_batch
 from gembench.models.data import SyntheticData
 from gembench.models.flops import batch_forward_flops, embedding_bytes, memory_estimate, parameter_counts
@@ -340,38 +343,84 @@ def out_of_memory_guard(setup: Setup, stacks: list[StackOptions]):
             f"peak {peak / gib:,.2f} GiB ({source}) of {setup.available / gib:,.1f} GiB free at the start, "
             f"estimate {setup.estimate['total'] / gib:,.2f} GiB; {hint}; no result was written"
         ) from None
+def step_costs(setup: Setup, state, index: int, compiled_since: dict, compiles: bool = True,
+               trace_dir=None) -> tuple[dict, dict | None]:
+    """Cost counters (metrics/counters.py) of two extra steps on batch ``index``, after the
+    timed ones: the first counted (ops, host syncs), the second under torch.profiler (kernels,
+    host-to-device bytes; with ``trace_dir`` its trace is kept as trace_dir/trace.json). Not one
+    step: the counting dispatch mode re-dispatches every op, which the profiler records twice.
+
+    Returns (counters, profile): profile = {trace, ranked, top} for the report, or None.
+    ``compiles``: whether this stack uses torch.compile (its compile counts are the run's).
+    """
+    batch = setup.batches[index % len(setup.batches)]
+    with C.StepCounter(setup.device, state.optimizers) as counted:
+        train_step(state, batch, NoClock())
+    if setup.device.type == "cuda":
+        torch.cuda.synchronize(setup.device)
+    prof = TR.profiler(setup.device)
+    with prof:
+        with torch.autograd.profiler.record_function(TR.STEP_SPAN):
+            train_step(state, batch, NoClock())
+        if setup.device.type == "cuda":
+            torch.cuda.synchronize(setup.device)  # the step's kernels end inside the profile
+    path = None if trace_dir is None else Path(trace_dir) / "trace.json"
+    events = TR.trace_events(prof, path)
+    compiled = C.compile_counts(compiled_since) if compiles else {"graph_breaks": 0, "recompiles": 0}
+    counts = C.counters(counted, events, compiled)
+    profile = None
+    if path is not None:
+        what, rows = TR.top_rows(events, setup.device)
+        profile = {"trace": str(path), "ranked": what, "top": rows}
+    return counts, profile
+
+
+def with_costs(result: dict, counts: dict, profile: dict | None = None) -> dict:
+    """Put the counters (and the profile's top ops) into a result document."""
+    result["counters"] = counts
+    result["metrics"].update(C.flat_metrics(counts))
+    if profile is not None:
+        result["profile"] = profile
+    return result
 
 
 def run_benchmark(config: str | ModelConfig, steps: int = 20, warmup: int = 3,
                   options: StackOptions = STACKS["optimized"], device: str = "auto", seed: int = 0,
                   peak_tflops: float | None = None, progress=None, stack_name: str = "optimized",
-                  batch: int | None = None, on_prepared=None) -> dict:
+                  batch: int | None = None, on_prepared=None, trace=None) -> dict:
     """Train ``config`` under one stack for ``warmup`` + ``steps`` steps; return the result.
 
     ``batch`` overrides the config's global batch (recorded in run.global_batch and config.hash);
-    ``on_prepared()`` is called once the request is validated and fits, before any work.
+    ``on_prepared()`` is called once the request is validated and fits, before any work. Two more
+    steps after the timed ones measure the cost counters (and with ``trace``, a directory, keep
+    the profiled one as trace/trace.json).
     """
     setup = prepare(config, steps, warmup, device, seed, peak_tflops, stacks=[options], batch=batch)
     if on_prepared is not None:
         on_prepared()
     start = reset_peak_memory(setup.device)
+    since = C.fresh_compile_state()
     with out_of_memory_guard(setup, [options]):
         state = build_train_state(setup.cfg, options, setup.device, seed=seed)
         samples = run_steps(state, setup.batches, steps, warmup, progress=progress)
-    main = stack_result(setup, options, samples, warmup, stack_name, start)
+    main = stack_result(setup, options, samples, warmup, stack_name, start)  # peak memory before profiling
     if recheck_peak(setup, [main["summary"]]):
         main = stack_result(setup, options, samples, warmup, stack_name, start)
-    return document(setup, steps, warmup, main)
+    with out_of_memory_guard(setup, [options]):
+        counts, profile = step_costs(setup, state, warmup + steps, since, options.compile, trace)
+    return with_costs(document(setup, steps, warmup, main), counts, profile)
 
 
 def run_ab(config: str | ModelConfig, rounds: int = 6, steps_per_round: int = 3, warmup: int = 3,
            device: str = "auto", seed: int = 0, peak_tflops: float | None = None, dtype: str | None = None,
-           progress=None, batch: int | None = None, on_prepared=None) -> dict:
+           progress=None, batch: int | None = None, on_prepared=None, trace=None) -> dict:
     """Baseline and optimized stacks interleaved in one process, ABBA order, same weights.
 
     Each round times ``steps_per_round`` steps of each stack over the same batches; the ratio
     of their MFU per round is paired, so slow phases of a shared machine hit both stacks alike.
     The headline ``ab_mfu_ratio`` is the geometric mean over rounds with a 95% t-interval.
+    Cost counters: extra steps of each stack after the rounds (the result's are the
+    optimized stack's, the baseline's are in ab.baseline.counters).
     """
     if rounds < 2:
         raise UsageError(f"--rounds must be at least 2 for an interval, got {rounds}")
@@ -384,11 +433,13 @@ def run_ab(config: str | ModelConfig, rounds: int = 6, steps_per_round: int = 3,
     if on_prepared is not None:
         on_prepared()
     start = reset_peak_memory(setup.device)
+    since = C.fresh_compile_state()
     with out_of_memory_guard(setup, stacks):
-        return _run_ab(setup, names, opts, rounds, steps_per_round, warmup, seed, progress, start)
+        return _run_ab(setup, names, opts, rounds, steps_per_round, warmup, seed, progress, start, since, trace)
 
 
-def _run_ab(setup: Setup, names, opts, rounds, steps_per_round, warmup, seed, progress, start) -> dict:
+def _run_ab(setup: Setup, names, opts, rounds, steps_per_round, warmup, seed, progress, start, since,
+            trace) -> dict:
     steps = rounds * steps_per_round
     states = {n: build_train_state(setup.cfg, opts[n], setup.device, seed=seed) for n in names}
     collected = {n: StepSamples() for n in names}
@@ -419,11 +470,15 @@ def _run_ab(setup: Setup, names, opts, rounds, steps_per_round, warmup, seed, pr
     results = {n: stack_result(setup, opts[n], collected[n], warmup, n, start, setup.estimate) for n in names}
     if recheck_peak(setup, [r["summary"] for r in results.values()]):
         results = {n: stack_result(setup, opts[n], collected[n], warmup, n, start, setup.estimate) for n in names}
+    # only the optimized stack compiles, so the run's compile counts are its own
+    costs = {n: step_costs(setup, states[n], warmup + steps, since, opts[n].compile,
+                           trace if n == "optimized" else None) for n in names}
     ab = {"rounds": rounds, "steps_per_round": steps_per_round, "order": "ABBA",
           "round_step_s": per_round, "round_ratios": ratios,
           "mfu_ratio": center, "mfu_ratio_ci95": [lo, hi],
           "baseline": {k: results["baseline"][k] for k in ("options", "flops", "samples", "summary")}}
-    doc = document(setup, steps, warmup, results["optimized"], {"ab": ab})
+    ab["baseline"]["counters"] = costs["baseline"][0]
+    doc = with_costs(document(setup, steps, warmup, results["optimized"], {"ab": ab}), *costs["optimized"])
     doc["run"]["stack"] = "ab"
     doc["metrics"]["ab_mfu_ratio"] = center
     doc["metrics"]["baseline_mfu"] = results["baseline"]["summary"]["mfu"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import warnings
 from dataclasses import asdict, dataclass, fields, replace
 
 import torch
@@ -28,6 +29,12 @@ from gembench.harness.step import TrainState
 from gembench.models.config import ModelConfig
 from gembench.models.gem import build_model
 from gembench.models.sparse import is_embedding_parameter
+
+# fbgemm's fake dense_to_jagged (traced when the padded attention is compiled, as `gembench
+# ablate`'s "- jagged" variant does) calls torch._check_is_size, deprecated since torch 2.13:
+# fbgemm's to fix, and it says nothing about the run, so only that warning from fbgemm is muted.
+warnings.filterwarnings("ignore", message="_check_is_size will be removed", category=FutureWarning,
+                        module=r"fbgemm_gpu\.")
 
 EMBEDDING_LR = 0.02
 DENSE_LR = 1e-3
@@ -72,6 +79,56 @@ def stack_options(name: str, dtype: str | None = None) -> StackOptions:
     return options if dtype is None else replace(options, bf16=dtype == "bf16")
 
 
+class SparseAdagrad(torch.optim.Adagrad):
+    """torch's Adagrad over row-sparse embedding gradients, with sparse invariant checks off.
+
+    Its step builds COO tensors from each gradient; made with no explicit choice about their
+    invariant checks, torch warns ("Sparse invariant checks are implicitly disabled") on every
+    run. The gradients come from autograd's own embedding backward, so their indices are valid:
+    checks off is the choice, made here and only for this step.
+    """
+
+    def step(self, closure=None):
+        with torch.sparse.check_sparse_tensor_invariants(enable=False):
+            return super().step(closure)
+
+
+@functools.cache
+def sync_free_fused_embedding_collection():
+    """TorchRec's FusedEmbeddingCollection with a forward that reads nothing back to the host.
+
+    TorchRec's forward splits each table group's looked-up rows by per-feature sizes that it sums
+    on the device (``torch.sum`` of the lengths) and hands to ``torch.split`` as tensors: one
+    device sync per feature, every step. Those sizes are the KJT's ``length_per_key``, host ints
+    the batch carries (models/data.py). Same lookups, same outputs:
+    {feature: JaggedTensor(values (n_f, dim), lengths (B,))}. The class is made on first use, as
+    TorchRec's fused modules are imported: they pull in fbgemm's lookup code.
+    """
+    from torchrec.modules.fused_embedding_modules import FusedEmbeddingCollection
+    from torchrec.sparse.jagged_tensor import JaggedTensor
+
+    class SyncFreeFusedEmbeddingCollection(FusedEmbeddingCollection):
+        def forward(self, features):
+            feature_dict = features.to_dict()
+            sizes = dict(zip(features.keys(), features.length_per_key()))
+            out = {}
+            for emb_op, tables in zip(self._emb_modules, self._key_to_tables.values()):
+                names, jts = [], []
+                for table in tables:
+                    for feature in table.feature_names:
+                        jts.append(feature_dict[feature])
+                        shared = feature in self._shared_features
+                        names.append((feature, f"{feature}@{table.name}" if shared else feature))
+                offsets = torch.ops.fbgemm.asynchronous_complete_cumsum(torch.cat([jt.lengths() for jt in jts]))
+                lookups = emb_op(torch.cat([jt.values() for jt in jts]).int(), offsets.int(), weights=None)
+                for (_, name), jt, rows in zip(names, jts, lookups.split([sizes[f] for f, _ in names])):
+                    out[name] = JaggedTensor(values=rows, lengths=jt.lengths(),
+                                             weights=jt.values() if self.need_indices() else None)
+            return out
+
+    return SyncFreeFusedEmbeddingCollection
+
+
 def fuse_embeddings(model: nn.Module, device: torch.device) -> list[torch.optim.Optimizer]:
     """Swap plain TorchRec embedding modules for fused ones, keeping the weights.
 
@@ -81,10 +138,7 @@ def fuse_embeddings(model: nn.Module, device: torch.device) -> list[torch.optim.
     nn.Embedding but get row-sparse gradients: Adagrad then touches only the looked-up rows,
     which is what the fused kernel does too. Returns the optimizers still to be stepped.
     """
-    from torchrec.modules.fused_embedding_modules import (
-        FusedEmbeddingBagCollection,
-        FusedEmbeddingCollection,
-    )
+    from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection
 
     kwargs = {"lr": EMBEDDING_LR, "eps": ADAGRAD_EPS}
     remaining: list[nn.Parameter] = []
@@ -99,7 +153,7 @@ def fuse_embeddings(model: nn.Module, device: torch.device) -> list[torch.optim.
                 setattr(parent, name, fused)
             elif isinstance(child, EmbeddingCollection):
                 if device.type == "cuda":
-                    fused = FusedEmbeddingCollection(
+                    fused = sync_free_fused_embedding_collection()(
                         child.embedding_configs(), optimizer_type=torch.optim.Adagrad,
                         optimizer_kwargs=kwargs, device=device,
                     )
@@ -109,7 +163,7 @@ def fuse_embeddings(model: nn.Module, device: torch.device) -> list[torch.optim.
                     for table in child.embeddings.values():
                         table.sparse = True
                         remaining.append(table.weight)
-    return [torch.optim.Adagrad(remaining, lr=EMBEDDING_LR, eps=ADAGRAD_EPS)] if remaining else []
+    return [SparseAdagrad(remaining, lr=EMBEDDING_LR, eps=ADAGRAD_EPS)] if remaining else []
 
 
 def build_train_state(cfg: ModelConfig, options: StackOptions, device: torch.device,

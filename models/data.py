@@ -147,8 +147,21 @@ class SyntheticData:
 
 
 def _kjt(keys: list[str], lengths: list[np.ndarray], values: list[np.ndarray]) -> KeyedJaggedTensor:
-    return KeyedJaggedTensor.from_lengths_sync(
+    """A KJT that carries its host-side layout, as a loader hands it over.
+
+    TorchRec reads the per-key lengths and offsets (``length_per_key``, ``offset_per_key``) as
+    host ints, in ``to_dict``/``split`` and in its embedding modules' forward; left out, it
+    computes them from the lengths with a ``tolist``, a device sync in every step on GPU. Here
+    they are known when the batch is made, and ``KeyedJaggedTensor.to`` keeps them.
+    """
+    per_key = [int(n.sum()) for n in lengths]
+    flat = np.concatenate(lengths)
+    return KeyedJaggedTensor(
         keys=keys,
         values=torch.from_numpy(np.concatenate(values)),
-        lengths=torch.from_numpy(np.concatenate(lengths)),
+        lengths=torch.from_numpy(flat),
+        offsets=torch.from_numpy(np.concatenate([[0], np.cumsum(flat)])),
+        stride=len(lengths[0]),
+        length_per_key=per_key,
+        offset_per_key=[0, *np.cumsum(per_key).tolist()],
     )

@@ -92,6 +92,13 @@ def test_one_result_with_per_rank_stages_imbalance_and_comm(table_wise):
         assert title in proc.stdout
     assert "global 64 = 2 ranks x 32 per rank" in proc.stdout
     assert sorted(os.listdir(d / "traces")) == ["rank0.json", "rank1.json"]
+    # cost counters: rank 0's at the top, each rank's in its entry, numbers copied to metrics
+    assert r["counters"] == r["ranks"][0]["counters"]
+    for rank in r["ranks"]:
+        c = rank["counters"]
+        assert c["aten_ops"] > 0 and c["kernels"] is None and c["h2d_bytes"] == 0
+        assert c["graph_breaks"] == 0 and c["recompiles"] == 0  # the distributed stack does not compile
+    assert all(m[k] == r["counters"][k] for k in ("aten_ops", "host_syncs", "h2d_bytes", "recompiles"))
 
 
 NOISE = ("The topology was constructed directly", "known issue with TorchRec's dense tensor size",

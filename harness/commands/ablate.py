@@ -6,6 +6,8 @@ from the optimized stack, each row removes one optimization alone, so the loss c
 what the full stack would lose without it. All MFU figures are against the same dense bf16
 peak, at the same model FLOPs, so a ratio of MFUs is a ratio of throughputs.
 
+Each variant's cost counters (aten ops, host syncs, ...; see `gembench run`) go into --out.
+
 `pipeline` only acts on several ranks (gembench run --nproc N); on one process it is skipped.
 
 examples:
@@ -70,6 +72,8 @@ def _ablate(args: argparse.Namespace) -> int:
     from gembench.harness.runner import out_of_memory_guard, prepare, reset_peak_memory, stack_result
     from gembench.models.config import load_config, with_global_batch
     from gembench.models.flops import memory_estimate, parameter_counts
+    from gembench.harness.metrics.counters import fresh_compile_state
+    from gembench.harness.runner import step_costs
     from gembench.harness.stack import build_train_state
     from gembench.harness.step import run_steps
 
@@ -90,10 +94,13 @@ def _ablate(args: argparse.Namespace) -> int:
                       file=sys.stderr, flush=True)
             state = None  # the previous variant's state goes before the next is built
             start = reset_peak_memory(setup.device)
+            since = fresh_compile_state()  # each variant's compile counts are its own
             with out_of_memory_guard(setup, [options]):
                 state = build_train_state(setup.cfg, options, setup.device, seed=args.seed)
                 samples = run_steps(state, setup.batches, args.steps, args.warmup)
             measured[key] = stack_result(setup, options, samples, args.warmup, label, start)
+            measured[key]["counters"] = step_costs(setup, state, args.warmup + args.steps, since,
+                                                   options.compile)[0]
         measured[label] = measured[key]
 
     def row(label, reference):
@@ -121,7 +128,7 @@ def _ablate(args: argparse.Namespace) -> int:
     if args.out is not None:
         doc = {"schema": "gembench.ablation/1", "config": setup.cfg.name, "config_hash": setup.cfg.hash,
                "peak": {"tflops_per_device": setup.peak.tflops_per_device, "source": setup.peak.source},
-               "variants": {label: {k: measured[label][k] for k in ("options", "summary")}
+               "variants": {label: {k: measured[label][k] for k in ("options", "summary", "counters")}
                             for label, _ in added + removed}}
         write_or_fallback(args.out, json.loads(json.dumps(doc)))
         print(f"\nablation: {args.out}")

@@ -3,7 +3,9 @@
 Each step is cut into stages (data, sparse_forward, dense_forward, loss, backward, optimizer),
 each timed on a synchronised device; warm-up steps are discarded and every timed step is kept
 in the JSON result, with the environment fingerprint (packages, device, commit, config hash,
-seed, and the peak the MFU is measured against).
+seed, and the peak the MFU is measured against). One more step after the timed ones counts
+what a step costs besides time: aten ops dispatched, host syncs, host-to-device bytes, kernels,
+and torch.compile graph breaks and recompiles over the run (README: "Cost counters").
 
 Stacks: `optimized` (default: bf16 autocast, torch.compile, fused table-batched embeddings,
 jagged attention, fused Adam) and `baseline` (fp32 eager, one EmbeddingBag per table, padded
@@ -17,6 +19,7 @@ examples:
   gembench run --config small --stack baseline
   gembench run --config small --ab              # optimized/baseline MFU ratio, interleaved
   gembench run --config medium --device cuda --batch 512   # override the config's global batch
+  gembench run --config tiny --trace traces/    # + one profiled step: traces/trace.json, top-10 ops
   gembench run --config my_model.toml           # any config file of your own
   gembench run --device cuda --peak-tflops 989  # override the datasheet peak
   gembench run --config small --nproc 2         # 2 torchrun ranks, TorchRec's plan, staged step
@@ -80,8 +83,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                            "batch's compute, DDP overlaps gradient sync with backward (default: staged "
                            "step, every stage timed on its own, nothing overlapped)")
     dist.add_argument("--trace", type=Path, default=None, metavar="DIR",
-                      help="keep each rank's torch.profiler trace of the profiled steps as "
-                           "DIR/rank<R>.json (open in Perfetto or chrome://tracing)")
+                      help="keep the torch.profiler trace of the profiled step(s): DIR/trace.json on "
+                           "one process (and print its top-10 kernels or CPU ops by self time), "
+                           "DIR/rank<R>.json per rank (open in Perfetto or chrome://tracing)")
     dist.add_argument("--timeout", type=float, default=300.0, metavar="S",
                       help="a rank that makes no progress for S seconds ends the run, naming the "
                            "rank and stage (default: 300)")
@@ -149,13 +153,13 @@ def _run(args: argparse.Namespace) -> int:
         result = run_ab(args.config, rounds=args.rounds, steps_per_round=args.steps // args.rounds,
                         warmup=args.warmup, device=args.device, seed=args.seed,
                         peak_tflops=args.peak_tflops, dtype=args.dtype, progress=progress,
-                        batch=args.batch, on_prepared=compile_notice)
+                        batch=args.batch, on_prepared=compile_notice, trace=args.trace)
     else:
         result = run_benchmark(
             args.config, steps=args.steps, warmup=args.warmup,
             options=stack_options(args.stack, args.dtype), stack_name=args.stack, device=args.device,
             seed=args.seed, peak_tflops=args.peak_tflops, progress=progress, batch=args.batch,
-            on_prepared=compile_notice,
+            on_prepared=compile_notice, trace=args.trace,
         )
     out = args.out or DEFAULT_OUT_DIR / f"{result['id']}.json"
     print(run_report(result), flush=True)  # the figures reach the user even if the write fails

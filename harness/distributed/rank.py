@@ -2,18 +2,16 @@
 
 Every rank builds the same model from the same seed, shards it with the same plan, and trains on
 its own slice of the global batch (SyntheticData with its rank). After the timed steps it runs
-a few more under torch.profiler for the communication figures (so profiling costs the timed
-steps nothing), counts its real lookup load, and sends one record to rank 0, which assembles
+one whose costs it counts (metrics/counters.py) and a few more under torch.profiler for the
+communication figures (so counting and profiling cost the timed steps nothing), counts its real lookup load, and sends one record to rank 0, which assembles
 the job's single result (result.py) and writes it.
 """
 
 from __future__ import annotations
 
-import json
-import os
+import contextlib
 import socket
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -29,6 +27,8 @@ from gembench.harness.errors import UsageError
 from gembench.harness.hardware import cpu_peak, device_name, reference_peak, remeasure_if_beaten, resolve_device
 from gembench.harness.metrics import comm
 from gembench.harness.metrics.mfu import STAGE_FLOP_SHARE
+from gembench.harness.metrics import counters as C
+from gembench.harness.metrics import trace as TR
 from gembench.harness.metrics.imbalance import hot_share
 from gembench.harness.runner import MAX_DISTINCT_BATCHES, peak_memory_bytes
 from gembench.harness.step import StageClock
@@ -36,9 +36,11 @@ from gembench.models.config import load_config, with_global_batch
 from gembench.models.data import SyntheticData
 from gembench.models.flops import batch_forward_flops, embedding_bytes
 
-PROFILED_STEPS = 2  # extra steps under the profiler, after the timed ones
+COUNTED_STEPS = 1  # an extra step after the timed ones, its cost counters taken (no profiler:
+# the counting dispatch mode re-dispatches every op, which the profiler would record twice)
+PROFILED_STEPS = 2  # extra steps under the profiler, after that
 LOAD_BATCHES = 8  # batches whose real input dist is counted for the measured load
-STEP_SPAN = "gembench/step"
+STEP_SPAN = TR.STEP_SPAN
 
 
 def per_rank_batch(global_batch: int, world_size: int) -> int:
@@ -120,7 +122,7 @@ def run(args, env: dict, dev: torch.device, watchdog: W.Watchdog, fault) -> dict
     dmp = D.shard(model, plan, dev, args.pipeline)
     watchdog.at("data")
     data = SyntheticData(cfg, seed=args.seed, batch_size=local_batch, rank=rank)
-    total = args.warmup + args.steps + PROFILED_STEPS
+    total = args.warmup + args.steps + COUNTED_STEPS + PROFILED_STEPS
     batches = [data.batch(i) for i in range(min(total, MAX_DISTINCT_BATCHES))]
     watchdog.at("peak")
     peak, host_peak = _peaks(dev, args, env)
@@ -135,6 +137,7 @@ def run(args, env: dict, dev: torch.device, watchdog: W.Watchdog, fault) -> dict
                  "per_block": _mean_blocks(per_block), "embedding_bytes": embedding_bytes(cfg, timed[0]),
                  "hot": _hot_counts(cfg, timed)}
     autocast = _autocast(options.dtype, dev)
+    since = C.fresh_compile_state()
     W.STAGE_ORDER.update({s: i for i, s in enumerate(D.PIPELINE_STAGES if args.pipeline else D.STAGES)})
     show = rank == 0 and not args.quiet
     if args.pipeline:
@@ -142,14 +145,19 @@ def run(args, env: dict, dev: torch.device, watchdog: W.Watchdog, fault) -> dict
         # the pipeline holds batches in flight across steps: it gets its own batch objects
         # (regenerated: same seed, same data) rather than the list measured above
         fed = [data.batch(i % len(batches)) for i in range(total)]
-        samples, prof = _pipeline_steps(engine, fed, args, watchdog, fault, rank, autocast, show)
+        samples, prof, counted = _pipeline_steps(engine, fed, args, watchdog, fault, rank, autocast, show)
     else:
         engine = D.StagedStep(dmp, dev, world)
-        samples, prof = _staged_steps(engine, batches, args, watchdog, fault, rank, autocast, show)
+        samples, prof, counted = _staged_steps(engine, batches, args, watchdog, fault, rank, autocast, show)
 
     watchdog.at("analysis")
-    events = _trace_events(prof, args.trace, rank)
+    events = TR.trace_events(prof, None if args.trace is None else Path(args.trace) / f"rank{rank}.json")
     comm_stats = comm.analyze(events, world, STEP_SPAN)
+    # device counts from the first profiled step: the device events that start before the
+    # second one does (kernels run after the host span that launched them)
+    spans = sorted(comm.windows(events, STEP_SPAN))
+    first = (spans[0][0], spans[1][0] if len(spans) > 1 else float("inf"))
+    counts = C.counters(counted, events, C.compile_counts(since), window=first)
     if not args.pipeline:
         loads["lookup_s"] = float(np.mean(samples["stages"]["embedding_lookup"]))
     memory, memory_source = peak_memory_bytes(dev)
@@ -164,6 +172,7 @@ def run(args, env: dict, dev: torch.device, watchdog: W.Watchdog, fault) -> dict
         "comm": {k: v for k, v in comm_stats.items() if k != "calls"},
         "comm_calls": comm_stats["calls"],
         "peak_memory_bytes": memory, "peak_memory_source": memory_source,
+        "counters": counts,
     }
     watchdog.at("gather")
     records = [None] * world if rank == 0 else None
@@ -174,7 +183,8 @@ def run(args, env: dict, dev: torch.device, watchdog: W.Watchdog, fault) -> dict
     _recheck_peak(peak, records, socket.gethostname())
     return build_result(cfg, args, env, records, planned, batch_indices={
         "timed": [i % len(batches) for i in range(args.warmup, args.warmup + args.steps)],
-        "profiled": [i % len(batches) for i in range(args.warmup + args.steps, total)],
+        "counted": [i % len(batches) for i in range(args.warmup + args.steps, total - PROFILED_STEPS)],
+        "profiled": [i % len(batches) for i in range(total - PROFILED_STEPS, total)],
     }, backend=dist.get_backend())
 
 
@@ -232,15 +242,13 @@ def _recheck_peak(peak, records: list[dict], host: str) -> None:
 def _autocast(dtype: str | None, dev: torch.device):
     if dtype == "bf16":
         return lambda: torch.autocast(device_type=dev.type, dtype=torch.bfloat16)
-    import contextlib
-
     return contextlib.nullcontext
 
 
 def _keep(samples: dict, elapsed: float, loss, stage_seconds: dict) -> None:
     """Record one timed step (warm-up and profiled steps are not kept)."""
     samples["step_s"].append(elapsed)
-    samples["loss"].append(float(loss))
+    samples["loss"].append(loss.detach())  # read after the loop: a read here syncs every step
     for stage, seconds in stage_seconds.items():
         samples["stages"][stage].append(seconds)
 
@@ -248,16 +256,17 @@ def _keep(samples: dict, elapsed: float, loss, stage_seconds: dict) -> None:
 def _staged_steps(engine: D.StagedStep, batches, args, watchdog, fault, rank, autocast, show):
     samples = {"step_s": [], "loss": [], "stages": {s: [] for s in D.STAGES}}
     sync = torch.cuda.synchronize if engine.device.type == "cuda" else (lambda: None)
-    total = args.warmup + args.steps + PROFILED_STEPS
+    total = args.warmup + args.steps + COUNTED_STEPS + PROFILED_STEPS
     prof = None
+    counted = C.StepCounter(engine.device, [engine.optimizer])
     progress = Progress(show, "gembench run (rank 0)")
     for i in range(total):
-        profiled = i >= args.warmup + args.steps
+        profiled = i >= total - PROFILED_STEPS
         if profiled and prof is None:
-            prof = _profiler(engine.device)
-            with noise.muted_fd2(args.verbose):  # kineto prints "USDT: profiler_start" to fd 2
-                prof.__enter__()
+            prof = TR.profiler(engine.device)
+            prof.__enter__()
         clock = StageClock(engine.device)
+        counting = counted if i == args.warmup + args.steps else contextlib.nullcontext()
 
         def mark(stage, _i=i, _clock=clock):
             _clock.mark(stage)
@@ -270,7 +279,7 @@ def _staged_steps(engine: D.StagedStep, batches, args, watchdog, fault, rank, au
         start = time.perf_counter()
         watchdog.at("data", i)
         clock.mark("start")
-        with torch.autograd.profiler.record_function(STEP_SPAN), autocast():
+        with counting, torch.autograd.profiler.record_function(STEP_SPAN), autocast():
             loss = engine(batches[i % len(batches)], mark)
         durations = clock.durations()
         sync()
@@ -278,60 +287,38 @@ def _staged_steps(engine: D.StagedStep, batches, args, watchdog, fault, rank, au
         if args.warmup <= i < args.warmup + args.steps:
             _keep(samples, elapsed, loss, durations)
         progress(i + 1, total, elapsed)
-    with noise.muted_fd2(args.verbose):
-        prof.__exit__(None, None, None)
-    return samples, prof
+    prof.__exit__(None, None, None)
+    samples["loss"] = [float(x) for x in samples["loss"]]
+    return samples, prof, counted
 
 
 def _pipeline_steps(engine: D.PipelineStep, batches, args, watchdog, fault, rank, autocast, show):
     samples = {"step_s": [], "loss": [], "stages": {s: [] for s in D.PIPELINE_STAGES}}
-    total = args.warmup + args.steps + PROFILED_STEPS
+    total = args.warmup + args.steps + COUNTED_STEPS + PROFILED_STEPS
     feed = iter([D.pipelineable(b) for b in batches])
     prof = None
+    counted = C.StepCounter(engine.pipeline._device, [engine.optimizer])
     progress = Progress(show, "gembench run (rank 0)")
     for i in range(total):
-        if i >= args.warmup + args.steps and prof is None:
-            prof = _profiler(engine.pipeline._device)
-            with noise.muted_fd2(args.verbose):
-                prof.__enter__()
+        if i >= total - PROFILED_STEPS and prof is None:
+            prof = TR.profiler(engine.pipeline._device)
+            prof.__enter__()
+        counting = counted if i == args.warmup + args.steps else contextlib.nullcontext()
         watchdog.at("forward", i)
         if fault:
             fault.trigger(rank, i, "forward")
         engine.sync()
         start = time.perf_counter()
-        with torch.autograd.profiler.record_function(STEP_SPAN), autocast():
+        with counting, torch.autograd.profiler.record_function(STEP_SPAN), autocast():
             loss, times = engine(feed)
         engine.sync()
         elapsed = time.perf_counter() - start
         if args.warmup <= i < args.warmup + args.steps:
             _keep(samples, elapsed, loss, times)
         progress(i + 1, total, elapsed)
-    with noise.muted_fd2(args.verbose):
-        prof.__exit__(None, None, None)
-    return samples, prof
-
-
-def _profiler(device: torch.device):
-    from torch.profiler import ProfilerActivity, profile
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    return profile(activities=activities, record_shapes=True)
-
-
-def _trace_events(prof, trace_dir, rank: int) -> list[dict]:
-    """Export the profiled steps as a Chrome trace (kept under --trace DIR) and read it back."""
-    if trace_dir:
-        path = Path(trace_dir) / f"rank{rank}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        prof.export_chrome_trace(str(path))
-        return json.loads(path.read_text())["traceEvents"]
-    fd, tmp = tempfile.mkstemp(suffix=".json")
-    os.close(fd)
-    try:
-        prof.export_chrome_trace(tmp)
-        return json.loads(Path(tmp).read_text())["traceEvents"]
-    finally:
-        os.unlink(tmp)
+    prof.__exit__(None, None, None)
+    samples["loss"] = [float(x) for x in samples["loss"]]
+    return samples, prof, counted
 
 
 def _mean_blocks(per_block: list[dict]) -> dict:

@@ -10,6 +10,9 @@ Same schema as a single-process run (regression/results.py), with ``run.nproc`` 
     comm:      {by_kind: {kind: calls, bytes, time_s, time_max_s, algbw_Bps, busbw_Bps, step_share}
                 (per step, mean over ranks), exposure: [per rank], exposed_comm_fraction,
                 overlap_fraction, profiled_steps, calls: [per rank: [{kind, family, bytes}]]}
+    counters:  rank 0's cost counters (metrics/counters.py): ops and host syncs on one step after
+               the timed ones, kernels and H2D bytes on the first profiled step after it; each
+               rank's own are in ranks[r].counters
 Job-level samples are per step: step time = the slowest rank's (the step ends when the last rank
 is done), stage times = the slowest rank's in each stage (the critical path), model FLOPs = the
 sum over ranks. MFU = job model FLOPs / step time / sum of the ranks' peaks; on CPU hosts
@@ -24,6 +27,7 @@ import secrets
 import numpy as np
 
 from gembench.harness.env import fingerprint
+from gembench.harness.metrics.counters import flat_metrics
 from gembench.harness.metrics.imbalance import critical_path, imbalance, stall_cost
 from gembench.harness.metrics.mfu import summarize
 from gembench.harness.regression.results import SCHEMA
@@ -81,6 +85,7 @@ def build_result(cfg, args, env: dict, records: list[dict], planned, batch_indic
             "mfu": train / p50 / (r["peak_tflops"] * 1e12),
             "loads": r["loads"], "comm": r["comm"],
             "peak_memory_bytes": r["peak_memory_bytes"],
+            "counters": r["counters"],
         })
 
     imb = imbalance_section(records, planned, stage_means, p50)
@@ -127,7 +132,10 @@ def build_result(cfg, args, env: dict, records: list[dict], planned, batch_indic
             "imbalance_max_mean": imb["measured"]["metrics"][PRIMARY_LOAD]["max_mean"],
             "exposed_comm_fraction": comm["exposed_comm_fraction"],
             **({"mfu_host": summary["mfu_host"]} if "mfu_host" in summary else {}),
+            **flat_metrics(records[0]["counters"]),
         },
+        # rank 0's (every rank's are under ranks[r].counters): ranks run the same code
+        "counters": records[0]["counters"],
     }
     if diverged:
         result["diverged"] = diverged

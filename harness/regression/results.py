@@ -20,6 +20,11 @@ Schema ``gembench.result/1`` (all times in seconds, FLOPs as floats):
              (mfu, step_time_s, examples_per_s, peak_memory_bytes, and, where measured,
              imbalance_max_mean, exposed_comm_fraction, ab_mfu_ratio, baseline_mfu)
     ab:      (run --ab only) rounds, round ratios, mfu_ratio and its ci95, the baseline's summary
+    counters: {aten_ops, host_syncs, h2d_bytes, kernels (null on CPU), graph_breaks, recompiles,
+             source}: cost counters of extra steps after the timed ones (metrics/counters.py),
+             lower is better, deterministic for a seed; the numbers are copied into metrics
+    profile: (run --trace only) {trace: path, ranked: "CUDA kernels" | "CPU ops",
+             top: [{name, calls, self_us, share}]}: the profiled step's top 10 by self time
     distributed runs add ranks, imbalance and comm: see harness/distributed/result.py
 
 Baselines (``gembench.baseline/1``) bundle one or more replicate runs of one config on one hardware

@@ -270,4 +270,5 @@ def hstu_padded_attention(
     s = torch.matmul(qd, kd.transpose(-1, -2)) + rab[:, _rel_index(max_len, rab.shape[1], q.device)][None]
     a = F.silu(s).masked_fill(~mask[:, None], 0.0) / n.clamp(min=1).to(s.dtype)[:, None, None, None]
     out = torch.matmul(a, vd).transpose(1, 2).reshape(B, max_len, H * D)
-    return torch.ops.fbgemm.dense_to_jagged(out, [offsets])[0].view(T, H, D)
+    # total_L given: fbgemm would otherwise read offsets[-1] on the host (a device sync)
+    return torch.ops.fbgemm.dense_to_jagged(out, [offsets], T)[0].view(T, H, D)
