@@ -98,17 +98,17 @@ def test_counters_of_real_steps_are_deterministic_and_see_a_planted_op(monkeypat
     assert {k: a["metrics"][k] for k in C.KEYS if k != "kernels"} == {k: c[k] for k in C.KEYS if k != "kernels"}
     assert "kernels" not in a["metrics"]
 
-    real_loss = step_module.multitask_loss
+    real_losses = step_module.task_losses
 
     def planted(logits, labels):  # one more aten op, and one host read, in every step
-        loss = real_loss(logits, labels) * 1.0
-        loss.detach().item()
-        return loss
+        per_task = real_losses(logits, labels) * 1.0
+        per_task.detach().sum().item()
+        return per_task
 
-    monkeypatch.setattr(step_module, "multitask_loss", planted)
+    monkeypatch.setattr(step_module, "task_losses", planted)
     p = _tiny_baseline()["counters"]
-    # the mul, its backward's mul, the detach and the read's _local_scalar_dense
-    assert p["aten_ops"] == c["aten_ops"] + 4
+    # the mul, its backward's mul, the detach, the sum and the read's _local_scalar_dense
+    assert p["aten_ops"] == c["aten_ops"] + 5
     assert p["host_syncs"] == c["host_syncs"] + 1
 
 

@@ -10,6 +10,7 @@ the job's single result (result.py) and writes it.
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import sys
 import time
