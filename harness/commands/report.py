@@ -43,12 +43,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def write_page(out_dir: Path, text: str) -> Path:
     """DIR/index.html, atomically: a reader sees the old page or the new one, never half of one."""
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise UsageError(f"cannot create folder {out_dir} for --out: {err.strerror}") from None
-    if not os.access(out_dir, os.W_OK):
-        raise UsageError(f"folder {out_dir} is not writable: pass an --out somewhere you can write")
+    from gembench.harness.regression.results import writable_folder
+
+    writable_folder(out_dir)
     fd, tmp = tempfile.mkstemp(prefix=".index.", suffix=".html.tmp", dir=out_dir)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:

@@ -9,8 +9,8 @@ comes from a different place, so each is caught where it is made:
 * Python warnings raised in torch / TorchRec / fbgemm (FutureWarnings of deprecated c10d calls,
   the planner's storage reservation): warnings.showwarning keeps those not raised by gembench;
 * kineto's C++ "USDT: ... profiler_start" / "profiler_stop" lines, written straight to file
-  descriptor 2 when torch.profiler starts and stops: muted_fd2() points fd 2 at a buffer around
-  those calls (re-emitted when the call fails, so no error is ever swallowed).
+  descriptor 2 when torch.profiler starts and stops, are dropped where the profiler is made
+  (harness/metrics/trace.py: profiler), for single-process and distributed runs alike.
 
 What is kept is counted in HIDDEN; rank 0 says how many lines it kept back.
 """
@@ -18,11 +18,7 @@ What is kept is counted in HIDDEN; rank 0 says how many lines it kept back.
 from __future__ import annotations
 
 import logging
-import os
-import sys
-import tempfile
 import warnings
-from contextlib import contextmanager
 from pathlib import Path
 
 LIBRARY_LOGGERS = ("torchrec", "fbgemm_gpu", "torch.distributed")
@@ -63,33 +59,6 @@ def install(verbose: bool) -> None:
             logger.addHandler(_Keep())
         logger.propagate = False
     warnings.showwarning = _show_warning
-
-
-@contextmanager
-def muted_fd2(verbose: bool):
-    """Point file descriptor 2 (C++ prints) at a buffer for the duration; no-op with --verbose."""
-    if verbose:
-        yield
-        return
-    sys.stderr.flush()
-    saved = os.dup(2)
-    failed = False
-    with tempfile.TemporaryFile() as buf:
-        os.dup2(buf.fileno(), 2)
-        try:
-            yield
-        except BaseException:
-            failed = True
-            raise
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            buf.seek(0)
-            text = buf.read().decode(errors="replace")
-            if failed:  # whatever was printed may explain the failure
-                sys.stderr.write(text)
-            HIDDEN.extend(line for line in text.splitlines() if line.strip())
 
 
 def hidden_note(rank: int) -> str | None:

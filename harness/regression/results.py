@@ -71,14 +71,19 @@ def check_writable(path: str | os.PathLike, overwrite: bool = False) -> Path:
     path = Path(path)
     if path.exists() and not overwrite:
         raise UsageError(f"{path} already exists; results are never overwritten: pass another --out")
-    parent = path.parent if str(path.parent) else Path(".")
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise UsageError(f"cannot create folder {parent} for --out: {err.strerror}") from None
-    if not os.access(parent, os.W_OK):
-        raise UsageError(f"folder {parent} is not writable: pass an --out somewhere you can write")
+    writable_folder(path.parent if str(path.parent) else Path("."))
     return path
+
+
+def writable_folder(folder: Path) -> Path:
+    """Create ``folder`` for --out if needed; a UsageError when it cannot be made or written."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UsageError(f"cannot create folder {folder} for --out: {err.strerror}") from None
+    if not os.access(folder, os.W_OK):
+        raise UsageError(f"folder {folder} is not writable: pass an --out somewhere you can write")
+    return folder
 
 
 def write_result(path: str | os.PathLike, result: dict, overwrite: bool = False) -> Path:
