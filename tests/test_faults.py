@@ -36,6 +36,13 @@ def gembench(*args, env=None, timeout=300):
                           timeout=timeout, env={**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})})
 
 
+def ctrl_c_reaches() -> None:
+    """In the child: SIGINT back to its default, so that Python turns it into KeyboardInterrupt.
+    A shell starts background jobs with SIGINT ignored, and children inherit that (a test run
+    started with `&` would otherwise see the Ctrl-C of this test ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def one_line(err: str) -> str:
     """The single stderr line, asserting there is exactly one and no traceback."""
     assert "Traceback" not in err, err
@@ -220,7 +227,8 @@ def test_two_runs_with_the_same_out(tmp_path):
     lock = reservation.lock_path(target)
     first = subprocess.Popen([sys.executable, "-m", "gembench", "run", "--config", "tiny", "--stack", "baseline",
                               "--steps", "100000", "--warmup", "1", "--out", str(target), "--quiet"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=ctrl_c_reaches)
     try:
         deadline = time.monotonic() + 120
         while not lock.exists() and first.poll() is None and time.monotonic() < deadline:
