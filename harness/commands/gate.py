@@ -65,7 +65,7 @@ def main(args: argparse.Namespace) -> int:
             status = gate.NOT_COMPARABLE if args.require_baseline else gate.SKIP
             checks.append(gate.Check(status, "baseline", f"none at {path} (create one: gembench promote RESULT)"))
         else:
-            checks += gate.baseline_checks(runs, load_runs(path), str(path), alpha, min_effect)
+            checks += gate.baseline_checks(runs, load_runs(path), str(path), alpha, min_effect, limits)
 
     print(f"gate {config} on {hw}: {len(runs)} run(s), thresholds {args.thresholds}, alpha={alpha:g}, min effect {100 * min_effect:g}%")
     for c in checks:
