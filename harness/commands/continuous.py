@@ -33,6 +33,7 @@ examples:
   gembench continuous v0.1 HEAD --config small --steps 50 --rounds 8
   gembench continuous HEAD~1 HEAD --format json > continuous.json
   gembench continuous HEAD~1 HEAD --keep-results runs/    # keep every process's result JSON
+  gembench continuous HEAD~1 HEAD --benchmark instructions --kernel wukong_fm   # callgrind counts, 1% allowed
 """
 
 from __future__ import annotations
@@ -62,6 +63,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
                    help=f"paired rounds, each one process per revision, ABBA order (default {DEFAULT_ROUNDS}: "
                         "catches a 5%% slowdown on a noisy 2-core machine, see above)")
+    p.add_argument("--benchmark", choices=("run", "instructions"), default="run",
+                   help="run: `gembench run` timings and counters (default); instructions: each revision's "
+                        "benchmarks/instructions.py callgrind counts, exact, so --rounds 1 suffices")
+    p.add_argument("--kernel", action="append", default=None,
+                   help="with --benchmark instructions: kernel to count (repeatable; default all)")
     p.add_argument("--config", default="tiny", help="config name or .toml path (default: tiny)")
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS,
                    help=f"timed steps per process (default {DEFAULT_STEPS}: many short steps make the median robust)")
@@ -137,7 +143,10 @@ def child_env(pythonpath: Path) -> dict:
     return env
 
 
-def run_command(args: argparse.Namespace, out: Path) -> list[str]:
+def run_command(args: argparse.Namespace, out: Path, worktree: Path) -> list[str]:
+    if args.benchmark == "instructions":
+        kernels = [a for k in (args.kernel or []) for a in ("--kernel", k)]
+        return [sys.executable, str(worktree / "benchmarks" / "instructions.py"), "--out", str(out), *kernels]
     config = args.config
     if config.endswith(".toml") or Path(config).exists():
         config = str(Path(config).resolve())  # the process runs in the worktree
@@ -153,8 +162,15 @@ def check_args(args: argparse.Namespace) -> None:
     from gembench.harness.commands.compare import check_decision_args
     from gembench.harness.regression.directions import METRICS
 
-    if args.rounds < 2:
+    if args.benchmark == "instructions" and args.rounds == DEFAULT_ROUNDS:
+        args.rounds = 1  # exact counts: one process per revision decides
+    if args.rounds < (1 if args.benchmark == "instructions" else 2):
         raise UsageError(f"--rounds must be at least 2 for an interval, got {args.rounds}")
+    if args.benchmark == "instructions":
+        from gembench.benchmarks.instructions import valgrind_version
+
+        if valgrind_version() is None:
+            raise UsageError("--benchmark instructions needs valgrind (apt-get install -y valgrind, or scripts/setup.sh as root)")
     if args.steps < 1 or args.warmup < 0:
         raise UsageError(f"--steps must be >= 1 and --warmup >= 0, got {args.steps} and {args.warmup}")
     check_decision_args(args.alpha, args.min_effect)
@@ -176,8 +192,10 @@ def main(args: argparse.Namespace) -> int:
     say = (lambda msg: None) if args.quiet else (lambda msg: print(f"continuous: {msg}", file=sys.stderr, flush=True))
     rounds: list[tuple[dict, dict]] = []
     with worktrees.temporary_checkouts(repo, {"BASE": args.base, "HEAD": args.head}) as co:
+        what = ("benchmarks/instructions.py" if args.benchmark == "instructions" else
+                f"gembench run --config {args.config} --steps {args.steps} --stack {args.stack}")
         say(f"BASE {args.base} = {co['BASE'].sha[:10]}, HEAD {args.head} = {co['HEAD'].sha[:10]}: {args.rounds} rounds "
-            f"(ABBA) of `gembench run --config {args.config} --steps {args.steps} --stack {args.stack}`, one process each")
+            f"(ABBA) of `{what}`, one process each")
         results_dir = co["BASE"].path.parent / "results"
         results_dir.mkdir()
         durations: list[float] = []
@@ -189,7 +207,7 @@ def main(args: argparse.Namespace) -> int:
                 c = co[label]
                 out = results_dir / f"round{r + 1:02d}-{label.lower()}.json"
                 t0 = time.perf_counter()
-                code, err = run_process(run_command(args, out), child_env(c.pythonpath), c.path, args.timeout)
+                code, err = run_process(run_command(args, out, c.path), child_env(c.pythonpath), c.path, args.timeout)
                 durations.append(time.perf_counter() - t0)
                 if code != 0 or not out.exists():
                     raise UsageError(f"{label} {c.revision} ({c.sha[:10]}) failed to run (exit {code}): {error_line(err)}")
@@ -204,8 +222,9 @@ def main(args: argparse.Namespace) -> int:
                 done = len(durations)
                 eta = sum(durations) / done * (total - done)
                 step = paired.process_value(result, "step_time_s", args.statistic)
-                say(f"round {r + 1}/{args.rounds} {label} {c.sha[:7]}: {args.statistic} step "
-                    f"{1e3 * step:.2f} ms, process {durations[-1]:.0f} s, ~{eta / 60:.1f} min left")
+                step_text = f"{args.statistic} step {1e3 * step:.2f} ms, " if step else ""
+                say(f"round {r + 1}/{args.rounds} {label} {c.sha[:7]}: {step_text}"
+                    f"process {durations[-1]:.0f} s, ~{eta / 60:.1f} min left")
             rounds.append((pair["BASE"], pair["HEAD"]))
 
     first = rounds[0][0]
@@ -241,6 +260,8 @@ def main(args: argparse.Namespace) -> int:
         f"paired one-sided t-tests on log(HEAD/BASE) per round at alpha={alpha:g} (Holm across "
         f"{sum(j.method == 'paired' for j in judgements)}), min effect {100 * min_effect:g}%; counters exact",
     ] + [f"note: BASE and HEAD differ in {d}" for d in notes]
+    if args.benchmark == "instructions":
+        header[1] = f"kernel instruction counts (benchmarks/instructions.py, callgrind) on {hw}: {args.rounds} round(s), {minutes:.1f} min"
     print(paired.render(judgements, header, args.format))
     print(verdict)
     return code

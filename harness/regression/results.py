@@ -40,6 +40,9 @@ from gembench.harness.errors import UsageError
 
 SCHEMA = "gembench.result/1"
 BASELINE_SCHEMA = "gembench.baseline/1"
+# Instruction counts of the kernel micro-benchmarks (benchmarks/instructions.py): result-like
+# (id, config, env, metrics "instructions.<kernel>"), so compare reads them like results.
+INSTRUCTIONS_SCHEMA = "gembench.instructions/1"
 
 RESULTS_DIR = Path("results")
 RUNS_DIR = RESULTS_DIR / "runs"
@@ -102,7 +105,7 @@ def load_result(path: str | os.PathLike) -> dict:
         raise UsageError(f"no result file {path}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise UsageError(f"{path} is not a gembench result (bad JSON: {err})") from None
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+    if not isinstance(data, dict) or data.get("schema") not in (SCHEMA, INSTRUCTIONS_SCHEMA):
         found = data.get("schema") if isinstance(data, dict) else type(data).__name__
         raise UsageError(f"{path} has schema {found!r}, expected {SCHEMA!r}")
     return data
