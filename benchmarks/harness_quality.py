@@ -272,6 +272,8 @@ def paired_main(args) -> int:
         extra += ["--rounds", str(args.paired_rounds)]
     if args.paired_steps is not None:
         extra += ["--steps", str(args.paired_steps)]
+    if args.statistic is not None:
+        extra += ["--statistic", args.statistic]
     t0 = time.perf_counter()
     outcomes = {"planted": [], "unchanged": []}
     with tempfile.TemporaryDirectory(prefix="gembench-quality-") as tmp:
@@ -282,7 +284,8 @@ def paired_main(args) -> int:
         for i in range(args.pairs):
             for kind, head in (("planted", planted), ("unchanged", base)):
                 started = time.perf_counter()
-                code, report_ = continuous(repo, base, head, extra)
+                keep = ["--keep-results", str(Path(args.keep) / f"pair{i + 1}-{kind}")] if args.keep else []
+                code, report_ = continuous(repo, base, head, extra + keep)
                 row = next((r for r in report_["rows"] if r["metric"] == "step_time_s"), None)
                 ratio, ci = (row["ratio"], row["ratio_ci95"]) if row else (None, None)
                 outcomes[kind].append({"exit": code, "verdict": row and row["verdict"], "ratio": ratio, "ci95": ci,
@@ -323,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stack", choices=("optimized", "baseline"), default="optimized", help="with --paired: stack (default optimized)")
     p.add_argument("--paired-rounds", type=int, default=None, help="with --paired: --rounds of each comparison (default: continuous's)")
     p.add_argument("--paired-steps", type=int, default=None, help="with --paired: --steps per process (default: continuous's)")
+    p.add_argument("--statistic", choices=("median", "min"), default=None, help="with --paired: continuous's --statistic")
+    p.add_argument("--keep", default=None, metavar="DIR", help="with --paired: keep every process's result under DIR/pairI-KIND/")
     p.add_argument("--workload", choices=sorted(WORKLOADS), default="mlp")
     p.add_argument("--rounds", type=int, default=30, help="ABBA rounds: runs per pool (default 30)")
     p.add_argument("--steps", type=int, default=30, help="timed steps per run (default 30)")
