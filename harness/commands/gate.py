@@ -3,7 +3,9 @@
 RESULT is one or more replicate result files of the commit under test (or quoted globs). Limits
 come from --thresholds for the run's config and hardware class; the baseline is
 results/baselines/<hardware_class>/<config>.json unless --baseline names another. Prints one line
-per check: PASS, FAIL, SKIP (nothing to check), INCONCLUSIVE or NOT-COMPARABLE.
+per check: PASS, FAIL, SKIP (nothing to check), INCONCLUSIVE or NOT-COMPARABLE. Cost counters
+(aten_ops, host_syncs, h2d_bytes, kernels, graph_breaks, recompiles) present in both the run and the
+baseline are checked exactly: more than the thresholds' max_counter_increase (default 0) is a FAIL.
 
 exit status (worst check wins, in this order):
   1  a threshold missed or a metric regressed against the baseline
