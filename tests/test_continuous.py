@@ -27,9 +27,9 @@ def _rounds(effect, noise=0.01, drift=0.3, n=8, seed=0, counters=None, head_coun
     out = []
     for r in range(n):
         shared = math.exp(rng.uniform(-drift, drift))
-        base = make_result(f"b{r}", step_s=0.01 * shared * rng.lognormvariate(0, noise), noise=0.02, seed=2 * r,
+        base = make_result(f"b{r}", step_s=0.01 * shared * rng.lognormvariate(0, noise), noise=0.005, seed=2 * r,
                            counters=counters)
-        head = make_result(f"h{r}", step_s=0.01 * shared * (1 + effect) * rng.lognormvariate(0, noise), noise=0.02,
+        head = make_result(f"h{r}", step_s=0.01 * shared * (1 + effect) * rng.lognormvariate(0, noise), noise=0.005,
                            seed=2 * r + 1, counters=head_counters or counters)
         out.append((base, head))
     return out

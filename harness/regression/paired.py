@@ -3,7 +3,8 @@
 A round is two fresh processes run back to back, one per commit (ABBA order over rounds), each
 writing a full result. Per process, one robust number per timing metric: the median of its many
 short steps (``statistic="median"``; a stall of the shared machine hits a few steps and moves the
-median little) or the best step (``"min"``: the least-disturbed step). Per round the HEAD/BASE ratio
+median little) or the best step (``"min"``, the default: contention only ever adds time, so the
+best step is the least-disturbed one). Per round the HEAD/BASE ratio
 of those numbers is one independent value; the paired t-test on the log ratios
 (stats.paired_change) is judged by stats.judge like any other comparison (one-sided tests at
 alpha, Holm across the timing metrics, min effect). Adjacent processes share the machine's drift,
@@ -47,7 +48,7 @@ def process_value(result: dict, metric: str, statistic: str = "median") -> float
 
 
 def judge_rounds(rounds: list[tuple[dict, dict]], metrics: list[str], alpha: float, min_effect: float,
-                 limits=None, statistic: str = "median") -> list[stats.Judgement]:
+                 limits=None, statistic: str = "min") -> list[stats.Judgement]:
     """Judgements for paired rounds [(base result, head result), ...].
 
     ``metrics`` are judged statistically (paired, Holm across them); every cost counter present in
