@@ -128,6 +128,11 @@ def _num(v: float | None) -> str:
     return f"{v:.4f}".rstrip("0").rstrip(".") if abs(v) < 100 else f"{v:.1f}"
 
 
+def _count(v: float | None) -> str:
+    """An exact count as an integer with thousands separators."""
+    return "-" if v is None else f"{v:,.0f}" if float(v).is_integer() else f"{v:,}"
+
+
 def _pct(v: float | None) -> str:
     return "-" if v is None else f"{100 * v:+.2f}%"
 
@@ -181,7 +186,8 @@ def render_table(c: Comparison, fmt: str) -> str:
         ci = "-" if not r["ci"] else f"[{_pct(r['ci'][0])}, {_pct(r['ci'][1])}]"
         p = r.get("p_worse_holm") if r["verdict"] != "improved" else r.get("p_better_holm")
         arrow = {"lower": " (lower better)", "higher": " (higher better)"}.get(r["better"], "")
-        table.append([r["metric"] + arrow, _num(r["a"]), _num(r["b"]), _pct(r["change"]), ci, _num(p), r.get("method", "-"), r["verdict"]])
+        fmt_value = _count if r.get("method") == "count" else _num
+        table.append([r["metric"] + arrow, fmt_value(r["a"]), fmt_value(r["b"]), _pct(r["change"]), ci, _num(p), r.get("method", "-"), r["verdict"]])
     cols = ["metric", "A", "B", "change", level, "p (Holm)", "one value is", "verdict"]
     lines = header(c)
     if c.reasons and not c.forced:

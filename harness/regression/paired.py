@@ -24,7 +24,7 @@ import math
 
 from gembench.harness.regression import stats
 from gembench.harness.regression.counters import judge_counter
-from gembench.harness.regression.compare import counter_limit
+from gembench.harness.regression.compare import _count, counter_limit
 from gembench.harness.regression.directions import info, per_step
 
 STATISTICS = ("median", "min")
@@ -133,7 +133,8 @@ def render(judgements: list[stats.Judgement], header: list[str], fmt: str) -> st
         ci_text = "-" if not ci or any(not math.isfinite(x) for x in ci) else f"[{ci[0]:.4f}, {ci[1]:.4f}]"
         p = r["p_better_holm"] if r["verdict"] == stats.IMPROVED else r["p_worse_holm"]
         one = {"paired": f"{r['rounds']} round ratios", "count": "exact count"}.get(r["method"], r["method"])
-        table.append([f"{r['metric']} ({r['better']} better)", _num(r["base"]), _num(r["head"]), _ratio(r["ratio"]),
+        value = _count if r["method"] == "count" else _num
+        table.append([f"{r['metric']} ({r['better']} better)", value(r["base"]), value(r["head"]), _ratio(r["ratio"]),
                       ci_text, _num(p), one, r["verdict"]])
     cols = ["metric", "BASE", "HEAD", "HEAD/BASE", "95% CI", "p (Holm)", "one value is", "verdict"]
     body = tabulate(table, cols, tablefmt="github" if fmt == "markdown" else "simple", disable_numparse=True)
