@@ -274,6 +274,8 @@ def paired_main(args) -> int:
         extra += ["--steps", str(args.paired_steps)]
     if args.statistic is not None:
         extra += ["--statistic", args.statistic]
+    if args.threads is not None:
+        extra += ["--threads", str(args.threads)]
     t0 = time.perf_counter()
     outcomes = {"planted": [], "unchanged": []}
     with tempfile.TemporaryDirectory(prefix="gembench-quality-") as tmp:
@@ -327,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--paired-rounds", type=int, default=None, help="with --paired: --rounds of each comparison (default: continuous's)")
     p.add_argument("--paired-steps", type=int, default=None, help="with --paired: --steps per process (default: continuous's)")
     p.add_argument("--statistic", choices=("median", "min"), default=None, help="with --paired: continuous's --statistic")
+    p.add_argument("--threads", type=int, default=None, help="with --paired: continuous's --threads")
     p.add_argument("--keep", default=None, metavar="DIR", help="with --paired: keep every process's result under DIR/pairI-KIND/")
     p.add_argument("--workload", choices=sorted(WORKLOADS), default="mlp")
     p.add_argument("--rounds", type=int, default=30, help="ABBA rounds: runs per pool (default 30)")

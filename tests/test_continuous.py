@@ -175,3 +175,13 @@ def test_real_run_over_head_1_head_of_a_clone(clone, capsys):
     assert row["metric"] == "step_time_s" and len(row["round_ratios"]) == 2 and row["ratio"] > 0
     assert "round 2/2 BASE" in err and "min left" in err  # progress, ABBA: round 2 ends with BASE
     assert len(_worktrees(clone)) == 1
+
+
+def test_child_env_sets_threads_and_only_the_revision_path(tmp_path, monkeypatch):
+    from gembench.harness.commands.continuous import child_env
+
+    monkeypatch.setenv("GEMBENCH_COMMIT", "f" * 40)  # would make the result claim another commit
+    monkeypatch.setenv("PYTHONPATH", "/somewhere/else")
+    env = child_env(tmp_path, 1)
+    assert env["OMP_NUM_THREADS"] == "1" and env["PYTHONPATH"] == str(tmp_path) and "GEMBENCH_COMMIT" not in env
+    assert "OMP_NUM_THREADS" not in child_env(tmp_path) or os.environ.get("OMP_NUM_THREADS")

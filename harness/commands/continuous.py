@@ -79,6 +79,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=3, help="discarded warm-up steps per process (default 3)")
     p.add_argument("--stack", choices=("optimized", "baseline"), default="optimized", help="training stack (default optimized)")
     p.add_argument("--nproc", type=int, default=None, metavar="N", help="torchrun ranks per process (default: one process)")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="torch intra-op threads of every process (OMP_NUM_THREADS; default: torch's own choice). "
+                        "On a machine shared with other jobs, 1 thread makes steps far steadier: a parallel op "
+                        "waits for its slowest thread, and a descheduled one costs a whole scheduler tick")
     p.add_argument("--seed", type=int, default=0, help="seed of weights and data, the same for both (default 0)")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda[:N] (default auto)")
     p.add_argument("--metric", action="append", default=None,
@@ -140,8 +144,10 @@ def error_line(stderr: str) -> str:
     return lines[-1] if lines else "no output"
 
 
-def child_env(pythonpath: Path) -> dict:
+def child_env(pythonpath: Path, threads: int | None = None) -> dict:
     env = dict(os.environ)
+    if threads is not None:  # torch takes its intra-op thread count from these at start-up
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
     env["PYTHONPATH"] = str(pythonpath)  # only the revision: an inherited path could shadow it
     for var in ("GEMBENCH_COMMIT", "ASV_COMMIT"):  # the result's commit must be the worktree's own
         env.pop(var, None)
@@ -176,6 +182,8 @@ def check_args(args: argparse.Namespace) -> None:
 
         if valgrind_version() is None:
             raise UsageError("--benchmark instructions needs valgrind (apt-get install -y valgrind, or scripts/setup.sh as root)")
+    if args.threads is not None and args.threads < 1:
+        raise UsageError(f"--threads must be >= 1, got {args.threads}")
     if args.steps < 1 or args.warmup < 0:
         raise UsageError(f"--steps must be >= 1 and --warmup >= 0, got {args.steps} and {args.warmup}")
     check_decision_args(args.alpha, args.min_effect)
@@ -212,7 +220,7 @@ def main(args: argparse.Namespace) -> int:
                 c = co[label]
                 out = results_dir / f"round{r + 1:02d}-{label.lower()}.json"
                 t0 = time.perf_counter()
-                code, err = run_process(run_command(args, out, c.path), child_env(c.pythonpath), c.path, args.timeout)
+                code, err = run_process(run_command(args, out, c.path), child_env(c.pythonpath, args.threads), c.path, args.timeout)
                 durations.append(time.perf_counter() - t0)
                 if code != 0 or not out.exists():
                     raise UsageError(f"{label} {c.revision} ({c.sha[:10]}) failed to run (exit {code}): {error_line(err)}")
