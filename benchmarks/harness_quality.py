@@ -328,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stack", choices=("optimized", "baseline"), default="optimized", help="with --paired: stack (default optimized)")
     p.add_argument("--paired-rounds", type=int, default=None, help="with --paired: --rounds of each comparison (default: continuous's)")
     p.add_argument("--paired-steps", type=int, default=None, help="with --paired: --steps per process (default: continuous's)")
-    p.add_argument("--statistic", choices=("median", "min"), default=None, help="with --paired: continuous's --statistic")
+    p.add_argument("--statistic", choices=("min", "p10", "median"), default=None, help="with --paired: continuous's --statistic")
     p.add_argument("--threads", type=int, default=None, help="with --paired: continuous's --threads")
     p.add_argument("--keep", default=None, metavar="DIR", help="with --paired: keep every process's result under DIR/pairI-KIND/")
     p.add_argument("--workload", choices=sorted(WORKLOADS), default="mlp")

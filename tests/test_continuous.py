@@ -70,6 +70,8 @@ def test_process_value_median_or_best_step():
     steps = r["samples"]["step_s"]
     assert paired.process_value(r, "step_time_s") == sorted(steps)[50]
     assert paired.process_value(r, "step_time_s", "min") == min(steps)
+    assert paired.process_value(r, "step_time_s", "p10") == sorted(steps)[10]
+    assert paired.process_value(r, "mfu", "p10") == sorted(r["samples"]["mfu"], reverse=True)[10]
     assert paired.process_value(r, "mfu", "min") == max(r["samples"]["mfu"])  # higher is better: the best step
     assert paired.process_value(r, "peak_memory_bytes") == 123_456_789  # no samples: the headline value
 

@@ -89,7 +89,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="timing metric to test (repeatable; default step_time_s, the median step; mfu and "
                         "examples_per_s are its reciprocals at equal FLOPs, so testing them too only costs power)")
     p.add_argument("--statistic", choices=STATISTICS, default="min",
-                   help="one value per process from its steps: min, the best step (default), or median")
+                   help="one value per process from its steps: min, the best step (default); p10, the 10th "
+                        "percentile; or median")
     p.add_argument("--format", choices=("table", "markdown", "json"), default="table", help="output (default table)")
     p.add_argument("--thresholds", default="results/thresholds.toml",
                    help="thresholds TOML: alpha, min_effect and counter allowances (default %(default)s; "
