@@ -16,15 +16,18 @@ allowance (default 0) is a regression, with no statistics.
 Why the defaults (tiny, optimized stack, --rounds 12, --steps 200, --statistic min). With K rounds
 the paired test catches a 5% slowdown with 95% power at alpha = 1% when the spread (SD) of one
 round's log(HEAD/BASE) is at most 5% * sqrt(K) / (t(0.99, K-1) + t(0.95, K-1)): 3.8% for K = 12,
-2.9% for K = 8, 2.3% for K = 6. One process of tiny takes ~23 s on an idle 2-core VM (imports,
+2.9% for K = 8, 2.3% for K = 6. One process of tiny takes ~15-23 s on a quiet 2-core VM (imports,
 torch.compile of the dense arch, then 200 steps of ~10 ms), so 12 rounds = 24 processes fit the
 10-minute budget; the 200 steps cost ~2 s of that and give the best step many chances. Contention
-only ever adds time to a step, so a process's best step is its least disturbed one (idle VM: best
-9.5 ms, median 10.6 ms, p90 24 ms); --statistic median uses the median instead. On a machine
-shared with other jobs the spread can be far larger (measured here with six other helpers' jobs on
-the same 2 cores, load 6-11: 28-40% for the best step, up to 70% for the median, see
-benchmarks/harness_quality.py --paired): no number of rounds that fits in 10 minutes decides 5%
-there, and continuous says so (exit 4) rather than guessing. Counters need no rounds at all.
+only ever adds time to a step, so a process's best step is its least disturbed one (quiet VM: best
+9.5 ms, median 10.6 ms, p90 24 ms). Measured on this VM while other jobs shared its 2 cores
+(benchmarks/harness_quality.py --paired, Dec 2026): at load ~2.5-3.5 the first rounds' SD was 5.2%
+for the best step, 3.4% for --statistic p10 and 8.3% for the median; load bursts (4-11) then
+pushed single rounds to +25..+260% and the SD of any statistic to 10-100%. Two torch threads
+make it worse: when one is descheduled, a parallel op waits a whole scheduler tick (4 ms steps
+seen in backward), so on shared runners pass --threads 1. No number of rounds that fits in 10
+minutes decides 5% on a machine that busy; continuous then says so (exit 4) rather than guessing.
+Counters need no rounds at all.
 
 exit status (as `gembench gate`):
   0  no regression (every metric unchanged or improved)
