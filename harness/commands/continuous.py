@@ -113,16 +113,20 @@ def run_process(cmd: list[str], env: dict, cwd: Path, timeout: float) -> tuple[i
     Its own session, so that on Ctrl-C or SIGTERM the whole group (torchrun ranks, compile workers)
     is ended here, and none outlives the command.
     """
-    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    from gembench.harness.regression.worktrees import deferred_interrupts
+
+    proc = None
     try:
+        with deferred_interrupts():  # an interrupt now would orphan the half-started child
+            proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                    text=True, start_new_session=True)
         _, err = proc.communicate(timeout=timeout)
         return proc.returncode, err
     except subprocess.TimeoutExpired:
         _end_group(proc)
         return 124, f"timed out after {timeout:g} s (--timeout)"
     finally:
-        if proc.poll() is None:
+        if proc is not None and proc.poll() is None:
             _end_group(proc)
 
 

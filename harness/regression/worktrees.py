@@ -104,6 +104,28 @@ def temporary_checkouts(repo: Path, revisions: dict[str, str], prefix: str = "ge
 
 
 @contextlib.contextmanager
+def deferred_interrupts():
+    """Hold Ctrl-C, SIGTERM and SIGHUP meanwhile; raise KeyboardInterrupt at the end if one came.
+
+    For starting a child process: an interrupt raised inside subprocess.Popen (after the fork,
+    while it waits for the exec) would leave a running child nobody holds a handle to.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    came: list[int] = []
+    sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    saved = {s: signal.signal(s, lambda signum, frame: came.append(signum)) for s in sigs}
+    try:
+        yield
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+    if came:
+        raise KeyboardInterrupt(f"signal {signal.Signals(came[0]).name}")
+
+
+@contextlib.contextmanager
 def _ignoring_interrupts():
     if threading.current_thread() is not threading.main_thread():
         yield
