@@ -25,9 +25,11 @@ only ever adds time to a step, so a process's best step is its least disturbed o
 for the best step, 3.4% for --statistic p10 and 8.3% for the median; load bursts (4-11) then
 pushed single rounds to +25..+260% and the SD of any statistic to 10-100%. Two torch threads
 make it worse: when one is descheduled, a parallel op waits a whole scheduler tick (4 ms steps
-seen in backward), so on shared runners pass --threads 1. No number of rounds that fits in 10
-minutes decides 5% on a machine that busy; continuous then says so (exit 4) rather than guessing.
-Counters need no rounds at all.
+seen in backward), so on shared runners pass --threads 1. Even at load 1-2 with --threads 1
+(13 s per process) adjacent processes of one commit differed by ~11% (SD of a round's log ratio):
+fresh processes differ by more than drift (memory layout, which core), and pairing cannot cancel
+that; catching 5% then needs ~100 rounds. No number of rounds that fits in 10 minutes decides 5%
+on this VM; continuous says so (exit 4) rather than guessing. Counters need no rounds at all.
 
 exit status (as `gembench gate`):
   0  no regression (every metric unchanged or improved)
