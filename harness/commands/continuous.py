@@ -26,7 +26,7 @@ for the best step, 3.4% for --statistic p10 and 8.3% for the median; load bursts
 pushed single rounds to +25..+260% and the SD of any statistic to 10-100%. Two torch threads
 make it worse: when one is descheduled, a parallel op waits a whole scheduler tick (4 ms steps
 seen in backward), so on shared runners pass --threads 1. Even at load 1-2 with --threads 1
-(13 s per process) adjacent processes of one commit differed by ~11% (SD of a round's log ratio):
+(13 s per process) a round's log(HEAD/BASE) still had an SD of 8-11% (12 rounds, 5 min a comparison):
 fresh processes differ by more than drift (memory layout, which core), and pairing cannot cancel
 that; catching 5% then needs ~100 rounds. No number of rounds that fits in 10 minutes decides 5%
 on this VM; continuous says so (exit 4) rather than guessing. Counters need no rounds at all.
