@@ -23,8 +23,23 @@ makes each B step really spin 5% of the median step longer; torch's worker threa
 the spin on two cores, so the realised effect comes out larger than 5% (printed as measured).
   (Hook: WORKLOADS below; a new workload is a function returning one run's step times.)
 
+Paired commits (--paired): the end-to-end check of `gembench continuous`. It clones the current
+commit into a throwaway repository, commits on top of it a planted slowdown in harness/step.py
+(every training step busy-waits 5% of its own measured duration before its clock stops: real CPU
+work, hit by contention like the step itself), and runs `gembench continuous BASE PLANTED` and
+`gembench continuous BASE BASE` (an unchanged pair) --pairs times each, as fresh commands with the
+defaults a CI job would use. A planted pair counts as detected when step_time_s is "regressed"
+(exit 1); an unchanged pair is a false alarm when anything regresses (exit 1). It ends with
+
+  paired: detected D% of planted 5% slowdowns, false alarms F% (N pairs, M min)
+
+Each pair costs two full comparisons (~10 min each on an idle 2-core machine with the defaults):
+choose --pairs for the time you have.
+
 usage:
   python benchmarks/harness_quality.py                     # mlp, about a minute on 2 cores
+  python benchmarks/harness_quality.py --paired --pairs 3  # ~1 hour on 2 cores
+  python benchmarks/harness_quality.py --paired --pairs 1 --rounds 4 --stack baseline   # quicker, less power
   python -m benchmarks.harness_quality --workload tiny --rounds 20
   python benchmarks/harness_quality.py --json quality.json
 """
@@ -200,8 +215,122 @@ def report(figures: dict, workload: str) -> str:
     return "\n".join(lines)
 
 
+# ----------------------------------------------------------------------------- paired commits
+
+PLANT_AT = "        durations = clock.durations()\n"
+PLANT_CODE = (
+    "        # planted by benchmarks/harness_quality.py --paired: busy-wait {fraction} of this step\n"
+    "        _spin_end = time.perf_counter() + {fraction} * (time.perf_counter() - start)\n"
+    "        while time.perf_counter() < _spin_end:\n"
+    "            pass\n"
+)
+
+
+def _git(repo, *args: str) -> str:
+    import subprocess
+
+    proc = subprocess.run(["git", "-C", str(repo), "-c", "user.name=harness-quality", "-c", "user.email=hq@localhost", *args],
+                          capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        raise SystemExit(f"harness_quality: git {' '.join(args)} failed: {proc.stderr.strip()}")
+    return proc.stdout.strip()
+
+
+def planted_repository(root, fraction: float = PLANTED) -> tuple[str, str]:
+    """Clone this checkout's HEAD into ``root`` and commit a ``fraction`` slowdown on top: (base, planted) shas."""
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parents[1]
+    _git(root.parent, "clone", "--quiet", "--no-local", str(here), str(root))
+    base = _git(root, "rev-parse", "HEAD")
+    step = root / "harness" / "step.py"
+    text = step.read_text()
+    if PLANT_AT not in text:
+        raise SystemExit(f"harness_quality: cannot plant the slowdown: {step} no longer has {PLANT_AT.strip()!r}")
+    step.write_text(text.replace(PLANT_AT, PLANT_AT + PLANT_CODE.format(fraction=fraction), 1))
+    _git(root, "commit", "--quiet", "-am", f"plant a {100 * fraction:g}% slowdown in every step (harness_quality --paired)")
+    return base, _git(root, "rev-parse", "HEAD")
+
+
+def continuous(repo, base: str, head: str, extra: list[str]) -> tuple[int, dict]:
+    """One `gembench continuous` command, as CI would run it: (exit status, its JSON report)."""
+    import subprocess
+
+    cmd = [sys.executable, "-m", "gembench", "continuous", base, head, "--repo", str(repo), "--format", "json", "--quiet", *extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=repo)
+    if proc.returncode not in (0, 1, 4):
+        raise SystemExit(f"harness_quality: {' '.join(cmd[2:])} failed (exit {proc.returncode}): {proc.stderr.strip()[-500:]}")
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def paired_main(args) -> int:
+    import tempfile
+    from pathlib import Path
+
+    extra = ["--config", args.config, "--stack", args.stack]
+    if args.paired_rounds is not None:
+        extra += ["--rounds", str(args.paired_rounds)]
+    if args.paired_steps is not None:
+        extra += ["--steps", str(args.paired_steps)]
+    if args.statistic is not None:
+        extra += ["--statistic", args.statistic]
+    if args.threads is not None:
+        extra += ["--threads", str(args.threads)]
+    t0 = time.perf_counter()
+    outcomes = {"planted": [], "unchanged": []}
+    with tempfile.TemporaryDirectory(prefix="gembench-quality-") as tmp:
+        repo = Path(tmp) / "repo"
+        base, planted = planted_repository(repo)
+        print(f"paired: throwaway repository {repo}: BASE {base[:10]}, PLANTED {planted[:10]} (+{100 * PLANTED:g}% busy-wait per step); "
+              f"gembench continuous {' '.join(extra)}", flush=True)
+        for i in range(args.pairs):
+            for kind, head in (("planted", planted), ("unchanged", base)):
+                started = time.perf_counter()
+                keep = ["--keep-results", str(Path(args.keep) / f"pair{i + 1}-{kind}")] if args.keep else []
+                code, report_ = continuous(repo, base, head, extra + keep)
+                row = next((r for r in report_["rows"] if r["metric"] == "step_time_s"), None)
+                ratio, ci = (row["ratio"], row["ratio_ci95"]) if row else (None, None)
+                outcomes[kind].append({"exit": code, "verdict": row and row["verdict"], "ratio": ratio, "ci95": ci,
+                                       "minutes": (time.perf_counter() - started) / 60, "rounds": report_["rounds"],
+                                       "round_ratios": row and row["round_ratios"]})
+                ci_text = f"[{ci[0]:.4f}, {ci[1]:.4f}]" if ci else "-"
+                print(f"paired: pair {i + 1}/{args.pairs} {kind:<9} exit {code}, step_time_s HEAD/BASE "
+                      f"{ratio if ratio is None else f'{ratio:.4f}'} 95% CI {ci_text} {row and row['verdict']}, "
+                      f"{(time.perf_counter() - started) / 60:.1f} min", flush=True)
+    minutes = (time.perf_counter() - t0) / 60
+    n = args.pairs
+    detected = sum(o["verdict"] == "regressed" for o in outcomes["planted"]) / n
+    false = sum(o["exit"] == 1 for o in outcomes["unchanged"]) / n
+    inconclusive = {k: sum(o["exit"] == 4 for o in v) / n for k, v in outcomes.items()}
+    ratios = [r for o in outcomes["unchanged"] for r in (o["round_ratios"] or [])]
+    if len(ratios) > 2:
+        import math
+
+        logs = [math.log(r) for r in ratios]
+        print(f"paired: unchanged pairs: spread of one round's log(HEAD/BASE) {100 * statistics.stdev(logs):.2f}% "
+              f"over {len(logs)} rounds; inconclusive (exit 4): planted {100 * inconclusive['planted']:.0f}%, "
+              f"unchanged {100 * inconclusive['unchanged']:.0f}%")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"pairs": n, "minutes": minutes, "extra": extra, "outcomes": outcomes}, fh, indent=1)
+    print(f"paired: detected {100 * detected:.0f}% of planted {100 * PLANTED:g}% slowdowns, "
+          f"false alarms {100 * false:.0f}% ({n} pairs, {minutes:.0f} min)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--paired", action="store_true",
+                   help="end to end: plant a 5%% slowdown in a throwaway commit and run `gembench continuous` on it "
+                        "and on an unchanged pair, --pairs times")
+    p.add_argument("--pairs", type=int, default=2, help="with --paired: planted and unchanged comparisons, each (default 2)")
+    p.add_argument("--config", default="tiny", help="with --paired: config (default tiny)")
+    p.add_argument("--stack", choices=("optimized", "baseline"), default="optimized", help="with --paired: stack (default optimized)")
+    p.add_argument("--paired-rounds", type=int, default=None, help="with --paired: --rounds of each comparison (default: continuous's)")
+    p.add_argument("--paired-steps", type=int, default=None, help="with --paired: --steps per process (default: continuous's)")
+    p.add_argument("--statistic", choices=("min", "p10", "median"), default=None, help="with --paired: continuous's --statistic")
+    p.add_argument("--threads", type=int, default=None, help="with --paired: continuous's --threads")
+    p.add_argument("--keep", default=None, metavar="DIR", help="with --paired: keep every process's result under DIR/pairI-KIND/")
     p.add_argument("--workload", choices=sorted(WORKLOADS), default="mlp")
     p.add_argument("--rounds", type=int, default=30, help="ABBA rounds: runs per pool (default 30)")
     p.add_argument("--steps", type=int, default=30, help="timed steps per run (default 30)")
@@ -215,6 +344,10 @@ def main(argv: list[str] | None = None) -> int:
                    "spin: B steps really spin 5%% longer (mlp only; contention makes the effect inexact)")
     p.add_argument("--json", default=None, help="also write the figures to this file")
     args = p.parse_args(argv)
+    if args.paired:
+        if args.pairs < 1:
+            p.error("--pairs must be >= 1")
+        return paired_main(args)
     pools = collect(args.workload, args.rounds, args.steps, args.warmup, args.plant)
     figures = evaluate(pools, args.replicates, args.trials, args.alpha, args.min_effect)
     figures["workload"] = args.workload

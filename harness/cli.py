@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "describe": ("gembench.harness.commands.describe", "parameters, memory and FLOPs of a config, without running it"),
     "compare": ("gembench.harness.commands.compare", "compare runs metric by metric: change, interval, verdict"),
     "gate": ("gembench.harness.commands.gate", "CI gate: thresholds and regressions vs the baseline (exit 0/1/2/3/4)"),
+    "continuous": ("gembench.harness.commands.continuous", "run two commits side by side (ABBA), paired verdict per metric (exit 0/1/2/4)"),
     "promote": ("gembench.harness.commands.promote", "make runs the committed baseline for their config and hardware"),
     "peak": ("gembench.harness.commands.peak", "show, re-measure (--recalibrate) or forget (--clear) the CPU peaks"),
     "report": ("gembench.harness.commands.report", "one self-contained HTML page: MFU across commits, stages, ranks, comm"),
@@ -34,6 +35,7 @@ examples:
   gembench describe --config xl         # sizes and FLOPs of a config no laptop runs
   gembench compare a.json b.json        # change, interval and verdict per metric
   gembench gate r.json                  # CI: exit 0 pass, 1 regression, 3 not comparable, 4 noisy
+  gembench continuous HEAD~1 HEAD       # two commits in alternating processes: catches a 5% slowdown
   gembench promote r.json               # make a run the baseline of its config and hardware
   gembench peak --recalibrate           # CPU peaks: best of several quiet GEMM rounds
   gembench report --out report/         # HTML page of results/runs and the baselines

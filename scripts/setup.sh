@@ -45,4 +45,13 @@ else
   "${pip[@]}" install -c "$constraints" triton==3.6.0
 fi
 "${pip[@]}" install -c "$constraints" -e ".[test]"
+# valgrind: callgrind instruction counts of the kernel micro-benchmarks (benchmarks/instructions.py).
+# A system package, so only where we are root with apt; elsewhere that benchmark skips with a notice.
+if ! command -v valgrind >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -qq && apt-get install -y -qq valgrind >/dev/null
+  else
+    echo "notice: valgrind not installed (needs root and apt-get); benchmarks/instructions.py will be skipped" >&2
+  fi
+fi
 .venv/bin/python -c "import torch, torchrec, fbgemm_gpu; print(f'gembench env ready: torch {torch.__version__}, torchrec {torchrec.__version__}')"

@@ -27,6 +27,7 @@ def make_result(
     flops_per_step: float = 1e9,
     peak_tflops: float = 0.1,
     metrics: dict | None = None,
+    counters: dict | None = None,
     **env,
 ) -> dict:
     """A result whose step times are N(step_s, (noise*step_s)^2) and whose metrics follow from them."""
@@ -41,7 +42,9 @@ def make_result(
         "peak_memory_bytes": 123_456_789,
     }
     headline.update(metrics or {})
-    return {
+    if counters is not None:  # the shared contract: result["counters"], copied into the flat metrics
+        headline.update({k: v for k, v in counters.items() if k != "source" and v is not None})
+    result = {
         "schema": SCHEMA,
         "id": rid,
         "created": "2026-01-01T00:00:00+00:00",
@@ -56,6 +59,9 @@ def make_result(
                     "examples_per_s": headline["examples_per_s"], "mfu": headline["mfu"]},
         "metrics": headline,
     }
+    if counters is not None:
+        result["counters"] = {"source": "synthetic", **counters}
+    return result
 
 
 def save(tmp: Path, result: dict, name: str | None = None) -> str:

@@ -23,3 +23,19 @@ def test_evaluate_reports_both_modes_with_sane_rates():
 def test_no_effect_is_not_detected():
     figures = evaluate(_pools(0.0, seed=3), replicates=4, trials=60)
     assert figures["replicates"]["detection_rate"] <= 0.05
+
+
+def test_paired_plants_a_committed_busy_wait_inside_the_timed_step(tmp_path):
+    import subprocess
+
+    from benchmarks.harness_quality import planted_repository
+
+    repo = tmp_path / "repo"
+    base, planted = planted_repository(repo, 0.05)
+    assert base != planted
+    diff = subprocess.run(["git", "-C", str(repo), "diff", base, planted], capture_output=True, text=True, check=True).stdout
+    assert "+        _spin_end = time.perf_counter() + 0.05 * (time.perf_counter() - start)" in diff
+    text = (repo / "harness" / "step.py").read_text()
+    compile(text, "step.py", "exec")
+    # inside the loop, after the step and before its clock stops: the spin is part of every timed step
+    assert text.index("_spin_end") > text.index("loss = train_step(") and text.index("_spin_end") < text.index("elapsed = time.perf_counter() - start")

@@ -6,7 +6,11 @@ The first SIDE is the reference A; every further SIDE is compared against it.
 
 Verdicts know each metric's direction (mfu, examples_per_s, ab_mfu_ratio: higher is better;
 step_time_s, imbalance_max_mean, exposed_comm_fraction, peak_memory_bytes: lower is better):
-improved / regressed need a one-sided test at --alpha (Holm-corrected across metrics) AND a change
+Cost counters (aten_ops, host_syncs, h2d_bytes, kernels, graph_breaks, recompiles) and kernel
+instruction counts (instructions.<kernel>, from benchmarks/instructions.py) are exact: any increase
+beyond --thresholds' allowance (default 0; instructions 1%) regresses, any decrease improves; a
+counter absent on either side is not judged ("-").
+For timing metrics, improved / regressed need a one-sided test at --alpha (Holm-corrected across metrics) AND a change
 of at least --min-effect; unchanged needs the interval inside +-min-effect; else inconclusive.
 Replicate runs (two or more per side) are the independent unit; with one run per side, batch medians
 of its per-step samples stand in (within-run noise only: run replicates for decisions that matter).
@@ -43,6 +47,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-effect", type=float, default=None, help="smallest relative change that counts, e.g. 0.03 = 3%% (default 0.03)")
     parser.add_argument("--metric", action="append", default=None, help="judge only this metric (repeatable)")
     parser.add_argument("--force", action="store_true", help="compare even when hardware class, package stack or config hash differ")
+    parser.add_argument("--thresholds", default=None,
+                        help="thresholds TOML for the exact counters' allowed increase (default results/thresholds.toml "
+                        "where it exists, else 0 for counters and 1%% for instruction counts)")
 
 
 def expand_side(text: str) -> list[Path]:
@@ -98,6 +105,16 @@ def write_output(path: Path, text: str) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+def counter_limits(path: str | None, reference: dict):
+    """thresholds.Limits for the reference's config and hardware class; None when no file applies."""
+    from gembench.harness.regression import thresholds
+    from gembench.harness.regression.results import field
+
+    if path is None:
+        if not thresholds.DEFAULT_PATH.exists():
+            return None
+        path = str(thresholds.DEFAULT_PATH)
+    return thresholds.load(path, str(field(reference, "config.name")), str(field(reference, "env.hardware_class")))
 
 
 def main(args: argparse.Namespace) -> int:
@@ -113,8 +130,9 @@ def main(args: argparse.Namespace) -> int:
     alpha = stats.ALPHA if args.alpha is None else args.alpha
     min_effect = stats.MIN_EFFECT if args.min_effect is None else args.min_effect
     reference = load_side(args.sides[0])
+    limits = counter_limits(args.thresholds, reference[0])
     results = [
-        compare.compare(reference, load_side(side), alpha, min_effect, args.force, only=args.metric)
+        compare.compare(reference, load_side(side), alpha, min_effect, args.force, only=args.metric, limits=limits)
         for side in args.sides[1:]
     ]
     if args.format == "json":

@@ -3,7 +3,9 @@
 RESULT is one or more replicate result files of the commit under test (or quoted globs). Limits
 come from --thresholds for the run's config and hardware class; the baseline is
 results/baselines/<hardware_class>/<config>.json unless --baseline names another. Prints one line
-per check: PASS, FAIL, SKIP (nothing to check), INCONCLUSIVE or NOT-COMPARABLE.
+per check: PASS, FAIL, SKIP (nothing to check), INCONCLUSIVE or NOT-COMPARABLE. Cost counters
+(aten_ops, host_syncs, h2d_bytes, kernels, graph_breaks, recompiles) present in both the run and the
+baseline are checked exactly: more than the thresholds' max_counter_increase (default 0) is a FAIL.
 
 exit status (worst check wins, in this order):
   1  a threshold missed, a metric regressed against the baseline, or a run diverged (its loss
@@ -67,7 +69,7 @@ def main(args: argparse.Namespace) -> int:
             status = gate.NOT_COMPARABLE if args.require_baseline else gate.SKIP
             checks.append(gate.Check(status, "baseline", f"none at {path} (create one: gembench promote RESULT)"))
         else:
-            checks += gate.baseline_checks(runs, load_runs(path), str(path), alpha, min_effect)
+            checks += gate.baseline_checks(runs, load_runs(path), str(path), alpha, min_effect, limits)
 
     print(f"gate {config} on {hw}: {len(runs)} run(s), thresholds {args.thresholds}, alpha={alpha:g}, min effect {100 * min_effect:g}%")
     for c in checks:

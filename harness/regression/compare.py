@@ -11,7 +11,8 @@ import math
 from dataclasses import dataclass, field
 
 from gembench.harness.regression import stats
-from gembench.harness.regression.directions import METRICS, per_step
+from gembench.harness.regression.counters import judge_counter
+from gembench.harness.regression.directions import METRICS, info, per_step
 from gembench.harness.regression.results import COMPARABLE_KEYS, differences
 
 
@@ -74,8 +75,13 @@ def compare(
     force: bool = False,
     keys=COMPARABLE_KEYS,
     only: list[str] | None = None,
+    limits=None,
 ) -> Comparison:
-    """Judge every known metric present on both sides; unknown metrics are listed, not judged."""
+    """Judge every known metric present on both sides; unknown metrics are listed, not judged.
+
+    Cost counters and instruction counts are judged exactly against their allowed increase from
+    ``limits`` (a thresholds.Limits; None: the defaults, 0 for counters, 1% for instructions).
+    """
     if not a or not b:
         raise ValueError("each side needs at least one run")
     c = Comparison([r.get("id", "?") for r in a], [r.get("id", "?") for r in b], side_reasons(a, b, keys), force, alpha, min_effect)
@@ -86,16 +92,29 @@ def compare(
         names += [n for n in (r.get("metrics") or {}) if n not in names]
     if only:
         names = [n for n in names if n in only]
-    series = {}
+    series, counted = {}, []
     for name in names:
         va, vb = _values(a, name), _values(b, name)
-        if name not in METRICS or not va or not vb:
+        meta = info(name)
+        if meta is None or not va or not vb:
             c.unjudged[name] = (stats.mean(va) if va else None, stats.mean(vb) if vb else None)
             continue
+        if meta.counter:
+            counted.append(judge_counter(name, va, vb, *counter_limit(limits, name)))
+            continue
         sa, sb, method = series_for(a, b, name)
-        series[name] = (sa, sb, method, METRICS[name].lower_is_better)
-    c.judgements = stats.judge(series, alpha, min_effect)
+        series[name] = (sa, sb, method, meta.lower_is_better)
+    c.judgements = stats.judge(series, alpha, min_effect) + counted
     return c
+
+
+def counter_limit(limits, metric: str) -> tuple[float, str]:
+    """(allowed increase, where it was set) for a counter, from thresholds.Limits or the defaults."""
+    if limits is not None:
+        return limits.counter_limit(metric)
+    from gembench.harness.regression.thresholds import Limits
+
+    return Limits().counter_limit(metric)
 
 
 # ----------------------------------------------------------------------------- rendering
@@ -107,6 +126,11 @@ def _num(v: float | None) -> str:
     if v != 0 and (abs(v) >= 1e6 or abs(v) < 1e-3):
         return f"{v:.4g}"
     return f"{v:.4f}".rstrip("0").rstrip(".") if abs(v) < 100 else f"{v:.1f}"
+
+
+def _count(v: float | None) -> str:
+    """An exact count as an integer with thousands separators."""
+    return "-" if v is None else f"{v:,.0f}" if float(v).is_integer() else f"{v:,}"
 
 
 def _pct(v: float | None) -> str:
@@ -130,6 +154,7 @@ def rows(c: Comparison) -> list[dict]:
                 "method": j.method,
                 "n": [j.n_a, j.n_b],
                 "verdict": j.verdict,
+                "note": j.note,
             }
         )
     for name, (va, vb) in c.unjudged.items():
@@ -141,9 +166,12 @@ def header(c: Comparison) -> list[str]:
     lines = [f"A: {', '.join(c.a_ids)}", f"B: {', '.join(c.b_ids)}"]
     if c.reasons:
         lines.append(("FORCED, " if c.forced else "") + "not comparable: " + "; ".join(c.reasons))
+    tested = sum(1 for j in c.judgements if j.method != "count")
+    counted = len(c.judgements) - tested
     lines.append(
-        f"one-sided tests at alpha={c.alpha:g} (Holm across {len(c.judgements)} metrics), "
+        f"one-sided tests at alpha={c.alpha:g} (Holm across {tested} metrics), "
         f"min effect {100 * c.min_effect:g}%, interval {100 * (1 - 2 * c.alpha):g}%"
+        + (f"; {counted} exact counters: any increase beyond its threshold regresses" if counted else "")
     )
     return lines
 
@@ -158,7 +186,8 @@ def render_table(c: Comparison, fmt: str) -> str:
         ci = "-" if not r["ci"] else f"[{_pct(r['ci'][0])}, {_pct(r['ci'][1])}]"
         p = r.get("p_worse_holm") if r["verdict"] != "improved" else r.get("p_better_holm")
         arrow = {"lower": " (lower better)", "higher": " (higher better)"}.get(r["better"], "")
-        table.append([r["metric"] + arrow, _num(r["a"]), _num(r["b"]), _pct(r["change"]), ci, _num(p), r.get("method", "-"), r["verdict"]])
+        fmt_value = _count if r.get("method") == "count" else _num
+        table.append([r["metric"] + arrow, fmt_value(r["a"]), fmt_value(r["b"]), _pct(r["change"]), ci, _num(p), r.get("method", "-"), r["verdict"]])
     cols = ["metric", "A", "B", "change", level, "p (Holm)", "one value is", "verdict"]
     lines = header(c)
     if c.reasons and not c.forced:

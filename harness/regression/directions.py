@@ -17,6 +17,12 @@ class MetricInfo:
     unit: str
     exact: bool = False  # does not vary between runs of one commit: compare values directly
     samples: str | None = None  # key under result["samples"] holding its per-step values
+    # Cost counters: deterministic counts of work done. Judged with no statistics: any increase
+    # beyond the threshold named ``limit`` (a fraction of A's count, results/thresholds.toml; the
+    # general ``max_counter_increase`` next, ``default_increase`` when neither is set) regresses.
+    counter: bool = False
+    limit: str | None = None
+    default_increase: float = 0.0
 
 
 METRICS: dict[str, MetricInfo] = {
@@ -32,6 +38,31 @@ METRICS: dict[str, MetricInfo] = {
         MetricInfo("peak_memory_bytes", True, "B", exact=True),
     )
 }
+
+# The cost counters every result carries (result["counters"], copied into result["metrics"]):
+# aten ops dispatched, host-device syncs, host-to-device bytes, GPU kernels launched (none on CPU),
+# torch.compile graph breaks and recompiles. All lower-is-better and deterministic for a seed.
+COUNTERS = ("aten_ops", "host_syncs", "h2d_bytes", "kernels", "graph_breaks", "recompiles")
+GENERAL_COUNTER_LIMIT = "max_counter_increase"
+for _name in COUNTERS:
+    METRICS[_name] = MetricInfo(_name, True, "B" if _name == "h2d_bytes" else "count", exact=True, counter=True,
+                                limit=f"max_{_name}_increase")
+
+# Instruction counts of the kernel micro-benchmarks (benchmarks/instructions.py), one metric per
+# kernel named "instructions.<kernel>". Callgrind counts vary ~0.2% between runs (interpreter and
+# allocator state), so the default allowance is 1%, and the general counter limit does not apply.
+INSTRUCTIONS_PREFIX = "instructions."
+INSTRUCTIONS_LIMIT = "max_instructions_increase"
+
+
+def info(metric: str) -> MetricInfo | None:
+    """How to judge ``metric``, or None when its direction is unknown (shown, never judged)."""
+    if metric in METRICS:
+        return METRICS[metric]
+    if metric.startswith(INSTRUCTIONS_PREFIX):
+        return MetricInfo(metric, True, "instructions", exact=True, counter=True, limit=INSTRUCTIONS_LIMIT,
+                          default_increase=0.01)
+    return None
 
 
 def per_step(result: dict, metric: str) -> list[float]:

@@ -78,14 +78,25 @@ def threshold_checks(runs: list[dict], limits: Limits) -> list[Check]:
     return checks
 
 
-def baseline_checks(runs: list[dict], baseline: list[dict], baseline_name: str, alpha: float, min_effect: float) -> list[Check]:
+def counter_check(j: stats.Judgement, prefix: str = "") -> Check:
+    """A cost counter's exact judgement (counters.judge_counter) as one check line."""
+    change = "" if j.change is None else f" ({100 * j.change:+.2f}%)"
+    status = FAIL if j.verdict == stats.REGRESSED else PASS
+    return Check(status, f"{prefix}{j.metric}", f"{j.verdict}: {j.mean_a:.10g} -> {j.mean_b:.10g}{change}, exact count, {j.note}")
+
+
+def baseline_checks(runs: list[dict], baseline: list[dict], baseline_name: str, alpha: float, min_effect: float,
+                    limits: Limits | None = None) -> list[Check]:
     """One check per metric judged against the baseline, or one NOT-COMPARABLE line."""
-    c = compare(baseline, runs, alpha, min_effect, keys=COMPARABLE_KEYS + RUN_KEYS)
+    c = compare(baseline, runs, alpha, min_effect, keys=COMPARABLE_KEYS + RUN_KEYS, limits=limits)
     if not c.comparable:
         return [Check(NOT_COMPARABLE, "baseline", f"{baseline_name}: " + "; ".join(c.reasons))]
     checks = []
     for j in c.judgements:
         name = f"vs baseline {j.metric}"
+        if j.method == "count":
+            checks.append(counter_check(j, "vs baseline "))
+            continue
         if not j.testable:
             checks.append(Check(SKIP, name, f"{j.mean_a:.4g} -> {j.mean_b:.4g}: {j.note}"))
             continue

@@ -53,6 +53,9 @@ from gembench.harness.regression.schema import load_document, validate  # noqa: 
 
 SCHEMA = "gembench.result/1"
 BASELINE_SCHEMA = "gembench.baseline/1"
+# Instruction counts of the kernel micro-benchmarks (benchmarks/instructions.py): result-like
+# (id, config, env, metrics "instructions.<kernel>"), so compare reads them like results.
+INSTRUCTIONS_SCHEMA = "gembench.instructions/1"
 
 RESULTS_DIR = Path("results")
 RUNS_DIR = RESULTS_DIR / "runs"
@@ -115,7 +118,7 @@ def load_result(path: str | os.PathLike) -> dict:
     """Read one result file, validated against its JSON Schema; errors name the file and field."""
     path = Path(path)
     data = load_document(path)
-    if data["schema"] != SCHEMA:
+    if data["schema"] not in (SCHEMA, INSTRUCTIONS_SCHEMA):
         raise UsageError(f"{path} is a {data['schema']} bundle, not a single {SCHEMA} result")
     return data
 

@@ -15,7 +15,10 @@ holds. gembench uses, in this order:
    autocorrelated series, with medians because a shared machine injects multi-second stalls that
    would swamp a mean; it also matches the p50 headline step time). It sees within-run noise
    only; use replicates for decisions that matter.
-3. **exact**: metrics that do not vary between runs of the same commit (peak memory) are compared
+3. **paired**: ``gembench continuous`` runs the two commits in alternating fresh processes; each
+   round's pair (one process of each, side by side in time) gives one log ratio, and the test is
+   a one-sample t on those (paired_change). Drift shared by the pair cancels.
+4. **exact**: metrics that do not vary between runs of the same commit (peak memory) are compared
    directly against the minimum effect.
 
 The test
@@ -134,6 +137,26 @@ def relative_change(a: list[float], b: list[float], log: bool | None = None) -> 
     return Change(ma, mb, mb / ma - 1.0, se, df, mb / ma - 1.0, False)
 
 
+def paired_change(a: list[float], b: list[float]) -> Change:
+    """Relative change of B against A from paired values (a[i] and b[i] ran side by side).
+
+    The unit is one pair: its log ratio ``log(b[i] / a[i])``. Drift that both members of a pair
+    share (another job starting, frequency scaling, a neighbour's compile) cancels in the ratio, so
+    the spread left is the pair-to-pair spread of the ratio, usually far below the run-to-run
+    spread of either side. One-sample t on the log ratios, ``len - 1`` degrees of freedom; the
+    change is the geometric mean ratio minus one (the same quantity paired_ratio_interval gives).
+    """
+    if len(a) != len(b) or not a:
+        raise ValueError(f"paired values need equal, non-zero lengths, got {len(a)} and {len(b)}")
+    if not all(v > 0 for v in a + b):
+        raise ValueError("paired ratios need positive values")
+    logs = [math.log(y / x) for x, y in zip(a, b)]
+    d = mean(logs)
+    se = math.sqrt(variance(logs) / len(logs)) if len(logs) > 1 else math.inf
+    return Change(math.exp(mean([math.log(v) for v in a])), math.exp(mean([math.log(v) for v in b])),
+                  math.expm1(d), se, float(len(logs) - 1) if len(logs) > 1 else math.inf, d, True)
+
+
 def one_sided_p(change: Change, lower_is_better: bool) -> tuple[float, float]:
     """(p_worse, p_better): one-sided p-values for "B is worse" and "B is better" than A."""
     from scipy.special import stdtr  # Student t CDF; far lighter to import than scipy.stats
@@ -191,7 +214,7 @@ class Judgement:
 
     metric: str
     lower_is_better: bool
-    method: str  # replicates | batch-medians | exact | single
+    method: str  # replicates | batch-medians | paired | exact | single | count
     n_a: int
     n_b: int
     mean_a: float
@@ -234,7 +257,7 @@ def judge(
             j.note = "one value each side and no per-step samples: give replicate runs to decide"
             out.append(j)
             continue
-        c = relative_change(a, b)
+        c = paired_change(a, b) if method == "paired" else relative_change(a, b)
         pw, pb = one_sided_p(c, lower)
         out.append(Judgement(metric, lower, method, len(a), len(b), c.mean_a, c.mean_b, c.change, interval(c, alpha), pw, pb))
     tested = [j for j in out if j.testable]

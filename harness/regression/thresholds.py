@@ -8,10 +8,11 @@ applied in file order. Every mistake names the file, the table and the field.
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gembench.harness.errors import UsageError
+from gembench.harness.regression.directions import COUNTERS, GENERAL_COUNTER_LIMIT, INSTRUCTIONS_LIMIT, info
 
 DEFAULT_PATH = Path("results/thresholds.toml")
 
@@ -24,6 +25,16 @@ FIELDS: dict[str, tuple[float, float, str]] = {
     "alpha": (1e-9, 0.4999, "false-alarm rate of the regression tests against the baseline"),
     "min_effect": (0.0, 0.9999, "smallest relative change against the baseline that counts (0.03 = 3%)"),
 }
+# Cost counters (directions.COUNTERS) and instruction counts: the largest increase that is not a
+# regression, a fraction of the reference count (0 = any increase fails, 0.01 = 1%). No statistics:
+# the counts are exact. A per-counter field beats max_counter_increase.
+COUNTER_FIELDS: dict[str, tuple[float, float, str]] = {
+    GENERAL_COUNTER_LIMIT: (0.0, 1e6, "largest allowed increase of any cost counter, a fraction (0 = none)"),
+    **{f"max_{c}_increase": (0.0, 1e6, f"largest allowed increase of the {c} counter, a fraction (0 = none)")
+       for c in COUNTERS},
+    INSTRUCTIONS_LIMIT: (0.0, 1e6, "largest allowed increase of a kernel's instruction count, a fraction (0.01 = 1%)"),
+}
+FIELDS.update(COUNTER_FIELDS)
 
 
 @dataclass
@@ -37,6 +48,18 @@ class Limits:
     alpha: float | None = None
     min_effect: float | None = None
     sources: dict | None = None
+    counters: dict = field(default_factory=dict)  # COUNTER_FIELDS name -> fraction, where set
+
+    def counter_limit(self, metric: str) -> tuple[float, str]:
+        """(allowed increase as a fraction, where it was set) for a counter metric."""
+        meta = info(metric)
+        keys = [meta.limit] if meta and meta.limit else []
+        if meta and meta.limit != INSTRUCTIONS_LIMIT:
+            keys.append(GENERAL_COUNTER_LIMIT)
+        for key in keys:
+            if key in self.counters:
+                return self.counters[key], f"{key} from {(self.sources or {}).get(key, '?')}"
+        return (meta.default_increase if meta else 0.0), "default"
 
 
 def _check_table(path: Path, where: str, table) -> dict:
@@ -92,6 +115,9 @@ def load(path: str | Path, config: str, hardware_class: str) -> Limits:
     limits = Limits(sources={})
     for where, values in layers:
         for key, value in values.items():
-            setattr(limits, key, value)
+            if key in COUNTER_FIELDS:
+                limits.counters[key] = value
+            else:
+                setattr(limits, key, value)
             limits.sources[key] = where
     return limits

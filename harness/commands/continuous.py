@@ -1,0 +1,290 @@
+"""Compare two commits by running them side by side: paired rounds of fresh processes.
+
+Checks BASE and HEAD out into temporary git worktrees and runs `gembench run` for each in
+alternating fresh processes, in ABBA order (round 1: BASE then HEAD, round 2: HEAD then BASE, ...),
+with the same Python and venv, config, stack, seed and batches. Each round gives one HEAD/BASE
+ratio per timing metric from the two adjacent processes, so drift of a shared machine (other jobs,
+frequency scaling), which hits adjacent processes alike, cancels; one value per process is the
+best of its --steps short steps (--statistic median: their median). The ratios are tested with a
+paired one-sided t-test on their logarithms at --alpha (Holm across the timing metrics), with the
+same decision rule as `gembench gate` (regressed needs p <= alpha AND a change >= --min-effect;
+unchanged needs the interval inside +-min-effect). The table shows the ratio HEAD/BASE with its 95%
+interval. Cost counters (aten_ops, host_syncs, h2d_bytes, kernels, graph_breaks, recompiles), where
+the results carry them, are compared exactly: any increase beyond results/thresholds.toml's
+allowance (default 0) is a regression, with no statistics.
+
+Why the defaults (tiny, optimized stack, --rounds 12, --steps 200, --statistic min). With K rounds
+the paired test catches a 5% slowdown with 95% power at alpha = 1% when the spread (SD) of one
+round's log(HEAD/BASE) is at most 5% * sqrt(K) / (t(0.99, K-1) + t(0.95, K-1)): 3.8% for K = 12,
+2.9% for K = 8, 2.3% for K = 6. One process of tiny takes ~15-23 s on a quiet 2-core VM (imports,
+torch.compile of the dense arch, then 200 steps of ~10 ms), so 12 rounds = 24 processes fit the
+10-minute budget; the 200 steps cost ~2 s of that and give the best step many chances. Contention
+only ever adds time to a step, so a process's best step is its least disturbed one (quiet VM: best
+9.5 ms, median 10.6 ms, p90 24 ms). Measured on this VM while other jobs shared its 2 cores
+(benchmarks/harness_quality.py --paired, Dec 2026): at load ~2.5-3.5 the first rounds' SD was 5.2%
+for the best step, 3.4% for --statistic p10 and 8.3% for the median; load bursts (4-11) then
+pushed single rounds to +25..+260% and the SD of any statistic to 10-100%. Two torch threads
+make it worse: when one is descheduled, a parallel op waits a whole scheduler tick (4 ms steps
+seen in backward), so on shared runners pass --threads 1. Even at load 1-2 with --threads 1
+(13 s per process) a round's log(HEAD/BASE) still had an SD of 8-11% (12 rounds, 5 min a comparison):
+fresh processes differ by more than drift (memory layout, which core), and pairing cannot cancel
+that; catching 5% then needs ~100 rounds. No number of rounds that fits in 10 minutes decides 5%
+on this VM; continuous says so (exit 4) rather than guessing. Counters need no rounds at all.
+
+exit status (as `gembench gate`):
+  0  no regression (every metric unchanged or improved)
+  1  a metric regressed (a counter increased beyond its threshold, or a significant slowdown)
+  4  too noisy to tell: rerun with more --rounds
+  2  an error: unknown revision, a revision that fails to run (named, with its error), bad flag
+
+examples:
+  gembench continuous HEAD~1 HEAD                         # tiny, 12 rounds, ~10 min on 2 cores
+  gembench continuous origin/main HEAD --rounds 6 --format markdown >> $GITHUB_STEP_SUMMARY
+  gembench continuous v0.1 HEAD --config small --steps 50 --rounds 8
+  gembench continuous HEAD~1 HEAD --format json > continuous.json
+  gembench continuous HEAD~1 HEAD --keep-results runs/    # keep every process's result JSON
+  gembench continuous HEAD~1 HEAD --benchmark instructions --kernel wukong_fm   # callgrind counts, 1% allowed
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from gembench.harness.errors import UsageError
+
+DEFAULT_ROUNDS = 12
+DEFAULT_STEPS = 200
+LABELS = ("BASE", "HEAD")
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    from gembench.harness.regression.paired import STATISTICS
+
+    p.add_argument("base", metavar="BASE", help="reference revision (a commit, branch, tag, HEAD~1)")
+    p.add_argument("head", metavar="HEAD", help="revision under test")
+    p.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
+                   help=f"paired rounds, each one process per revision, ABBA order (default {DEFAULT_ROUNDS}: "
+                        "catches a 5%% slowdown on a noisy 2-core machine, see above)")
+    p.add_argument("--benchmark", choices=("run", "instructions"), default="run",
+                   help="run: `gembench run` timings and counters (default); instructions: each revision's "
+                        "benchmarks/instructions.py callgrind counts, exact, so --rounds 1 suffices")
+    p.add_argument("--kernel", action="append", default=None,
+                   help="with --benchmark instructions: kernel to count (repeatable; default all)")
+    p.add_argument("--config", default="tiny", help="config name or .toml path (default: tiny)")
+    p.add_argument("--steps", type=int, default=DEFAULT_STEPS,
+                   help=f"timed steps per process (default {DEFAULT_STEPS}: many short steps make the median robust)")
+    p.add_argument("--warmup", type=int, default=3, help="discarded warm-up steps per process (default 3)")
+    p.add_argument("--stack", choices=("optimized", "baseline"), default="optimized", help="training stack (default optimized)")
+    p.add_argument("--nproc", type=int, default=None, metavar="N", help="torchrun ranks per process (default: one process)")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="torch intra-op threads of every process (OMP_NUM_THREADS; default: torch's own choice). "
+                        "On a machine shared with other jobs, 1 thread makes steps far steadier: a parallel op "
+                        "waits for its slowest thread, and a descheduled one costs a whole scheduler tick")
+    p.add_argument("--seed", type=int, default=0, help="seed of weights and data, the same for both (default 0)")
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda[:N] (default auto)")
+    p.add_argument("--metric", action="append", default=None,
+                   help="timing metric to test (repeatable; default step_time_s, the median step; mfu and "
+                        "examples_per_s are its reciprocals at equal FLOPs, so testing them too only costs power)")
+    p.add_argument("--statistic", choices=STATISTICS, default="min",
+                   help="one value per process from its steps: min, the best step (default); p10, the 10th "
+                        "percentile; or median")
+    p.add_argument("--format", choices=("table", "markdown", "json"), default="table", help="output (default table)")
+    p.add_argument("--thresholds", default="results/thresholds.toml",
+                   help="thresholds TOML: alpha, min_effect and counter allowances (default %(default)s; "
+                        "built-in defaults where it does not exist)")
+    p.add_argument("--alpha", type=float, default=None, help="false-alarm rate (default from thresholds, else 0.01)")
+    p.add_argument("--min-effect", type=float, default=None, help="smallest change that counts (default from thresholds, else 0.03)")
+    p.add_argument("--repo", default=".", help="git repository holding both revisions (default: the current one)")
+    p.add_argument("--keep-results", type=Path, default=None, metavar="DIR",
+                   help="copy every process's result JSON into DIR (named round-revision)")
+    p.add_argument("--timeout", type=float, default=1800, metavar="S", help="longest one process may run (default 1800 s)")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+
+def run_process(cmd: list[str], env: dict, cwd: Path, timeout: float) -> tuple[int, str]:
+    """Run one benchmark process in its own session; (exit status, stderr). Killed on any interrupt.
+
+    Its own session, so that on Ctrl-C or SIGTERM the whole group (torchrun ranks, compile workers)
+    is ended here, and none outlives the command.
+    """
+    from gembench.harness.regression.worktrees import deferred_interrupts
+
+    proc = None
+    try:
+        with deferred_interrupts():  # an interrupt now would orphan the half-started child
+            proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                    text=True, start_new_session=True)
+        _, err = proc.communicate(timeout=timeout)
+        return proc.returncode, err
+    except subprocess.TimeoutExpired:
+        _end_group(proc)
+        return 124, f"timed out after {timeout:g} s (--timeout)"
+    finally:
+        if proc is not None and proc.poll() is None:
+            _end_group(proc)
+
+
+def _end_group(proc: subprocess.Popen) -> None:
+    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def error_line(stderr: str) -> str:
+    """The one line of a failed run that says why: its `error:` line, else the last line."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if "error:" in ln.lower() or ln.startswith(("Traceback", "ModuleNotFoundError", "ImportError")) or "Error" in ln.split(":")[0]:
+            return ln
+    return lines[-1] if lines else "no output"
+
+
+def child_env(pythonpath: Path, threads: int | None = None) -> dict:
+    env = dict(os.environ)
+    if threads is not None:  # torch takes its intra-op thread count from these at start-up
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
+    env["PYTHONPATH"] = str(pythonpath)  # only the revision: an inherited path could shadow it
+    for var in ("GEMBENCH_COMMIT", "ASV_COMMIT"):  # the result's commit must be the worktree's own
+        env.pop(var, None)
+    return env
+
+
+def run_command(args: argparse.Namespace, out: Path, worktree: Path) -> list[str]:
+    if args.benchmark == "instructions":
+        kernels = [a for k in (args.kernel or []) for a in ("--kernel", k)]
+        return [sys.executable, str(worktree / "benchmarks" / "instructions.py"), "--out", str(out), *kernels]
+    config = args.config
+    if config.endswith(".toml") or Path(config).exists():
+        config = str(Path(config).resolve())  # the process runs in the worktree
+    cmd = [sys.executable, "-m", "gembench", "run", "--config", config, "--steps", str(args.steps),
+           "--warmup", str(args.warmup), "--stack", args.stack, "--seed", str(args.seed), "--device", args.device,
+           "--out", str(out), "--quiet"]
+    if args.nproc is not None:
+        cmd += ["--nproc", str(args.nproc)]
+    return cmd
+
+
+def check_args(args: argparse.Namespace) -> None:
+    from gembench.harness.commands.compare import check_decision_args
+    from gembench.harness.regression.directions import METRICS
+
+    if args.benchmark == "instructions" and args.rounds == DEFAULT_ROUNDS:
+        args.rounds = 1  # exact counts: one process per revision decides
+    if args.rounds < (1 if args.benchmark == "instructions" else 2):
+        raise UsageError(f"--rounds must be at least 2 for an interval, got {args.rounds}")
+    if args.benchmark == "instructions":
+        from gembench.benchmarks.instructions import valgrind_version
+
+        if valgrind_version() is None:
+            raise UsageError("--benchmark instructions needs valgrind (apt-get install -y valgrind, or scripts/setup.sh as root)")
+    if args.threads is not None and args.threads < 1:
+        raise UsageError(f"--threads must be >= 1, got {args.threads}")
+    if args.steps < 1 or args.warmup < 0:
+        raise UsageError(f"--steps must be >= 1 and --warmup >= 0, got {args.steps} and {args.warmup}")
+    check_decision_args(args.alpha, args.min_effect)
+    for m in args.metric or []:
+        if m not in METRICS or METRICS[m].counter:
+            timing = [n for n, i in METRICS.items() if not i.counter]
+            raise UsageError(f"--metric {m!r} is not a timing metric; known: {', '.join(timing)} (counters are always compared)")
+    if args.keep_results is not None:
+        args.keep_results.mkdir(parents=True, exist_ok=True)
+
+
+def main(args: argparse.Namespace) -> int:
+    from gembench.harness.regression import paired, stats, thresholds, worktrees
+    from gembench.harness.regression.results import differences, field, load_result
+
+    check_args(args)
+    repo = worktrees.repo_root(args.repo)
+    started = time.perf_counter()
+    say = (lambda msg: None) if args.quiet else (lambda msg: print(f"continuous: {msg}", file=sys.stderr, flush=True))
+    rounds: list[tuple[dict, dict]] = []
+    with worktrees.temporary_checkouts(repo, {"BASE": args.base, "HEAD": args.head}) as co:
+        what = ("benchmarks/instructions.py" if args.benchmark == "instructions" else
+                f"gembench run --config {args.config} --steps {args.steps} --stack {args.stack}")
+        say(f"BASE {args.base} = {co['BASE'].sha[:10]}, HEAD {args.head} = {co['HEAD'].sha[:10]}: {args.rounds} rounds "
+            f"(ABBA) of `{what}`, one process each")
+        results_dir = co["BASE"].path.parent / "results"
+        results_dir.mkdir()
+        durations: list[float] = []
+        total = 2 * args.rounds
+        for r in range(args.rounds):
+            order = LABELS if r % 2 == 0 else LABELS[::-1]
+            pair = {}
+            for label in order:
+                c = co[label]
+                out = results_dir / f"round{r + 1:02d}-{label.lower()}.json"
+                t0 = time.perf_counter()
+                code, err = run_process(run_command(args, out, c.path), child_env(c.pythonpath, args.threads), c.path, args.timeout)
+                durations.append(time.perf_counter() - t0)
+                if code != 0 or not out.exists():
+                    raise UsageError(f"{label} {c.revision} ({c.sha[:10]}) failed to run (exit {code}): {error_line(err)}")
+                result = load_result(out)
+                ran = field(result, "env.git_commit")
+                if ran not in (c.sha, "unknown"):
+                    raise UsageError(f"{label} {c.revision}: the process ran commit {str(ran)[:10]}, not {c.sha[:10]}; "
+                                     "PYTHONPATH did not win over the installed gembench")
+                if args.keep_results is not None:
+                    shutil.copy(out, args.keep_results / out.name)
+                pair[label] = result
+                done = len(durations)
+                eta = sum(durations) / done * (total - done)
+                step = paired.process_value(result, "step_time_s", args.statistic)
+                step_text = f"{args.statistic} step {1e3 * step:.2f} ms, " if step else ""
+                say(f"round {r + 1}/{args.rounds} {label} {c.sha[:7]}: {step_text}"
+                    f"process {durations[-1]:.0f} s, ~{eta / 60:.1f} min left")
+            rounds.append((pair["BASE"], pair["HEAD"]))
+
+    first = rounds[0][0]
+    config, hw = field(first, "config.name"), field(first, "env.hardware_class")
+    limits = None
+    if Path(args.thresholds).exists():
+        limits = thresholds.load(args.thresholds, str(config), str(hw))
+    elif args.thresholds != "results/thresholds.toml":
+        raise UsageError(f"no thresholds file {args.thresholds}")
+    alpha = args.alpha if args.alpha is not None else ((limits and limits.alpha) or stats.ALPHA)
+    min_effect = args.min_effect if args.min_effect is not None else (
+        limits.min_effect if limits and limits.min_effect is not None else stats.MIN_EFFECT)
+    metrics = args.metric or ["step_time_s"]
+    judgements = paired.judge_rounds(rounds, metrics, alpha, min_effect, limits, args.statistic)
+    code = paired.exit_status(judgements)
+    minutes = (time.perf_counter() - started) / 60
+    notes = differences(rounds[0][0], rounds[0][1], ("config.hash", "run.global_batch", "run.dtype"))
+    verdict = {0: "continuous: pass", 1: "continuous: REGRESSION", 4: "continuous: INCONCLUSIVE (too noisy: more --rounds)"}[code]
+    if args.format == "json":
+        print(json.dumps({
+            "schema": "gembench.continuous/1",
+            "base": {"revision": args.base, "sha": co["BASE"].sha}, "head": {"revision": args.head, "sha": co["HEAD"].sha},
+            "config": config, "hardware_class": hw, "stack": args.stack, "steps": args.steps, "warmup": args.warmup,
+            "seed": args.seed, "rounds": args.rounds, "order": "ABBA", "statistic": args.statistic,
+            "alpha": alpha, "min_effect": min_effect, "notes": notes, "minutes": minutes,
+            "rows": paired.rows(judgements), "exit_status": code,
+        }, indent=1))
+        return code
+    header = [
+        f"BASE {args.base} = {co['BASE'].sha[:10]}   HEAD {args.head} = {co['HEAD'].sha[:10]}",
+        f"{config} on {hw}, stack {args.stack}, seed {args.seed}: {args.rounds} rounds ABBA x {args.steps} steps "
+        f"(+{args.warmup} warm-up) per process, one value per process = its {args.statistic} step, {minutes:.1f} min",
+        f"paired one-sided t-tests on log(HEAD/BASE) per round at alpha={alpha:g} (Holm across "
+        f"{sum(j.method == 'paired' for j in judgements)}), min effect {100 * min_effect:g}%; counters exact",
+    ] + [f"note: BASE and HEAD differ in {d}" for d in notes]
+    if args.benchmark == "instructions":
+        header[1] = f"kernel instruction counts (benchmarks/instructions.py, callgrind) on {hw}: {args.rounds} round(s), {minutes:.1f} min"
+    print(paired.render(judgements, header, args.format))
+    print(verdict)
+    return code

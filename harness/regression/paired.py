@@ -1,0 +1,147 @@
+"""Judge paired rounds of two commits (``gembench continuous``): one log ratio per round.
+
+A round is two fresh processes run back to back, one per commit (ABBA order over rounds), each
+writing a full result. Per process, one robust number per timing metric: the median of its many
+short steps (``statistic="median"``; a stall of the shared machine hits a few steps and moves the
+median little) or the best step (``"min"``, the default: contention only ever adds time, so the
+best step is the least-disturbed one). Per round the HEAD/BASE ratio
+of those numbers is one independent value; the paired t-test on the log ratios
+(stats.paired_change) is judged by stats.judge like any other comparison (one-sided tests at
+alpha, Holm across the timing metrics, min effect). Adjacent processes share the machine's drift,
+which cancels in the ratio; what is left is the process-to-process noise, and ABBA ordering also
+cancels a linear trend within each pair of rounds.
+
+Cost counters are judged exactly (counters.judge_counter): every round of a side must agree, and any
+increase beyond the allowed fraction is a regression.
+
+Rows carry, per metric: the geometric-mean value of each side, the ratio HEAD/BASE with its 95%
+t-interval (stats.paired_ratio_interval), the Holm-adjusted p, the verdict.
+"""
+
+from __future__ import annotations
+
+import math
+
+from gembench.harness.regression import stats
+from gembench.harness.regression.counters import judge_counter
+from gembench.harness.regression.compare import _count, counter_limit
+from gembench.harness.regression.directions import info, per_step
+
+STATISTICS = ("min", "p10", "median")
+
+
+def process_value(result: dict, metric: str, statistic: str = "median") -> float | None:
+    """One number for ``metric`` from one process's result: median (or best) of its per-step samples.
+
+    Falls back to the headline value in result["metrics"] where the run kept no per-step samples.
+    """
+    samples = [v for v in per_step(result, metric) if v > 0]
+    meta = info(metric)
+    if samples:
+        lower = meta is None or meta.lower_is_better
+        if statistic == "min":
+            return min(samples) if lower else max(samples)
+        if statistic == "p10":  # the 10th-best step: nearly as undisturbed as the best, less of a lucky outlier
+            ordered = sorted(samples, reverse=not lower)
+            return ordered[len(ordered) // 10]
+        return stats.median(samples)
+    value = (result.get("metrics") or {}).get(metric)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def judge_rounds(rounds: list[tuple[dict, dict]], metrics: list[str], alpha: float, min_effect: float,
+                 limits=None, statistic: str = "min") -> list[stats.Judgement]:
+    """Judgements for paired rounds [(base result, head result), ...].
+
+    ``metrics`` are judged statistically (paired, Holm across them); every cost counter present in
+    all results of both sides is judged exactly. A metric missing in some round is left out.
+    """
+    series = {}
+    for metric in metrics:
+        pairs = [(process_value(b, metric, statistic), process_value(h, metric, statistic)) for b, h in rounds]
+        if not pairs or any(x is None or y is None or x <= 0 or y <= 0 for x, y in pairs):
+            continue
+        series[metric] = ([x for x, _ in pairs], [y for _, y in pairs], "paired", info(metric).lower_is_better)
+    out = stats.judge(series, alpha, min_effect)
+    for j in out:
+        a, b, _, _ = series[j.metric]
+        center, lo, hi = stats.paired_ratio_interval([y / x for x, y in zip(a, b)])
+        j.extra.update(ratio=center, ratio_ci95=[lo, hi], rounds=len(a),
+                       round_ratios=[y / x for x, y in zip(a, b)])
+    names: list[str] = []
+    for base, head in rounds:
+        for r in (base, head):
+            names += [n for n in (r.get("metrics") or {}) if n not in names and (info(n) and info(n).counter)]
+    for name in names:
+        a = [(base.get("metrics") or {}).get(name) for base, _ in rounds]
+        b = [(head.get("metrics") or {}).get(name) for _, head in rounds]
+        if all(isinstance(v, (int, float)) for v in a + b):
+            j = judge_counter(name, [float(v) for v in a], [float(v) for v in b], *counter_limit(limits, name))
+            j.extra.update(ratio=(j.mean_b / j.mean_a) if j.mean_a else None)
+            out.append(j)
+    return out
+
+
+def exit_status(judgements: list[stats.Judgement]) -> int:
+    """As `gembench gate`: 1 any regression, 4 any timing metric too noisy to tell, else 0."""
+    verdicts = {j.verdict for j in judgements}
+    if stats.REGRESSED in verdicts:
+        return 1
+    if stats.INCONCLUSIVE in verdicts:
+        return 4
+    return 0
+
+
+def rows(judgements: list[stats.Judgement]) -> list[dict]:
+    out = []
+    for j in judgements:
+        out.append({
+            "metric": j.metric,
+            "better": "lower" if j.lower_is_better else "higher",
+            "base": j.mean_a,
+            "head": j.mean_b,
+            "ratio": j.extra.get("ratio"),
+            "ratio_ci95": j.extra.get("ratio_ci95"),
+            "p_worse_holm": j.extra.get("p_worse_holm"),
+            "p_better_holm": j.extra.get("p_better_holm"),
+            "method": j.method,
+            "rounds": j.extra.get("rounds", j.n_a),
+            "round_ratios": j.extra.get("round_ratios"),
+            "verdict": j.verdict,
+            "note": j.note,
+        })
+    return out
+
+
+def _num(v) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "-"
+    if v != 0 and (abs(v) >= 1e6 or abs(v) < 1e-3):
+        return f"{v:.4g}"
+    return f"{v:.4f}".rstrip("0").rstrip(".") if abs(v) < 100 else f"{v:.1f}"
+
+
+def _ratio(v) -> str:
+    return "-" if v is None or not math.isfinite(v) else f"{v:.4f}"
+
+
+def render(judgements: list[stats.Judgement], header: list[str], fmt: str) -> str:
+    """Terminal ("table") or Markdown ("markdown") table, one row per metric."""
+    from tabulate import tabulate
+
+    table = []
+    for r in rows(judgements):
+        ci = r["ratio_ci95"]
+        ci_text = "-" if not ci or any(not math.isfinite(x) for x in ci) else f"[{ci[0]:.4f}, {ci[1]:.4f}]"
+        p = r["p_better_holm"] if r["verdict"] == stats.IMPROVED else r["p_worse_holm"]
+        one = {"paired": f"{r['rounds']} round ratios", "count": "exact count"}.get(r["method"], r["method"])
+        value = _count if r["method"] == "count" else _num
+        table.append([f"{r['metric']} ({r['better']} better)", value(r["base"]), value(r["head"]), _ratio(r["ratio"]),
+                      ci_text, _num(p), one, r["verdict"]])
+    cols = ["metric", "BASE", "HEAD", "HEAD/BASE", "95% CI", "p (Holm)", "one value is", "verdict"]
+    body = tabulate(table, cols, tablefmt="github" if fmt == "markdown" else "simple", disable_numparse=True)
+    if fmt == "markdown":
+        return "\n".join(["**gembench continuous**", ""] + [f"- {ln}" for ln in header] + ["", body])
+    return "\n".join(header + ["", body])

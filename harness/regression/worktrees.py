@@ -1,0 +1,139 @@
+"""Temporary checkouts of git revisions, importable as ``gembench``, removed on any exit.
+
+Each revision is checked out with ``git worktree add --detach`` into one temporary folder. The
+repository root IS the package ``gembench`` (pyproject's package-dir mapping), so a revision is
+imported by putting a folder on PYTHONPATH that holds one symlink, ``gembench`` -> the worktree;
+PYTHONPATH comes before site-packages, so it wins over the venv's editable install.
+
+Cleanup runs on normal exit, on an exception, on Ctrl-C (KeyboardInterrupt) and on SIGTERM/SIGHUP
+(turned into KeyboardInterrupt while the checkouts exist), and removes the worktrees with
+``git worktree remove --force`` and ``git worktree prune`` so that ``git worktree list`` is left
+as it was found.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from gembench.harness.errors import UsageError
+
+
+@dataclass
+class Checkout:
+    label: str  # what the user called it: BASE, HEAD
+    revision: str  # as given (HEAD~1, a branch, a sha)
+    sha: str
+    path: Path  # the worktree
+    pythonpath: Path  # holds the symlink gembench -> path
+
+
+def git(repo: Path, *args: str, check: bool = True) -> str:
+    proc = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=300)
+    if check and proc.returncode != 0:
+        raise UsageError(f"git {' '.join(args)} failed in {repo}: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
+    return proc.stdout.strip()
+
+
+def repo_root(path: str | os.PathLike = ".") -> Path:
+    proc = subprocess.run(["git", "-C", str(path), "rev-parse", "--show-toplevel"], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise UsageError(f"{Path(path).resolve()} is not inside a git repository; run from a gembench clone or pass --repo")
+    return Path(proc.stdout.strip())
+
+
+def resolve(repo: Path, revision: str, label: str) -> str:
+    """The commit sha ``revision`` names, or a UsageError naming it."""
+    proc = subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{revision}^{{commit}}"],
+                          capture_output=True, text=True)
+    if proc.returncode != 0 or not proc.stdout.strip():
+        raise UsageError(f"{label} revision {revision!r} is not a commit in {repo} (try `git log --oneline`)")
+    return proc.stdout.strip()
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+
+@contextlib.contextmanager
+def signals_as_interrupt():
+    """SIGTERM and SIGHUP raise KeyboardInterrupt meanwhile (Ctrl-C already does): finally blocks run."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {s: signal.signal(s, _interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+
+
+@contextlib.contextmanager
+def temporary_checkouts(repo: Path, revisions: dict[str, str], prefix: str = "gembench-continuous-"):
+    """Yield {label: Checkout} for each (label -> revision); everything is removed on exit."""
+    shas = {label: resolve(repo, rev, label) for label, rev in revisions.items()}
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    made: list[Path] = []
+    try:
+        with signals_as_interrupt():
+            out = {}
+            for label, rev in revisions.items():
+                path = root / label.lower()
+                made.append(path)
+                git(repo, "worktree", "add", "--detach", "--quiet", str(path), shas[label])
+                pythonpath = root / f"path-{label.lower()}"
+                pythonpath.mkdir()
+                (pythonpath / "gembench").symlink_to(path, target_is_directory=True)
+                out[label] = Checkout(label, rev, shas[label], path, pythonpath)
+            yield out
+    finally:
+        # Signals stay ignored while cleaning up: a second Ctrl-C must not leave half a worktree.
+        with _ignoring_interrupts():
+            for path in made:
+                git(repo, "worktree", "remove", "--force", str(path), check=False)
+            shutil.rmtree(root, ignore_errors=True)
+            git(repo, "worktree", "prune", check=False)
+
+
+@contextlib.contextmanager
+def deferred_interrupts():
+    """Hold Ctrl-C, SIGTERM and SIGHUP meanwhile; raise KeyboardInterrupt at the end if one came.
+
+    For starting a child process: an interrupt raised inside subprocess.Popen (after the fork,
+    while it waits for the exec) would leave a running child nobody holds a handle to.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    came: list[int] = []
+    sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    saved = {s: signal.signal(s, lambda signum, frame: came.append(signum)) for s in sigs}
+    try:
+        yield
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+    if came:
+        raise KeyboardInterrupt(f"signal {signal.Signals(came[0]).name}")
+
+
+@contextlib.contextmanager
+def _ignoring_interrupts():
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    saved = {s: signal.signal(s, signal.SIG_IGN) for s in sigs}
+    try:
+        yield
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)

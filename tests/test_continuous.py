@@ -1,0 +1,189 @@
+"""`gembench continuous`: paired rounds of two commits, their verdicts, errors and cleanup.
+
+The statistics run on synthetic rounds (milliseconds); the command itself runs on a temporary
+clone of this repository: errors and interrupts cost seconds, one real run of tiny about a minute.
+"""
+
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from synthetic import make_result, run_cli
+
+from gembench.harness.regression import paired, stats
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _rounds(effect, noise=0.01, drift=0.3, n=8, seed=0, counters=None, head_counters=None):
+    """Rounds whose two processes share a drift factor (up to +-30%) and differ by ``effect``."""
+    rng = random.Random(seed)
+    out = []
+    for r in range(n):
+        shared = math.exp(rng.uniform(-drift, drift))
+        base = make_result(f"b{r}", step_s=0.01 * shared * rng.lognormvariate(0, noise), noise=0.005, seed=2 * r,
+                           counters=counters)
+        head = make_result(f"h{r}", step_s=0.01 * shared * (1 + effect) * rng.lognormvariate(0, noise), noise=0.005,
+                           seed=2 * r + 1, counters=head_counters or counters)
+        out.append((base, head))
+    return out
+
+
+def _verdict(judgements, metric="step_time_s"):
+    return next(j for j in judgements if j.metric == metric).verdict
+
+
+def test_paired_change_cancels_shared_drift():
+    a = [1.0, 2.0, 0.5, 4.0, 1.5]
+    b = [x * 1.05 * f for x, f in zip(a, (1.001, 0.999, 1.0, 1.002, 0.998))]
+    c = stats.paired_change(a, b)
+    assert abs(c.change - 0.05) < 0.002 and c.se < 0.002 and c.df == 4
+    assert stats.paired_ratio_interval([y / x for x, y in zip(a, b)])[0] == pytest.approx(1 + c.change)
+    # unpaired, the same values are hopeless: the drift (8x) swamps the 5%
+    assert stats.relative_change(a, b).se > 0.3
+    with pytest.raises(ValueError, match="equal"):
+        stats.paired_change([1.0], [1.0, 2.0])
+
+
+def test_five_percent_under_30_percent_drift_is_caught_and_no_change_is_not():
+    j = paired.judge_rounds(_rounds(0.05), ["step_time_s"], 0.01, 0.03)
+    assert _verdict(j) == "regressed" and paired.exit_status(j) == 1
+    row = paired.rows(j)[0]
+    assert row["method"] == "paired" and row["rounds"] == 8 and 1.03 < row["ratio"] < 1.07
+    assert row["ratio_ci95"][0] < row["ratio"] < row["ratio_ci95"][1]
+    j = paired.judge_rounds(_rounds(0.0, seed=1), ["step_time_s"], 0.01, 0.03)
+    assert _verdict(j) == "unchanged" and paired.exit_status(j) == 0
+    j = paired.judge_rounds(_rounds(-0.08, seed=2), ["step_time_s"], 0.01, 0.03)
+    assert _verdict(j) == "improved" and paired.exit_status(j) == 0
+    j = paired.judge_rounds(_rounds(0.0, noise=0.2, n=3, seed=3), ["step_time_s"], 0.01, 0.03)
+    assert _verdict(j) == "inconclusive" and paired.exit_status(j) == 4
+
+
+def test_process_value_median_or_best_step():
+    r = make_result(step_s=0.01, noise=0.1, steps=101, seed=4)
+    steps = r["samples"]["step_s"]
+    assert paired.process_value(r, "step_time_s") == sorted(steps)[50]
+    assert paired.process_value(r, "step_time_s", "min") == min(steps)
+    assert paired.process_value(r, "step_time_s", "p10") == sorted(steps)[10]
+    assert paired.process_value(r, "mfu", "p10") == sorted(r["samples"]["mfu"], reverse=True)[10]
+    assert paired.process_value(r, "mfu", "min") == max(r["samples"]["mfu"])  # higher is better: the best step
+    assert paired.process_value(r, "peak_memory_bytes") == 123_456_789  # no samples: the headline value
+
+
+def test_counters_judged_exactly_beside_the_times():
+    counts = {"aten_ops": 900, "host_syncs": 2, "h2d_bytes": 4096, "kernels": None, "graph_breaks": 0, "recompiles": 0}
+    j = paired.judge_rounds(_rounds(0.0, seed=5, counters=counts, head_counters={**counts, "aten_ops": 901}),
+                            ["step_time_s"], 0.01, 0.03)
+    by = {x.metric: x for x in j}
+    assert by["aten_ops"].verdict == "regressed" and by["aten_ops"].method == "count"
+    assert by["h2d_bytes"].verdict == "unchanged" and "kernels" not in by
+    assert paired.exit_status(j) == 1
+    text = paired.render(j, ["header"], "table")
+    assert "aten_ops (lower better)" in text and "exact count" in text and "8 round ratios" in text
+    assert paired.render(j, ["header"], "markdown").startswith("**gembench continuous**")
+    # absent on one side: not judged
+    j = paired.judge_rounds(_rounds(0.0, seed=5, head_counters=counts), ["step_time_s"], 0.01, 0.03)
+    assert [x.metric for x in j] == ["step_time_s"]
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+def _git(repo, *args):
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                          check=True, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture
+def clone(tmp_path):
+    repo = tmp_path / "clone"
+    subprocess.run(["git", "clone", "--quiet", "--no-local", str(ROOT), str(repo)], check=True, capture_output=True)
+    return repo
+
+
+def _worktrees(repo):
+    return [ln for ln in _git(repo, "worktree", "list", "--porcelain").splitlines() if ln.startswith("worktree ")]
+
+
+def test_unknown_revision_and_bad_rounds_exit_2(clone, capsys):
+    code, _, err = run_cli(["continuous", "nope", "HEAD", "--repo", str(clone)], capsys)
+    assert code == 2 and "BASE revision 'nope' is not a commit" in err
+    code, _, err = run_cli(["continuous", "HEAD", "HEAD", "--repo", str(clone), "--rounds", "1"], capsys)
+    assert code == 2 and "--rounds must be at least 2" in err
+    code, _, err = run_cli(["continuous", "HEAD", "HEAD", "--repo", str(clone), "--metric", "aten_ops"], capsys)
+    assert code == 2 and "not a timing metric" in err
+
+
+def test_a_revision_that_fails_is_named_with_its_error_and_worktrees_go(clone, capsys):
+    run_py = clone / "harness" / "commands" / "run.py"
+    run_py.write_text(run_py.read_text() + '\nraise RuntimeError("planted failure for the test")\n')
+    _git(clone, "commit", "--quiet", "-am", "broken")
+    broken = _git(clone, "rev-parse", "HEAD")
+    code, _, err = run_cli(["continuous", "HEAD", "HEAD~1", "--repo", str(clone), "--quiet"], capsys)
+    assert code == 2, err
+    line = [ln for ln in err.splitlines() if ln.strip()][-1]
+    assert line == f"gembench continuous: error: BASE HEAD ({broken[:10]}) failed to run (exit 1): " \
+                   "RuntimeError: planted failure for the test"
+    assert len(_worktrees(clone)) == 1
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_removes_worktrees_and_ends_the_running_process(clone, sig):
+    env = {**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.Popen([sys.executable, "-m", "gembench", "continuous", "HEAD", "HEAD", "--repo", str(clone),
+                             "--stack", "baseline", "--steps", "500"], stderr=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, env=env, start_new_session=True)
+    try:
+        first = proc.stderr.readline()
+        assert "rounds (ABBA)" in first, first
+        paths = [ln.split(" ", 1)[1] for ln in _worktrees(clone)[1:]]
+        assert len(paths) == 2 and all(Path(p).exists() for p in paths)
+        children = []
+        for _ in range(50):  # the first benchmark process has started
+            children = subprocess.run(["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True, text=True).stdout.split()
+            if children:
+                break
+            time.sleep(0.1)
+        assert children
+        os.kill(proc.pid, sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
+    assert len(_worktrees(clone)) == 1 and not any(Path(p).exists() for p in paths)
+    assert not Path(paths[0]).parent.exists()  # the temporary folder too
+    for pid in children:
+        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
+def test_real_run_over_head_1_head_of_a_clone(clone, capsys):
+    """Two rounds of tiny (baseline stack: no compile) with 2 steps: ~1 minute on 2 idle cores."""
+    code, out, err = run_cli(["continuous", "HEAD~1", "HEAD", "--repo", str(clone), "--steps", "2", "--rounds", "2",
+                              "--stack", "baseline", "--format", "json"], capsys)
+    assert code in (0, 1, 4), err
+    import json
+
+    doc = json.loads(out)
+    assert doc["rounds"] == 2 and doc["head"]["sha"] == _git(clone, "rev-parse", "HEAD")
+    row = doc["rows"][0]
+    assert row["metric"] == "step_time_s" and len(row["round_ratios"]) == 2 and row["ratio"] > 0
+    assert "round 2/2 BASE" in err and "min left" in err  # progress, ABBA: round 2 ends with BASE
+    assert len(_worktrees(clone)) == 1
+
+
+def test_child_env_sets_threads_and_only_the_revision_path(tmp_path, monkeypatch):
+    from gembench.harness.commands.continuous import child_env
+
+    monkeypatch.setenv("GEMBENCH_COMMIT", "f" * 40)  # would make the result claim another commit
+    monkeypatch.setenv("PYTHONPATH", "/somewhere/else")
+    env = child_env(tmp_path, 1)
+    assert env["OMP_NUM_THREADS"] == "1" and env["PYTHONPATH"] == str(tmp_path) and "GEMBENCH_COMMIT" not in env
+    assert "OMP_NUM_THREADS" not in child_env(tmp_path) or os.environ.get("OMP_NUM_THREADS")
