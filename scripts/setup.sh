@@ -49,7 +49,8 @@ fi
 # A system package, so only where we are root with apt; elsewhere that benchmark skips with a notice.
 if ! command -v valgrind >/dev/null; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    apt-get update -qq && apt-get install -y -qq valgrind >/dev/null
+    { apt-get update -qq && apt-get install -y -qq valgrind >/dev/null; } ||
+      echo "notice: apt-get could not install valgrind; benchmarks/instructions.py will be skipped" >&2
   else
     echo "notice: valgrind not installed (needs root and apt-get); benchmarks/instructions.py will be skipped" >&2
   fi
