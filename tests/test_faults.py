@@ -239,16 +239,18 @@ def test_two_runs_with_the_same_out(tmp_path):
         line = one_line(second.stderr)
         assert f"{target} is being written by another run (pid {first.pid} on {socket.gethostname()}" in line
         assert first.poll() is None  # the first is still training: the second did not wait for it
-        # Ctrl-C ends the first: nothing half-written, its lock gone
+        # Ctrl-C ends the first: nothing half-written, its lock gone. Where this test runner was
+        # itself started with SIGINT ignored (a background job of a non-interactive shell), its
+        # children were seen to ignore it too despite ctrl_c_reaches, so that part is left out.
+        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+            first.kill()
+            first.communicate(timeout=60)
+            reservation.lock_path(target).unlink(missing_ok=True)  # a killed run leaves its lock
+            pytest.skip("SIGINT is ignored in this test process: the Ctrl-C half cannot be exercised")
         first.send_signal(signal.SIGINT)
         _, err = first.communicate(timeout=120)
         assert "Traceback" not in err, err
-        if first.returncode == 130:  # the CLI caught the KeyboardInterrupt and said so
-            assert "interrupted; nothing was written" in one_line(err)
-        else:
-            # Seen once in a CI-like run from a background shell (not reproduced in the
-            # foreground): the child ended by SIGINT itself. What matters holds either way.
-            assert first.returncode == -signal.SIGINT, (first.returncode, err)
+        assert first.returncode == 130 and "interrupted; nothing was written" in one_line(err)
         assert leftovers(tmp_path) == []  # nothing half-written, the lock gone
     finally:
         if first.poll() is None:
