@@ -86,7 +86,7 @@ def train_step(state: TrainState, batch, clock) -> torch.Tensor:
         logits = state.model.dense(batch, embedded)
         clock.mark("dense_forward")
         per_task = task_losses(logits, batch.labels)
-        loss = per_task.mean()  # = multitask_loss: every task has the same examples
+        loss = per_task.mean()  # multitask_loss, from the per-task losses already in hand
     clock.mark("loss")
     loss.backward()
     clock.mark("backward")

@@ -38,14 +38,14 @@ def over_arch_flops(in_features: int, mlp, tasks: int) -> float:
 
 def multitask_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Mean binary cross-entropy over examples and tasks, computed in fp32 for stability."""
-    return nn.functional.binary_cross_entropy_with_logits(logits.float(), labels.float())
+    return task_losses(logits, labels).mean()
 
 
 def task_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Per-task binary cross-entropy: logits, labels (B, tasks) -> (tasks,), fp32.
 
-    Their mean is ``multitask_loss`` (every task has B examples); kept apart so that a loss that
-    turns non-finite can be traced to the task it came from.
+    Their mean is ``multitask_loss`` (every task has B examples, so it is the mean over examples
+    and tasks); kept apart so that a loss that turns non-finite can be traced to its task.
     """
     per_example = nn.functional.binary_cross_entropy_with_logits(logits.float(), labels.float(), reduction="none")
     return per_example.mean(dim=0)
