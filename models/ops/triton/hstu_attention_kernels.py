@@ -97,6 +97,14 @@ def _prune(configs, named_args, **kwargs):
 
 
 @triton.jit
+def _sequence(OFFSETS, b):
+    """Sequence b's first token (int64), length n and 1/n (1 for an empty sequence)."""
+    start = tl.load(OFFSETS + b).to(tl.int64)
+    n = (tl.load(OFFSETS + b + 1) - start).to(tl.int32)
+    return start, n, 1.0 / tl.maximum(n, 1).to(tl.float32)
+
+
+@triton.jit
 def _load_rows(base, rows, n, stride_t, D: tl.constexpr, BLOCK_D: tl.constexpr, ROW_MASK: tl.constexpr):
     """(len(rows), BLOCK_D) tile of a sequence's rows; rows >= n and columns >= D read as 0."""
     cols = tl.arange(0, BLOCK_D)
@@ -177,9 +185,7 @@ def hstu_fwd_kernel(
     """Grid (cdiv(max_len, BLOCK_M), B, H): query block x sequence x head."""
     b = tl.program_id(1)
     h = tl.program_id(2)
-    start = tl.load(OFFSETS + b).to(tl.int64)
-    n = (tl.load(OFFSETS + b + 1) - start).to(tl.int32)
-    inv_n = 1.0 / tl.maximum(n, 1).to(tl.float32)
+    start, n, inv_n = _sequence(OFFSETS, b)
     q_base = Q + start * stride_qt + h * stride_qh
     k_base = K + start * stride_kt + h * stride_kh
     v_base = V + start * stride_vt + h * stride_vh
@@ -283,9 +289,7 @@ def hstu_bwd_kernel(
     caller."""
     b = tl.program_id(1)
     h = tl.program_id(2)
-    start = tl.load(OFFSETS + b).to(tl.int64)
-    n = (tl.load(OFFSETS + b + 1) - start).to(tl.int32)
-    inv_n = 1.0 / tl.maximum(n, 1).to(tl.float32)
+    start, n, inv_n = _sequence(OFFSETS, b)
     q_base = Q + start * stride_qt + h * stride_qh
     k_base = K + start * stride_kt + h * stride_kh
     v_base = V + start * stride_vt + h * stride_vh
