@@ -387,13 +387,14 @@ def with_costs(result: dict, counts: dict, profile: dict | None = None) -> dict:
 def run_benchmark(config: str | ModelConfig, steps: int = 20, warmup: int = 3,
                   options: StackOptions = STACKS["optimized"], device: str = "auto", seed: int = 0,
                   peak_tflops: float | None = None, progress=None, stack_name: str = "optimized",
-                  batch: int | None = None, on_prepared=None, trace=None) -> dict:
+                  batch: int | None = None, on_prepared=None, trace=None, pace=None) -> dict:
     """Train ``config`` under one stack for ``warmup`` + ``steps`` steps; return the result.
 
     ``batch`` overrides the config's global batch (recorded in run.global_batch and config.hash);
     ``on_prepared()`` is called once the request is validated and fits, before any work. Two more
     steps after the timed ones measure the cost counters (and with ``trace``, a directory, keep
-    the profiled one as trace/trace.json).
+    the profiled one as trace/trace.json). ``pace`` takes turns with another process
+    (regression/interleave.py's Pacer, `gembench run --pace`).
     """
     setup = prepare(config, steps, warmup, device, seed, peak_tflops, stacks=[options], batch=batch)
     if on_prepared is not None:
@@ -402,7 +403,7 @@ def run_benchmark(config: str | ModelConfig, steps: int = 20, warmup: int = 3,
     since = C.fresh_compile_state()
     with out_of_memory_guard(setup, [options]):
         state = build_train_state(setup.cfg, options, setup.device, seed=seed)
-        samples = run_steps(state, setup.batches, steps, warmup, progress=progress)
+        samples = run_steps(state, setup.batches, steps, warmup, progress=progress, pace=pace)
     main = stack_result(setup, options, samples, warmup, stack_name, start)  # peak memory before profiling
     if recheck_peak(setup, [main["summary"]]):
         main = stack_result(setup, options, samples, warmup, stack_name, start)

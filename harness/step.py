@@ -146,16 +146,20 @@ def finite_or_none(values: list) -> list:
 
 
 def run_steps(state: TrainState, batches, steps: int, warmup: int, timed: bool = True,
-              progress=None) -> StepSamples:
+              progress=None, pace=None) -> StepSamples:
     """Run ``warmup`` discarded steps then ``steps`` measured ones over ``batches`` (cycled).
 
     ``batches`` is a list of host batches prepared beforehand, as a prefetching loader would
-    hand them over; the data stage is the copy to the device.
+    hand them over; the data stage is the copy to the device. ``pace(k)``, if given, is called
+    before timed step k, outside its clock (regression/interleave.py: wait for this worker's
+    turn), and ``pace.done()`` after the last.
     """
     samples = StepSamples()
     sync = torch.cuda.synchronize if state.device.type == "cuda" else (lambda: None)
     losses = []  # detached (tasks,) tensors: read on the host after the loop, not inside it
     for i in range(warmup + steps):
+        if pace is not None and i >= warmup:
+            pace(i - warmup)
         clock = StageClock(state.device) if timed else NoClock()
         sync()
         start = time.perf_counter()
@@ -175,6 +179,8 @@ def run_steps(state: TrainState, batches, steps: int, warmup: int, timed: bool =
                 samples.stages[stage].append(seconds)
         if progress is not None:
             progress(i + 1, warmup + steps, elapsed)
+    if pace is not None:
+        pace.done()
     if losses:
         per_task = torch.stack(losses).cpu()  # (steps, tasks)
         samples.task_loss = per_task.tolist()

@@ -62,6 +62,7 @@ from gembench.harness.errors import UsageError
 
 DEFAULT_ROUNDS = 12
 DEFAULT_STEPS = 200
+DEFAULT_BURSTS = 10
 LABELS = ("BASE", "HEAD")
 
 
@@ -78,6 +79,12 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "benchmarks/instructions.py callgrind counts, exact, so --rounds 1 suffices")
     p.add_argument("--kernel", action="append", default=None,
                    help="with --benchmark instructions: kernel to count (repeatable; default all)")
+    p.add_argument("--bursts", type=int, default=DEFAULT_BURSTS, metavar="N",
+                   help=f"turns per process in a round: both revisions' processes start together and take turns, "
+                        f"--steps/N steps at a time, ABBA (default {DEFAULT_BURSTS})")
+    p.add_argument("--sequential", action="store_true",
+                   help="run the round's two processes one after the other instead of taking turns (the only "
+                        "way for --nproc and --benchmark instructions, and for a revision older than --pace)")
     p.add_argument("--config", default="tiny", help="config name or .toml path (default: tiny)")
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS,
                    help=f"timed steps per process (default {DEFAULT_STEPS}: many short steps make the median robust)")
@@ -115,6 +122,7 @@ def run_process(cmd: list[str], env: dict, cwd: Path, timeout: float) -> tuple[i
     Its own session, so that on Ctrl-C or SIGTERM the whole group (torchrun ranks, compile workers)
     is ended here, and none outlives the command.
     """
+    from gembench.harness.regression.interleave import end_group
     from gembench.harness.regression.worktrees import deferred_interrupts
 
     proc = None
@@ -125,24 +133,11 @@ def run_process(cmd: list[str], env: dict, cwd: Path, timeout: float) -> tuple[i
         _, err = proc.communicate(timeout=timeout)
         return proc.returncode, err
     except subprocess.TimeoutExpired:
-        _end_group(proc)
+        end_group(proc)
         return 124, f"timed out after {timeout:g} s (--timeout)"
     finally:
         if proc is not None and proc.poll() is None:
-            _end_group(proc)
-
-
-def _end_group(proc: subprocess.Popen) -> None:
-    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+            end_group(proc)
 
 
 def error_line(stderr: str) -> str:
@@ -159,6 +154,10 @@ def child_env(pythonpath: Path, threads: int | None = None) -> dict:
     if threads is not None:  # torch takes its intra-op thread count from these at start-up
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
     env["PYTHONPATH"] = str(pythonpath)  # only the revision: an inherited path could shadow it
+    # One string-hash seed for every process: randomised hashing changes dict and set layouts from
+    # process to process, and with them tiny's Python-bound step time (measured: spread of the best
+    # step across 8 fresh processes 3.1% with random seeds, 1.6% with one seed).
+    env.setdefault("PYTHONHASHSEED", "0")
     for var in ("GEMBENCH_COMMIT", "ASV_COMMIT"):  # the result's commit must be the worktree's own
         env.pop(var, None)
     return env
@@ -201,13 +200,65 @@ def check_args(args: argparse.Namespace) -> None:
         if m not in METRICS or METRICS[m].counter:
             timing = [n for n, i in METRICS.items() if not i.counter]
             raise UsageError(f"--metric {m!r} is not a timing metric; known: {', '.join(timing)} (counters are always compared)")
+    if args.bursts < 1 or args.bursts > args.steps:
+        raise UsageError(f"--bursts must be between 1 and --steps ({args.steps}), got {args.bursts}")
+    if args.benchmark == "instructions" or args.nproc is not None:
+        args.sequential = True  # nothing to interleave: exact counts; torchrun ranks are not paced
     if args.keep_results is not None:
         args.keep_results.mkdir(parents=True, exist_ok=True)
 
 
+def failure(c, label: str, code: int, stderr: str) -> UsageError:
+    return UsageError(f"{label} {c.revision} ({c.sha[:10]}) failed to run (exit {code}): {error_line(stderr)}")
+
+
+def sequential_round(args: argparse.Namespace, co: dict, outs: dict[str, Path], first: str) -> None:
+    """One fresh process per revision, one after the other, ``first`` first."""
+    for label in (first, LABELS[1 - LABELS.index(first)]):
+        c = co[label]
+        code, err = run_process(run_command(args, outs[label], c.path), child_env(c.pythonpath, args.threads),
+                                c.path, args.timeout)
+        if code != 0 or not outs[label].exists():
+            raise failure(c, label, code, err)
+
+
+def interleaved_round(args: argparse.Namespace, co: dict, outs: dict[str, Path], first: str, folder: Path) -> bool:
+    """Both revisions' processes at once, taking turns a burst at a time; False if BASE predates --pace."""
+    from gembench.harness.regression import interleave
+
+    workers = []
+    try:
+        for label in LABELS:
+            c = co[label]
+            workers.append(interleave.start(label, run_command(args, outs[label], c.path),
+                                            child_env(c.pythonpath, args.threads), c.path, folder,
+                                            args.steps // args.bursts))
+        interleave.interleaved_round(workers, args.bursts, LABELS.index(first), args.timeout)
+        interleave.finish(workers, args.timeout)
+    except interleave.WorkerFailed as err:
+        if err.predates_pacing:
+            return False
+        raise failure(co[err.worker.label], err.worker.label, err.code, err.stderr) from None
+    finally:
+        interleave.close(workers)
+    return True
+
+
+def checked_result(c, label: str, out: Path) -> dict:
+    """The result a revision's process wrote, checked to come from that revision's commit."""
+    from gembench.harness.regression.results import field, load_result
+
+    result = load_result(out)
+    ran = field(result, "env.git_commit")
+    if ran not in (c.sha, "unknown"):
+        raise UsageError(f"{label} {c.revision}: the process ran commit {str(ran)[:10]}, not {c.sha[:10]}; "
+                         "PYTHONPATH did not win over the installed gembench")
+    return result
+
+
 def main(args: argparse.Namespace) -> int:
     from gembench.harness.regression import paired, stats, thresholds, worktrees
-    from gembench.harness.regression.results import differences, field, load_result
+    from gembench.harness.regression.results import differences, field
 
     check_args(args)
     repo = worktrees.repo_root(args.repo)
@@ -215,40 +266,38 @@ def main(args: argparse.Namespace) -> int:
     say = (lambda msg: None) if args.quiet else (lambda msg: print(f"continuous: {msg}", file=sys.stderr, flush=True))
     rounds: list[tuple[dict, dict]] = []
     with worktrees.temporary_checkouts(repo, {"BASE": args.base, "HEAD": args.head}) as co:
+        interleaved = not args.sequential
         what = ("benchmarks/instructions.py" if args.benchmark == "instructions" else
                 f"gembench run --config {args.config} --steps {args.steps} --stack {args.stack}")
+        how = (f"both processes at once, taking turns in {args.bursts} bursts of {args.steps // args.bursts} steps"
+               if interleaved else "one process each, one after the other")
         say(f"BASE {args.base} = {co['BASE'].sha[:10]}, HEAD {args.head} = {co['HEAD'].sha[:10]}: {args.rounds} rounds "
-            f"(ABBA) of `{what}`, one process each")
+            f"(ABBA) of `{what}`, {how}")
         results_dir = co["BASE"].path.parent / "results"
         results_dir.mkdir()
         durations: list[float] = []
-        total = 2 * args.rounds
         for r in range(args.rounds):
-            order = LABELS if r % 2 == 0 else LABELS[::-1]
-            pair = {}
-            for label in order:
-                c = co[label]
-                out = results_dir / f"round{r + 1:02d}-{label.lower()}.json"
-                t0 = time.perf_counter()
-                code, err = run_process(run_command(args, out, c.path), child_env(c.pythonpath, args.threads), c.path, args.timeout)
-                durations.append(time.perf_counter() - t0)
-                if code != 0 or not out.exists():
-                    raise UsageError(f"{label} {c.revision} ({c.sha[:10]}) failed to run (exit {code}): {error_line(err)}")
-                result = load_result(out)
-                ran = field(result, "env.git_commit")
-                if ran not in (c.sha, "unknown"):
-                    raise UsageError(f"{label} {c.revision}: the process ran commit {str(ran)[:10]}, not {c.sha[:10]}; "
-                                     "PYTHONPATH did not win over the installed gembench")
-                if args.keep_results is not None:
+            t0 = time.perf_counter()
+            outs = {label: results_dir / f"round{r + 1:02d}-{label.lower()}.json" for label in LABELS}
+            first = LABELS[r % 2]  # ABBA: the revision that goes first alternates by round
+            if interleaved:
+                interleaved = interleaved_round(args, co, outs, first, results_dir)
+                if not interleaved:
+                    say("a revision's `gembench run` predates --pace: every round runs the two processes one "
+                        "after the other instead (as --sequential)")
+            if not interleaved:
+                sequential_round(args, co, outs, first)
+            pair = {label: checked_result(co[label], label, outs[label]) for label in LABELS}
+            if args.keep_results is not None:
+                for out in outs.values():
                     shutil.copy(out, args.keep_results / out.name)
-                pair[label] = result
-                done = len(durations)
-                eta = sum(durations) / done * (total - done)
-                step = paired.process_value(result, "step_time_s", args.statistic)
-                step_text = f"{args.statistic} step {1e3 * step:.2f} ms, " if step else ""
-                say(f"round {r + 1}/{args.rounds} {label} {c.sha[:7]}: {step_text}"
-                    f"process {durations[-1]:.0f} s, ~{eta / 60:.1f} min left")
             rounds.append((pair["BASE"], pair["HEAD"]))
+            durations.append(time.perf_counter() - t0)
+            eta = sum(durations) / len(durations) * (args.rounds - len(durations))
+            steps = {label: paired.process_value(pair[label], "step_time_s", args.statistic) for label in LABELS}
+            step_text = "".join(f"{label} {1e3 * v:.2f} ms, " for label, v in steps.items() if v)
+            say(f"round {r + 1}/{args.rounds} ({first} first): {args.statistic} step {step_text}"
+                f"{durations[-1]:.0f} s, ~{eta / 60:.1f} min left")
 
     first = rounds[0][0]
     config, hw = field(first, "config.name"), field(first, "env.hardware_class")

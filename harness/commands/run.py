@@ -89,6 +89,13 @@ def configure(p: argparse.ArgumentParser) -> None:
     dist.add_argument("--timeout", type=float, default=300.0, metavar="S",
                       help="a rank that makes no progress for S seconds ends the run, naming the "
                            "rank and stage (default: 300)")
+    paced = p.add_argument_group(
+        "taking turns (how `gembench continuous` drives two revisions; one process only)")
+    paced.add_argument("--pace", default=None, metavar="R,W",
+                       help="file descriptors of two pipes: before every --burst timed steps, write 'r' "
+                            "to W and wait for 'g' on R; after the last, write 'd'")
+    paced.add_argument("--burst", type=int, default=20, metavar="N",
+                       help="timed steps per turn with --pace (default: 20)")
 
 
 class Progress:
@@ -114,6 +121,10 @@ def main(args: argparse.Namespace) -> int:
     import os
 
     if args.nproc is not None or ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
+        if args.pace is not None:
+            from gembench.harness.errors import UsageError
+
+            raise UsageError("--pace takes turns with one process; it cannot drive --nproc ranks")
         from gembench.harness.distributed.launch import main as distributed_main  # torchrun ranks
 
         return distributed_main(args)
@@ -146,6 +157,17 @@ def _run(args: argparse.Namespace) -> int:
                   "(1-2 minutes on 2 cores the first time on a machine, cached afterwards)",
                   file=sys.stderr, flush=True)
 
+    pace = None
+    if args.pace is not None:
+        from gembench.harness.regression.interleave import Pacer
+
+        if args.ab or args.burst < 1:
+            raise UsageError(f"--pace needs a single stack and --burst >= 1, got --burst {args.burst}"
+                             f"{' with --ab' if args.ab else ''}")
+        try:
+            pace = Pacer(args.pace, args.burst)
+        except (ValueError, OSError) as err:
+            raise UsageError(f"--pace {args.pace}: {err}") from None
     if args.ab:
         if args.rounds < 2 or args.steps < args.rounds:
             raise UsageError(f"--ab needs --rounds >= 2 and --steps >= --rounds, got "
@@ -159,7 +181,7 @@ def _run(args: argparse.Namespace) -> int:
             args.config, steps=args.steps, warmup=args.warmup,
             options=stack_options(args.stack, args.dtype), stack_name=args.stack, device=args.device,
             seed=args.seed, peak_tflops=args.peak_tflops, progress=progress, batch=args.batch,
-            on_prepared=compile_notice, trace=args.trace,
+            on_prepared=compile_notice, trace=args.trace, pace=pace,
         )
     out = args.out or DEFAULT_OUT_DIR / f"{result['id']}.json"
     print(run_report(result), flush=True)  # the figures reach the user even if the write fails

@@ -1,0 +1,188 @@
+"""Interleaved bursts: two live benchmark processes take turns, a burst of steps each, ABBA.
+
+Why: on a shared 2-core machine the load drifts over seconds, and two fresh processes run one
+after the other (12 s each on tiny) see different loads. Started together and warmed up together,
+then made to take turns every few hundred milliseconds, BASE and HEAD see the same drift: it
+cancels in the ratio of their step times, and only what differs between the two processes is left.
+
+The protocol is one byte at a time over two pipes per worker (``gembench run --pace R,W``):
+
+    worker                       controller
+    warm-up steps ...
+    "r" (ready)          ->      (waits for both workers' first "r": their start-ups overlap)
+                         <-      "g" (go): run one burst of timed steps
+    burst, then "r"      ->      ... the other worker's turn ...
+    last burst, then "d" ->      (done: the worker measures its counters and writes its result)
+
+While one worker runs its burst, the other is blocked in a read, using no CPU. The worker side is
+:class:`Pacer` (called by ``run_steps`` before each timed step); the controller side is
+:func:`interleaved_round`.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+READY, GO, DONE = b"r", b"g", b"d"
+PACE_FLAG = "--pace"
+
+
+class Pacer:
+    """Worker side: before every ``burst``-th timed step, say ready and wait to be told to go."""
+
+    def __init__(self, fds: str, burst: int):
+        try:
+            read_fd, write_fd = (int(x) for x in fds.split(","))
+        except ValueError:
+            raise ValueError(f"--pace takes two file descriptors R,W, got {fds!r}") from None
+        self.burst = burst
+        self.go = os.fdopen(read_fd, "rb", buffering=0)
+        self.ready = os.fdopen(write_fd, "wb", buffering=0)
+
+    def __call__(self, timed_step: int) -> None:
+        if timed_step % self.burst:
+            return
+        self.ready.write(READY)
+        if self.go.read(1) != GO:  # EOF: the controller is gone, or an unknown byte
+            raise RuntimeError("--pace: the controlling process stopped sending 'go'")
+
+    def done(self) -> None:
+        self.ready.write(DONE)
+        self.ready.close()
+        self.go.close()
+
+
+@dataclass
+class Worker:
+    """Controller side of one worker process."""
+
+    label: str
+    proc: subprocess.Popen
+    ready: int  # read end: the worker's "r" / "d"
+    go: int  # write end: our "g"
+    stderr: Path
+
+    def error_text(self) -> str:
+        try:
+            return self.stderr.read_text(errors="replace")
+        except OSError:
+            return ""
+
+
+class WorkerFailed(Exception):
+    """A worker ended or hung before its turn was over: its label, exit status and stderr."""
+
+    def __init__(self, worker: Worker, code: int, stderr: str):
+        super().__init__(f"{worker.label} exited {code}")
+        self.worker, self.code, self.stderr = worker, code, stderr
+
+    @property
+    def predates_pacing(self) -> bool:
+        """The revision's `gembench run` has no --pace: it predates interleaving."""
+        return self.code == 2 and f"unrecognized arguments: {PACE_FLAG}" in self.stderr
+
+
+def start(label: str, cmd: list[str], env: dict, cwd: Path, folder: Path, burst: int) -> Worker:
+    """Start ``cmd`` (a `gembench run`) paced through a fresh pipe pair, in its own session."""
+    from gembench.harness.regression.worktrees import deferred_interrupts
+
+    go_r, go_w = os.pipe()
+    ready_r, ready_w = os.pipe()
+    stderr = folder / f"{label.lower()}-stderr.txt"
+    try:
+        with deferred_interrupts(), open(stderr, "wb") as err:  # an interrupt mid-start would orphan it
+            proc = subprocess.Popen([*cmd, PACE_FLAG, f"{go_r},{ready_w}", "--burst", str(burst)], env=env, cwd=cwd,
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                                    pass_fds=(go_r, ready_w), start_new_session=True)
+    except BaseException:
+        for fd in (go_r, go_w, ready_r, ready_w):
+            os.close(fd)
+        raise
+    os.close(go_r)
+    os.close(ready_w)
+    return Worker(label, proc, ready_r, go_w, stderr)
+
+
+def end_group(proc: subprocess.Popen) -> None:
+    """End ``proc``'s whole process group (torchrun ranks, compile workers): SIGTERM, then SIGKILL."""
+    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _failed(worker: Worker, why: str | None = None) -> WorkerFailed:
+    if why is not None:
+        end_group(worker.proc)
+    try:
+        code = worker.proc.wait(30)
+    except subprocess.TimeoutExpired:
+        end_group(worker.proc)
+        code = worker.proc.wait()
+    return WorkerFailed(worker, 124 if why else code, why or worker.error_text())
+
+
+def expect(worker: Worker, wanted: bytes, deadline: float) -> None:
+    """Wait for ``worker`` to send ``wanted``; a worker that ends or passes ``deadline`` raises WorkerFailed."""
+    left = deadline - time.monotonic()
+    ready, _, _ = select.select([worker.ready], [], [], max(0.0, left))
+    if not ready:
+        raise _failed(worker, "timed out (--timeout)")
+    got = os.read(worker.ready, 1)
+    if got != wanted:
+        raise _failed(worker)
+
+
+def interleaved_round(workers: list[Worker], bursts: int, first: int, timeout: float, on_burst=None) -> None:
+    """Drive started ``workers`` (two) through ``bursts`` bursts each, alternating ABBA over bursts.
+
+    ``first`` is the index of the worker that takes the first turn (alternate it across rounds, so
+    neither revision always goes first). Returns when both have sent "done"; raises WorkerFailed.
+    """
+    deadline = time.monotonic() + timeout
+    for w in workers:  # start-ups overlap: both warm up at once, no timing happens then
+        expect(w, READY, deadline)
+    order = [workers[first], workers[1 - first]]
+    for b in range(bursts):
+        for w in (order if b % 2 == 0 else order[::-1]):
+            os.write(w.go, GO)
+            expect(w, DONE if b == bursts - 1 else READY, deadline)
+        if on_burst is not None:
+            on_burst(b + 1, bursts)
+
+
+def finish(workers: list[Worker], timeout: float) -> None:
+    """Wait for every worker to exit 0 (after "done" each measures counters and writes its result)."""
+    deadline = time.monotonic() + timeout
+    for w in workers:
+        try:
+            code = w.proc.wait(max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            raise _failed(w, "timed out (--timeout) writing its result") from None
+        if code != 0:
+            raise WorkerFailed(w, code, w.error_text())
+
+
+def close(workers: list[Worker]) -> None:
+    """End whatever still runs and close our pipe ends (also after an error or an interrupt)."""
+    for w in workers:
+        if w.proc.poll() is None:
+            end_group(w.proc)
+        for fd in (w.ready, w.go):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
