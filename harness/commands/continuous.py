@@ -227,13 +227,14 @@ def interleaved_round(args: argparse.Namespace, co: dict, outs: dict[str, Path],
     from gembench.harness.regression import interleave
 
     workers = []
+    order = (first, LABELS[1 - LABELS.index(first)])  # who starts first alternates too: which core, which pid
     try:
-        for label in LABELS:
+        for label in order:
             c = co[label]
             workers.append(interleave.start(label, run_command(args, outs[label], c.path),
                                             child_env(c.pythonpath, args.threads), c.path, folder,
                                             args.steps // args.bursts))
-        interleave.interleaved_round(workers, args.bursts, LABELS.index(first), args.timeout)
+        interleave.interleaved_round(workers, args.bursts, 0, args.timeout)
         interleave.finish(workers, args.timeout)
     except interleave.WorkerFailed as err:
         if err.predates_pacing:
