@@ -60,7 +60,7 @@ from pathlib import Path
 
 from gembench.harness.errors import UsageError
 
-DEFAULT_ROUNDS = 12
+DEFAULT_ROUNDS = 16
 DEFAULT_STEPS = 200
 DEFAULT_BURSTS = 10
 LABELS = ("BASE", "HEAD")
@@ -91,18 +91,18 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=3, help="discarded warm-up steps per process (default 3)")
     p.add_argument("--stack", choices=("optimized", "baseline"), default="optimized", help="training stack (default optimized)")
     p.add_argument("--nproc", type=int, default=None, metavar="N", help="torchrun ranks per process (default: one process)")
-    p.add_argument("--threads", type=int, default=None, metavar="N",
-                   help="torch intra-op threads of every process (OMP_NUM_THREADS; default: torch's own choice). "
+    p.add_argument("--threads", type=int, default=1, metavar="N",
+                   help="torch intra-op threads of every process (OMP_NUM_THREADS; default 1). "
                         "On a machine shared with other jobs, 1 thread makes steps far steadier: a parallel op "
                         "waits for its slowest thread, and a descheduled one costs a whole scheduler tick")
     p.add_argument("--seed", type=int, default=0, help="seed of weights and data, the same for both (default 0)")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda[:N] (default auto)")
     p.add_argument("--metric", action="append", default=None,
-                   help="timing metric to test (repeatable; default step_time_s, the median step; mfu and "
+                   help="timing metric to test (repeatable; default step_time_s, per process its --statistic step; mfu and "
                         "examples_per_s are its reciprocals at equal FLOPs, so testing them too only costs power)")
-    p.add_argument("--statistic", choices=STATISTICS, default="min",
-                   help="one value per process from its steps: min, the best step (default); p10, the 10th "
-                        "percentile; or median")
+    p.add_argument("--statistic", choices=STATISTICS, default="p10",
+                   help="one value per process from its steps: p10, the 10th-best step (default: nearly as "
+                        "undisturbed as the best, less of a lucky outlier); min, the best step; or median")
     p.add_argument("--format", choices=("table", "markdown", "json"), default="table", help="output (default table)")
     p.add_argument("--thresholds", default="results/thresholds.toml",
                    help="thresholds TOML: alpha, min_effect and counter allowances (default %(default)s; "

@@ -52,7 +52,7 @@ def process_value(result: dict, metric: str, statistic: str = "median") -> float
 
 
 def judge_rounds(rounds: list[tuple[dict, dict]], metrics: list[str], alpha: float, min_effect: float,
-                 limits=None, statistic: str = "min") -> list[stats.Judgement]:
+                 limits=None, statistic: str = "p10") -> list[stats.Judgement]:
     """Judgements for paired rounds [(base result, head result), ...].
 
     ``metrics`` are judged statistically (paired, Holm across them); every cost counter present in
