@@ -33,12 +33,17 @@ defaults a CI job would use. A planted pair counts as detected when step_time_s 
 
   paired: detected D% of planted 5% slowdowns, false alarms F% (N pairs, M min)
 
-Each pair costs two full comparisons (~10 min each on an idle 2-core machine with the defaults):
-choose --pairs for the time you have.
+Then it compares BASE against a commit with one extra multiply in the training step (--one-op
+times, two short rounds each): the cost counters must call that a regression every time.
+
+Each pair costs two full comparisons (~4 min each on an idle 2-core machine with the defaults):
+choose --pairs for the time you have. Since a few real comparisons give coarse rates, it also
+draws many comparisons of as many rounds from the measured rounds and judges them by the same rule
+(the "resampled" line; valid as far as rounds are independent).
 
 usage:
   python benchmarks/harness_quality.py                     # mlp, about a minute on 2 cores
-  python benchmarks/harness_quality.py --paired --pairs 3  # ~1 hour on 2 cores
+  python benchmarks/harness_quality.py --paired --pairs 6  # ~50 min on 2 cores
   python benchmarks/harness_quality.py --paired --pairs 1 --rounds 4 --stack baseline   # quicker, less power
   python -m benchmarks.harness_quality --workload tiny --rounds 20
   python benchmarks/harness_quality.py --json quality.json
@@ -252,6 +257,24 @@ def planted_repository(root, fraction: float = PLANTED) -> tuple[str, str]:
     return base, _git(root, "rev-parse", "HEAD")
 
 
+ONE_OP_AT = "        loss = per_task.mean()  # multitask_loss, from the per-task losses already in hand\n"
+ONE_OP_CODE = "        loss = loss * 1.0  # planted by benchmarks/harness_quality.py --paired: one more op in the step\n"
+
+
+def one_op_commit(root, base: str) -> str:
+    """Commit, on top of ``base`` in the throwaway ``root``, one extra multiply in the training step."""
+    step = root / "harness" / "step.py"
+    _git(root, "checkout", "--quiet", "-b", "one-op", base)
+    text = step.read_text()
+    if ONE_OP_AT not in text:
+        raise SystemExit(f"harness_quality: cannot plant the extra op: {step} no longer has {ONE_OP_AT.strip()!r}")
+    step.write_text(text.replace(ONE_OP_AT, ONE_OP_AT + ONE_OP_CODE, 1))
+    _git(root, "commit", "--quiet", "-am", "plant one extra op in every step (harness_quality --paired)")
+    sha = _git(root, "rev-parse", "HEAD")
+    _git(root, "checkout", "--quiet", "-")
+    return sha
+
+
 def continuous(repo, base: str, head: str, extra: list[str]) -> tuple[int, dict]:
     """One `gembench continuous` command, as CI would run it: (exit status, its JSON report)."""
     import subprocess
@@ -261,6 +284,31 @@ def continuous(repo, base: str, head: str, extra: list[str]) -> tuple[int, dict]
     if proc.returncode not in (0, 1, 4):
         raise SystemExit(f"harness_quality: {' '.join(cmd[2:])} failed (exit {proc.returncode}): {proc.stderr.strip()[-500:]}")
     return proc.returncode, json.loads(proc.stdout)
+
+
+def resample_rounds(outcomes: dict, trials: int, seed: int = 0) -> dict | None:
+    """Finer rates than a few real comparisons give: draw comparisons of as many rounds from the
+    measured rounds (planted ones for detection, unchanged ones for false alarms) and judge them
+    with continuous's own rule (stats.judge on paired ratios). Valid as far as rounds are independent.
+    """
+    from gembench.harness.regression import stats
+
+    pools = {k: [r for o in v for r in (o["round_ratios"] or [])] for k, v in outcomes.items()}
+    rounds = min((o["rounds"] for v in outcomes.values() for o in v), default=0)
+    if rounds < 2 or any(len(p) < rounds for p in pools.values()):
+        return None
+    rng = random.Random(seed)
+    first = outcomes["planted"][0]
+    alpha, min_effect = first.get("alpha", stats.ALPHA), first.get("min_effect", stats.MIN_EFFECT)
+
+    def regressed(pool) -> bool:
+        ratios = rng.choices(pool, k=rounds)
+        j = stats.judge({"step_time_s": ([1.0] * rounds, ratios, "paired", True)}, alpha, min_effect)[0]
+        return j.verdict == stats.REGRESSED
+
+    return {"rounds": rounds, "trials": trials, "pool": {k: len(p) for k, p in pools.items()},
+            "detection_rate": sum(regressed(pools["planted"]) for _ in range(trials)) / trials,
+            "false_alarm_rate": sum(regressed(pools["unchanged"]) for _ in range(trials)) / trials}
 
 
 def paired_main(args) -> int:
@@ -292,11 +340,22 @@ def paired_main(args) -> int:
                 ratio, ci = (row["ratio"], row["ratio_ci95"]) if row else (None, None)
                 outcomes[kind].append({"exit": code, "verdict": row and row["verdict"], "ratio": ratio, "ci95": ci,
                                        "minutes": (time.perf_counter() - started) / 60, "rounds": report_["rounds"],
+                                       "alpha": report_["alpha"], "min_effect": report_["min_effect"],
                                        "round_ratios": row and row["round_ratios"]})
                 ci_text = f"[{ci[0]:.4f}, {ci[1]:.4f}]" if ci else "-"
                 print(f"paired: pair {i + 1}/{args.pairs} {kind:<9} exit {code}, step_time_s HEAD/BASE "
                       f"{ratio if ratio is None else f'{ratio:.4f}'} 95% CI {ci_text} {row and row['verdict']}, "
                       f"{(time.perf_counter() - started) / 60:.1f} min", flush=True)
+        one_op = one_op_commit(repo, base)
+        caught = []
+        for i in range(args.one_op):  # counters are exact: two short rounds decide
+            code, report_ = continuous(repo, base, one_op, ["--config", args.config, "--stack", args.stack,
+                                                            "--rounds", "2", "--steps", "10"])
+            counts = {r["metric"]: (r["base"], r["head"]) for r in report_["rows"]
+                      if r["method"] == "count" and r["verdict"] == "regressed"}
+            caught.append(code == 1 and bool(counts))
+            print(f"paired: one-op change {i + 1}/{args.one_op}: exit {code}, counters regressed: "
+                  f"{', '.join(f'{k} {a:g} -> {b:g}' for k, (a, b) in counts.items()) or 'none'}", flush=True)
     minutes = (time.perf_counter() - t0) / 60
     n = args.pairs
     detected = sum(o["verdict"] == "regressed" for o in outcomes["planted"]) / n
@@ -307,12 +366,22 @@ def paired_main(args) -> int:
         import math
 
         logs = [math.log(r) for r in ratios]
+        per = statistics.mean(o["minutes"] for v in outcomes.values() for o in v)
         print(f"paired: unchanged pairs: spread of one round's log(HEAD/BASE) {100 * statistics.stdev(logs):.2f}% "
               f"over {len(logs)} rounds; inconclusive (exit 4): planted {100 * inconclusive['planted']:.0f}%, "
-              f"unchanged {100 * inconclusive['unchanged']:.0f}%")
+              f"unchanged {100 * inconclusive['unchanged']:.0f}%; {per:.1f} min per comparison")
+    resampled = resample_rounds(outcomes, args.trials)
+    if resampled:
+        print(f"paired, resampled: {resampled['trials']} comparisons of {resampled['rounds']} rounds drawn from the "
+              f"{resampled['pool']['planted']} planted and {resampled['pool']['unchanged']} unchanged rounds measured: "
+              f"detected {100 * resampled['detection_rate']:.1f}%, false alarms {100 * resampled['false_alarm_rate']:.1f}% "
+              "(assumes rounds independent)")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"pairs": n, "minutes": minutes, "extra": extra, "outcomes": outcomes}, fh, indent=1)
+            json.dump({"pairs": n, "minutes": minutes, "extra": extra, "outcomes": outcomes, "resampled": resampled},
+                      fh, indent=1)
+    if caught:
+        print(f"paired: a one-op change caught by the counters in {sum(caught)} of {len(caught)} comparisons")
     print(f"paired: detected {100 * detected:.0f}% of planted {100 * PLANTED:g}% slowdowns, "
           f"false alarms {100 * false:.0f}% ({n} pairs, {minutes:.0f} min)")
     return 0
@@ -324,6 +393,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="end to end: plant a 5%% slowdown in a throwaway commit and run `gembench continuous` on it "
                         "and on an unchanged pair, --pairs times")
     p.add_argument("--pairs", type=int, default=2, help="with --paired: planted and unchanged comparisons, each (default 2)")
+    p.add_argument("--one-op", type=int, default=2, metavar="N",
+                   help="with --paired: also compare against a commit with one extra op in the step N times "
+                        "(2 short rounds each: the counters must catch it; default 2)")
     p.add_argument("--config", default="tiny", help="with --paired: config (default tiny)")
     p.add_argument("--stack", choices=("optimized", "baseline"), default="optimized", help="with --paired: stack (default optimized)")
     p.add_argument("--paired-rounds", type=int, default=None, help="with --paired: --rounds of each comparison (default: continuous's)")

@@ -120,17 +120,89 @@ def test_unknown_revision_and_bad_rounds_exit_2(clone, capsys):
     assert code == 2 and "not a timing metric" in err
 
 
-def test_a_revision_that_fails_is_named_with_its_error_and_worktrees_go(clone, capsys):
+@pytest.mark.parametrize("mode", [[], ["--sequential"]])
+def test_a_revision_that_fails_is_named_with_its_error_and_worktrees_go(clone, capsys, mode):
     run_py = clone / "harness" / "commands" / "run.py"
     run_py.write_text(run_py.read_text() + '\nraise RuntimeError("planted failure for the test")\n')
     _git(clone, "commit", "--quiet", "-am", "broken")
     broken = _git(clone, "rev-parse", "HEAD")
-    code, _, err = run_cli(["continuous", "HEAD", "HEAD~1", "--repo", str(clone), "--quiet"], capsys)
+    code, _, err = run_cli(["continuous", "HEAD", "HEAD~1", "--repo", str(clone), "--quiet", *mode], capsys)
     assert code == 2, err
     line = [ln for ln in err.splitlines() if ln.strip()][-1]
     assert line == f"gembench continuous: error: BASE HEAD ({broken[:10]}) failed to run (exit 1): " \
                    "RuntimeError: planted failure for the test"
     assert len(_worktrees(clone)) == 1
+
+
+# ----------------------------------------------------------------------------- taking turns
+
+FAKE_WORKER = """
+import sys
+from gembench.harness.regression.interleave import Pacer
+label, log, steps, die_after = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+argv = sys.argv
+pace = Pacer(argv[argv.index("--pace") + 1], int(argv[argv.index("--burst") + 1]))
+for k in range(steps):
+    if k == die_after:
+        sys.exit("planted: worker " + label + " gave up at step " + str(k))
+    pace(k)
+    with open(log, "a") as fh:
+        fh.write(label)
+pace.done()
+"""
+
+
+def _fake_workers(tmp_path, steps, burst, die_after=(-1, -1)):
+    from gembench.harness.regression import interleave
+
+    log = tmp_path / "turns.txt"
+    return log, [interleave.start(label, [sys.executable, "-c", FAKE_WORKER, label, str(log), str(steps), str(die)],
+                                  dict(os.environ), tmp_path, tmp_path, burst)
+                 for label, die in zip("AB", die_after)]
+
+
+def test_workers_take_turns_abba_by_burst_and_never_overlap(tmp_path):
+    from gembench.harness.regression import interleave
+
+    log, workers = _fake_workers(tmp_path, steps=7, burst=2)  # 4 turns each, the last one step
+    try:
+        interleave.interleaved_round(workers, bursts=4, first=1, timeout=60)
+        interleave.finish(workers, timeout=60)
+    finally:
+        interleave.close(workers)
+    assert log.read_text() == "BB" "AA" "AA" "BB" "BB" "AA" "A" "B"
+
+
+def test_a_worker_that_dies_mid_round_is_named_with_its_error(tmp_path):
+    from gembench.harness.regression import interleave
+
+    log, workers = _fake_workers(tmp_path, steps=6, burst=2, die_after=(-1, 3))
+    with pytest.raises(interleave.WorkerFailed) as info:
+        try:
+            interleave.interleaved_round(workers, bursts=3, first=0, timeout=60)
+        finally:
+            interleave.close(workers)
+    assert info.value.worker.label == "B" and info.value.code == 1
+    assert "planted: worker B gave up at step 3" in info.value.stderr
+    assert not info.value.predates_pacing
+    assert all(w.proc.poll() is not None for w in workers)  # the other one is ended too
+
+
+def test_an_old_revision_without_pace_is_recognised():
+    from gembench.harness.regression.interleave import WorkerFailed
+
+    old = WorkerFailed.__new__(WorkerFailed)
+    old.code, old.stderr = 2, "gembench run: error: unrecognized arguments: --pace 5,8 --burst 20\n"
+    assert old.predates_pacing
+    old.code = 1
+    assert not old.predates_pacing
+
+
+def test_pace_refuses_what_it_cannot_drive(capsys):
+    code, _, err = run_cli(["run", "--config", "tiny", "--pace", "x", "--steps", "1"], capsys)
+    assert code == 2 and "--pace x: --pace takes two file descriptors R,W" in err
+    code, _, err = run_cli(["run", "--config", "tiny", "--pace", "5,6", "--nproc", "2"], capsys)
+    assert code == 2 and "cannot drive --nproc" in err
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
@@ -175,7 +247,8 @@ def test_real_run_over_head_1_head_of_a_clone(clone, capsys):
     assert doc["rounds"] == 2 and doc["head"]["sha"] == _git(clone, "rev-parse", "HEAD")
     row = doc["rows"][0]
     assert row["metric"] == "step_time_s" and len(row["round_ratios"]) == 2 and row["ratio"] > 0
-    assert "round 2/2 BASE" in err and "min left" in err  # progress, ABBA: round 2 ends with BASE
+    assert "taking turns in 2 bursts of 1 steps" in err  # both processes at once
+    assert "round 2/2 (HEAD first)" in err and "min left" in err  # progress, ABBA: round 2 starts with HEAD
     assert len(_worktrees(clone)) == 1
 
 

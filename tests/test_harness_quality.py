@@ -39,3 +39,35 @@ def test_paired_plants_a_committed_busy_wait_inside_the_timed_step(tmp_path):
     compile(text, "step.py", "exec")
     # inside the loop, after the step and before its clock stops: the spin is part of every timed step
     assert text.index("_spin_end") > text.index("loss = train_step(") and text.index("_spin_end") < text.index("elapsed = time.perf_counter() - start")
+
+
+def _outcomes(effect, sd, comparisons=3, rounds=16, seed=0):
+    rng = random.Random(seed)
+    return [{"round_ratios": [rng.lognormvariate(0, sd) * (1 + effect) for _ in range(rounds)], "rounds": rounds,
+             "alpha": 0.01, "min_effect": 0.03} for _ in range(comparisons)]
+
+
+def test_resampled_rates_follow_the_round_spread():
+    from benchmarks.harness_quality import resample_rounds
+
+    quiet = resample_rounds({"planted": _outcomes(0.05, 0.02), "unchanged": _outcomes(0.0, 0.02, seed=1)}, 400)
+    assert quiet["rounds"] == 16 and quiet["pool"] == {"planted": 48, "unchanged": 48}
+    assert quiet["detection_rate"] >= 0.95 and quiet["false_alarm_rate"] <= 0.01
+    noisy = resample_rounds({"planted": _outcomes(0.05, 0.15), "unchanged": _outcomes(0.0, 0.15, seed=1)}, 400)
+    assert noisy["detection_rate"] < 0.5  # a 15% round spread hides 5% in 16 rounds
+    assert resample_rounds({"planted": _outcomes(0.05, 0.02, rounds=1), "unchanged": []}, 10) is None
+
+
+def test_one_op_commit_adds_one_multiply_to_the_step_on_top_of_base(tmp_path):
+    import subprocess
+
+    from benchmarks.harness_quality import one_op_commit, planted_repository
+
+    repo = tmp_path / "repo"
+    base, planted = planted_repository(repo, 0.05)
+    one_op = one_op_commit(repo, base)
+    git = lambda *a: subprocess.run(["git", "-C", str(repo), *a], capture_output=True, text=True, check=True).stdout  # noqa: E731
+    assert git("rev-parse", f"{one_op}~1").strip() == base  # beside the planted slowdown, not on top of it
+    diff = [ln for ln in git("diff", base, one_op).splitlines() if ln.startswith(("+ ", "- ", "+\t", "-\t")) or ln.startswith(("+  ", "-  "))]
+    assert diff == ["+        loss = loss * 1.0  # planted by benchmarks/harness_quality.py --paired: one more op in the step"]
+    assert git("rev-parse", "HEAD").strip() == planted  # the clone is left where it was

@@ -1,35 +1,36 @@
-"""Compare two commits by running them side by side: paired rounds of fresh processes.
+"""Compare two commits by running them side by side: paired rounds, the two processes taking turns.
 
-Checks BASE and HEAD out into temporary git worktrees and runs `gembench run` for each in
-alternating fresh processes, in ABBA order (round 1: BASE then HEAD, round 2: HEAD then BASE, ...),
-with the same Python and venv, config, stack, seed and batches. Each round gives one HEAD/BASE
-ratio per timing metric from the two adjacent processes, so drift of a shared machine (other jobs,
-frequency scaling), which hits adjacent processes alike, cancels; one value per process is the
-best of its --steps short steps (--statistic median: their median). The ratios are tested with a
-paired one-sided t-test on their logarithms at --alpha (Holm across the timing metrics), with the
-same decision rule as `gembench gate` (regressed needs p <= alpha AND a change >= --min-effect;
-unchanged needs the interval inside +-min-effect). The table shows the ratio HEAD/BASE with its 95%
-interval. Cost counters (aten_ops, host_syncs, h2d_bytes, kernels, graph_breaks, recompiles), where
-the results carry them, are compared exactly: any increase beyond results/thresholds.toml's
-allowance (default 0) is a regression, with no statistics.
+Checks BASE and HEAD out into temporary git worktrees and runs `gembench run` for each, with the
+same Python and venv, config, stack, seed, batches and string-hash seed. A round starts one process
+per revision at once; both import, build and warm up together, then take turns (`gembench run
+--pace`): a burst of --steps/--bursts steps of one, then of the other, ABBA (the other process waits
+in a blocking read, using no CPU). Who goes first alternates by round. Load on a shared machine
+drifts over seconds; bursts a few hundred milliseconds apart see the same drift, and it cancels in
+the round's ratio HEAD/BASE. One value per process per timing metric: its 10th-best step
+(--statistic p10; min: the best; median). The rounds' log ratios are tested with a paired one-sided
+t-test at --alpha (Holm across the timing metrics) and the decision rule of `gembench gate`
+(regressed needs p <= alpha AND a change >= --min-effect; unchanged needs the interval inside
++-min-effect). The table shows the ratio HEAD/BASE with its 95% interval. Cost counters (aten_ops,
+host_syncs, h2d_bytes, kernels, graph_breaks, recompiles), where the results carry them, are
+compared exactly: any increase beyond results/thresholds.toml's allowance (default 0) is a
+regression, with no statistics.
 
-Why the defaults (tiny, optimized stack, --rounds 12, --steps 200, --statistic min). With K rounds
-the paired test catches a 5% slowdown with 95% power at alpha = 1% when the spread (SD) of one
-round's log(HEAD/BASE) is at most 5% * sqrt(K) / (t(0.99, K-1) + t(0.95, K-1)): 3.8% for K = 12,
-2.9% for K = 8, 2.3% for K = 6. One process of tiny takes ~15-23 s on a quiet 2-core VM (imports,
-torch.compile of the dense arch, then 200 steps of ~10 ms), so 12 rounds = 24 processes fit the
-10-minute budget; the 200 steps cost ~2 s of that and give the best step many chances. Contention
-only ever adds time to a step, so a process's best step is its least disturbed one (quiet VM: best
-9.5 ms, median 10.6 ms, p90 24 ms). Measured on this VM while other jobs shared its 2 cores
-(benchmarks/harness_quality.py --paired, Dec 2026): at load ~2.5-3.5 the first rounds' SD was 5.2%
-for the best step, 3.4% for --statistic p10 and 8.3% for the median; load bursts (4-11) then
-pushed single rounds to +25..+260% and the SD of any statistic to 10-100%. Two torch threads
-make it worse: when one is descheduled, a parallel op waits a whole scheduler tick (4 ms steps
-seen in backward), so on shared runners pass --threads 1. Even at load 1-2 with --threads 1
-(13 s per process) a round's log(HEAD/BASE) still had an SD of 8-11% (12 rounds, 5 min a comparison):
-fresh processes differ by more than drift (memory layout, which core), and pairing cannot cancel
-that; catching 5% then needs ~100 rounds. No number of rounds that fits in 10 minutes decides 5%
-on this VM; continuous says so (exit 4) rather than guessing. Counters need no rounds at all.
+Fresh processes one after the other (--sequential) is the fallback: for --nproc (torchrun ranks
+are not paced), for --benchmark instructions (exact counts), and automatically for a revision
+whose `gembench run` predates --pace.
+
+Why the defaults (tiny, optimized stack, --rounds 16, --steps 200 in 10 bursts, --threads 1,
+--statistic p10). With K rounds the paired test catches a 5% slowdown with 95% power at alpha = 1%
+when the spread (SD) of one round's log(HEAD/BASE) is at most 5% * sqrt(K) / (t(0.99, K-1) +
+t(0.95, K-1)): 4.6% for K = 16, 3.8% for K = 12. Measured on a quiet 2-core VM (Dec 2026):
+- fresh processes one after the other: SD 8-11% per round; no number of rounds in 10 minutes
+  decides 5% that way (the processes differ by more than the drift pairing cancels);
+- the best step of 8 fresh processes of one commit: spread 3.1% with random string hashing, 1.6%
+  with one PYTHONHASHSEED (set for every process);
+- taking turns, 12 rounds of one commit against itself: SD 1.6% (p10), 2.0% (min), 2.6% (median);
+  a round takes 13 s (the two start-ups overlap), 16 rounds about 3.5 minutes.
+One torch thread (the default): when one of two threads is descheduled, a parallel op waits a whole
+scheduler tick, so two threads on a shared 2-core machine are far noisier. Counters need no rounds.
 
 exit status (as `gembench gate`):
   0  no regression (every metric unchanged or improved)
@@ -38,8 +39,8 @@ exit status (as `gembench gate`):
   2  an error: unknown revision, a revision that fails to run (named, with its error), bad flag
 
 examples:
-  gembench continuous HEAD~1 HEAD                         # tiny, 12 rounds, ~10 min on 2 cores
-  gembench continuous origin/main HEAD --rounds 6 --format markdown >> $GITHUB_STEP_SUMMARY
+  gembench continuous HEAD~1 HEAD                         # tiny, 16 rounds, ~4 min on 2 cores
+  gembench continuous origin/main HEAD --format markdown >> $GITHUB_STEP_SUMMARY
   gembench continuous v0.1 HEAD --config small --steps 50 --rounds 8
   gembench continuous HEAD~1 HEAD --format json > continuous.json
   gembench continuous HEAD~1 HEAD --keep-results runs/    # keep every process's result JSON
@@ -79,12 +80,13 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "benchmarks/instructions.py callgrind counts, exact, so --rounds 1 suffices")
     p.add_argument("--kernel", action="append", default=None,
                    help="with --benchmark instructions: kernel to count (repeatable; default all)")
-    p.add_argument("--bursts", type=int, default=DEFAULT_BURSTS, metavar="N",
+    p.add_argument("--bursts", type=int, default=None, metavar="N",
                    help=f"turns per process in a round: both revisions' processes start together and take turns, "
-                        f"--steps/N steps at a time, ABBA (default {DEFAULT_BURSTS})")
+                        f"--steps/N steps at a time, ABBA (default {DEFAULT_BURSTS}, at most --steps)")
     p.add_argument("--sequential", action="store_true",
                    help="run the round's two processes one after the other instead of taking turns (the only "
-                        "way for --nproc and --benchmark instructions, and for a revision older than --pace)")
+                        "way for --nproc and --benchmark instructions, and for a revision older than --pace; "
+                        "pass it on a GPU that cannot hold two copies of the config)")
     p.add_argument("--config", default="tiny", help="config name or .toml path (default: tiny)")
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS,
                    help=f"timed steps per process (default {DEFAULT_STEPS}: many short steps make the median robust)")
@@ -200,8 +202,12 @@ def check_args(args: argparse.Namespace) -> None:
         if m not in METRICS or METRICS[m].counter:
             timing = [n for n, i in METRICS.items() if not i.counter]
             raise UsageError(f"--metric {m!r} is not a timing metric; known: {', '.join(timing)} (counters are always compared)")
+    if args.bursts is None:
+        args.bursts = min(DEFAULT_BURSTS, args.steps)
     if args.bursts < 1 or args.bursts > args.steps:
         raise UsageError(f"--bursts must be between 1 and --steps ({args.steps}), got {args.bursts}")
+    args.burst_steps = -(-args.steps // args.bursts)  # the worker's turn; the last one may be shorter
+    args.bursts = -(-args.steps // args.burst_steps)  # turns the worker will take, so both sides agree
     if args.benchmark == "instructions" or args.nproc is not None:
         args.sequential = True  # nothing to interleave: exact counts; torchrun ranks are not paced
     if args.keep_results is not None:
@@ -233,7 +239,7 @@ def interleaved_round(args: argparse.Namespace, co: dict, outs: dict[str, Path],
             c = co[label]
             workers.append(interleave.start(label, run_command(args, outs[label], c.path),
                                             child_env(c.pythonpath, args.threads), c.path, folder,
-                                            args.steps // args.bursts))
+                                            args.burst_steps))
         interleave.interleaved_round(workers, args.bursts, 0, args.timeout)
         interleave.finish(workers, args.timeout)
     except interleave.WorkerFailed as err:
@@ -270,7 +276,7 @@ def main(args: argparse.Namespace) -> int:
         interleaved = not args.sequential
         what = ("benchmarks/instructions.py" if args.benchmark == "instructions" else
                 f"gembench run --config {args.config} --steps {args.steps} --stack {args.stack}")
-        how = (f"both processes at once, taking turns in {args.bursts} bursts of {args.steps // args.bursts} steps"
+        how = (f"both processes at once, taking turns in {args.bursts} bursts of {args.burst_steps} steps"
                if interleaved else "one process each, one after the other")
         say(f"BASE {args.base} = {co['BASE'].sha[:10]}, HEAD {args.head} = {co['HEAD'].sha[:10]}: {args.rounds} rounds "
             f"(ABBA) of `{what}`, {how}")
@@ -322,6 +328,7 @@ def main(args: argparse.Namespace) -> int:
             "base": {"revision": args.base, "sha": co["BASE"].sha}, "head": {"revision": args.head, "sha": co["HEAD"].sha},
             "config": config, "hardware_class": hw, "stack": args.stack, "steps": args.steps, "warmup": args.warmup,
             "seed": args.seed, "rounds": args.rounds, "order": "ABBA", "statistic": args.statistic,
+            "interleaved": bool(interleaved), "bursts": args.bursts if interleaved else None, "threads": args.threads,
             "alpha": alpha, "min_effect": min_effect, "notes": notes, "minutes": minutes,
             "rows": paired.rows(judgements), "exit_status": code,
         }, indent=1))
@@ -329,7 +336,9 @@ def main(args: argparse.Namespace) -> int:
     header = [
         f"BASE {args.base} = {co['BASE'].sha[:10]}   HEAD {args.head} = {co['HEAD'].sha[:10]}",
         f"{config} on {hw}, stack {args.stack}, seed {args.seed}: {args.rounds} rounds ABBA x {args.steps} steps "
-        f"(+{args.warmup} warm-up) per process, one value per process = its {args.statistic} step, {minutes:.1f} min",
+        f"(+{args.warmup} warm-up) per process, "
+        f"{f'taking turns in {args.bursts} bursts' if interleaved else 'one process after the other'}, "
+        f"{args.threads} thread(s); one value per process = its {args.statistic} step; {minutes:.1f} min",
         f"paired one-sided t-tests on log(HEAD/BASE) per round at alpha={alpha:g} (Holm across "
         f"{sum(j.method == 'paired' for j in judgements)}), min effect {100 * min_effect:g}%; counters exact",
     ] + [f"note: BASE and HEAD differ in {d}" for d in notes]
