@@ -301,14 +301,15 @@ def resample_rounds(outcomes: dict, trials: int, seed: int = 0) -> dict | None:
     first = outcomes["planted"][0]
     alpha, min_effect = first.get("alpha", stats.ALPHA), first.get("min_effect", stats.MIN_EFFECT)
 
-    def regressed(pool) -> bool:
-        ratios = rng.choices(pool, k=rounds)
-        j = stats.judge({"step_time_s": ([1.0] * rounds, ratios, "paired", True)}, alpha, min_effect)[0]
-        return j.verdict == stats.REGRESSED
+    def verdicts(pool) -> list[str]:
+        return [stats.judge({"step_time_s": ([1.0] * rounds, rng.choices(pool, k=rounds), "paired", True)},
+                            alpha, min_effect)[0].verdict for _ in range(trials)]
 
+    planted, unchanged = verdicts(pools["planted"]), verdicts(pools["unchanged"])
     return {"rounds": rounds, "trials": trials, "pool": {k: len(p) for k, p in pools.items()},
-            "detection_rate": sum(regressed(pools["planted"]) for _ in range(trials)) / trials,
-            "false_alarm_rate": sum(regressed(pools["unchanged"]) for _ in range(trials)) / trials}
+            "detection_rate": planted.count(stats.REGRESSED) / trials,
+            "false_alarm_rate": unchanged.count(stats.REGRESSED) / trials,
+            "unchanged_pass_rate": unchanged.count(stats.UNCHANGED) / trials}
 
 
 def paired_main(args) -> int:
@@ -374,7 +375,8 @@ def paired_main(args) -> int:
     if resampled:
         print(f"paired, resampled: {resampled['trials']} comparisons of {resampled['rounds']} rounds drawn from the "
               f"{resampled['pool']['planted']} planted and {resampled['pool']['unchanged']} unchanged rounds measured: "
-              f"detected {100 * resampled['detection_rate']:.1f}%, false alarms {100 * resampled['false_alarm_rate']:.1f}% "
+              f"detected {100 * resampled['detection_rate']:.1f}%, false alarms {100 * resampled['false_alarm_rate']:.1f}%, "
+              f"unchanged code passes {100 * resampled['unchanged_pass_rate']:.1f}% (else exit 4) "
               "(assumes rounds independent)")
     if args.json:
         with open(args.json, "w") as fh:

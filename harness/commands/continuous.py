@@ -19,16 +19,18 @@ Fresh processes one after the other (--sequential) is the fallback: for --nproc 
 are not paced), for --benchmark instructions (exact counts), and automatically for a revision
 whose `gembench run` predates --pace.
 
-Why the defaults (tiny, optimized stack, --rounds 16, --steps 200 in 10 bursts, --threads 1,
+Why the defaults (tiny, optimized stack, --rounds 20, --steps 200 in 10 bursts, --threads 1,
 --statistic p10). With K rounds the paired test catches a 5% slowdown with 95% power at alpha = 1%
 when the spread (SD) of one round's log(HEAD/BASE) is at most 5% * sqrt(K) / (t(0.99, K-1) +
-t(0.95, K-1)): 4.6% for K = 16, 3.8% for K = 12. Measured on a quiet 2-core VM (Dec 2026):
+t(0.95, K-1)): 5.2% for K = 20, 4.6% for K = 16, 3.8% for K = 12. Measured on a quiet 2-core VM
+(Dec 2026):
 - fresh processes one after the other: SD 8-11% per round; no number of rounds in 10 minutes
   decides 5% that way (the processes differ by more than the drift pairing cancels);
 - the best step of 8 fresh processes of one commit: spread 3.1% with random string hashing, 1.6%
   with one PYTHONHASHSEED (set for every process);
-- taking turns, 12 rounds of one commit against itself: SD 1.6% (p10), 2.0% (min), 2.6% (median);
-  a round takes 13 s (the two start-ups overlap), 16 rounds about 3.5 minutes.
+- taking turns: SD 1.6-3.9% for an unchanged pair, 4.3% with a planted 5% busy-wait (one slow
+  process now and then is what is left); a round takes 13-14 s (the two start-ups overlap), 20
+  rounds about 4.6 minutes. benchmarks/harness_quality.py --paired measures all of it end to end.
 One torch thread (the default): when one of two threads is descheduled, a parallel op waits a whole
 scheduler tick, so two threads on a shared 2-core machine are far noisier. Counters need no rounds.
 
@@ -39,7 +41,7 @@ exit status (as `gembench gate`):
   2  an error: unknown revision, a revision that fails to run (named, with its error), bad flag
 
 examples:
-  gembench continuous HEAD~1 HEAD                         # tiny, 16 rounds, ~4 min on 2 cores
+  gembench continuous HEAD~1 HEAD                         # tiny, 20 rounds, ~5 min on 2 cores
   gembench continuous origin/main HEAD --format markdown >> $GITHUB_STEP_SUMMARY
   gembench continuous v0.1 HEAD --config small --steps 50 --rounds 8
   gembench continuous HEAD~1 HEAD --format json > continuous.json
@@ -61,7 +63,7 @@ from pathlib import Path
 
 from gembench.harness.errors import UsageError
 
-DEFAULT_ROUNDS = 16
+DEFAULT_ROUNDS = 20
 DEFAULT_STEPS = 200
 DEFAULT_BURSTS = 10
 LABELS = ("BASE", "HEAD")
