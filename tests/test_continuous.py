@@ -244,11 +244,30 @@ def test_real_run_over_head_1_head_of_a_clone(clone, capsys):
     import json
 
     doc = json.loads(out)
-    assert doc["rounds"] == 2 and doc["head"]["sha"] == _git(clone, "rev-parse", "HEAD")
+    assert doc["rounds"] == 2 and doc["head"]["sha"] == _git(clone, "rev-parse", "HEAD") and doc["interleaved"] is True
     row = doc["rows"][0]
     assert row["metric"] == "step_time_s" and len(row["round_ratios"]) == 2 and row["ratio"] > 0
     assert "taking turns in 2 bursts of 1 steps" in err  # both processes at once
     assert "round 2/2 (HEAD first)" in err and "min left" in err  # progress, ABBA: round 2 starts with HEAD
+    assert len(_worktrees(clone)) == 1
+
+
+def test_a_revision_older_than_pace_makes_every_round_sequential(clone, capsys):
+    """As `continuous <a commit from before --pace> HEAD`: the old revision refuses --pace, and the rounds
+    run one process after the other instead, with a notice (two rounds of tiny baseline, 2 steps)."""
+    run_py = clone / "harness" / "commands" / "run.py"
+    text = run_py.read_text()
+    assert 'paced.add_argument("--pace",' in text
+    run_py.write_text(text.replace('paced.add_argument("--pace",', 'paced.add_argument("--no-such-pace", dest="pace",'))
+    _git(clone, "commit", "--quiet", "-am", "as before --pace")
+    code, out, err = run_cli(["continuous", "HEAD", "HEAD~1", "--repo", str(clone), "--steps", "2", "--rounds", "2",
+                              "--stack", "baseline", "--format", "json"], capsys)
+    assert code in (0, 1, 4), err
+    assert "predates --pace: every round runs the two processes one after the other" in err
+    import json
+
+    doc = json.loads(out)
+    assert doc["interleaved"] is False and len(doc["rows"][0]["round_ratios"]) == 2
     assert len(_worktrees(clone)) == 1
 
 
@@ -260,3 +279,4 @@ def test_child_env_sets_threads_and_only_the_revision_path(tmp_path, monkeypatch
     env = child_env(tmp_path, 1)
     assert env["OMP_NUM_THREADS"] == "1" and env["PYTHONPATH"] == str(tmp_path) and "GEMBENCH_COMMIT" not in env
     assert "OMP_NUM_THREADS" not in child_env(tmp_path) or os.environ.get("OMP_NUM_THREADS")
+    assert env["PYTHONHASHSEED"] == os.environ.get("PYTHONHASHSEED", "0")  # one seed for both revisions

@@ -231,7 +231,7 @@ def sequential_round(args: argparse.Namespace, co: dict, outs: dict[str, Path], 
 
 
 def interleaved_round(args: argparse.Namespace, co: dict, outs: dict[str, Path], first: str, folder: Path) -> bool:
-    """Both revisions' processes at once, taking turns a burst at a time; False if BASE predates --pace."""
+    """Both revisions' processes at once, taking turns a burst at a time; False if one predates --pace."""
     from gembench.harness.regression import interleave
 
     workers = []
