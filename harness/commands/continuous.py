@@ -233,15 +233,16 @@ def sequential_round(args: argparse.Namespace, co: dict, outs: dict[str, Path], 
 def interleaved_round(args: argparse.Namespace, co: dict, outs: dict[str, Path], first: str, folder: Path) -> bool:
     """Both revisions' processes at once, taking turns a burst at a time; False if one predates --pace."""
     from gembench.harness.regression import interleave
+    from gembench.harness.regression.worktrees import deferred_interrupts
 
     workers = []
     order = (first, LABELS[1 - LABELS.index(first)])  # who starts first alternates too: which core, which pid
     try:
         for label in order:
             c = co[label]
-            workers.append(interleave.start(label, run_command(args, outs[label], c.path),
-                                            child_env(c.pythonpath, args.threads), c.path, folder,
-                                            args.burst_steps))
+            cmd, env = run_command(args, outs[label], c.path), child_env(c.pythonpath, args.threads)
+            with deferred_interrupts():  # held until the worker is in `workers`, where close() finds it
+                workers.append(interleave.start(label, cmd, env, c.path, folder, args.burst_steps))
         interleave.interleaved_round(workers, args.bursts, 0, args.timeout)
         interleave.finish(workers, args.timeout)
     except interleave.WorkerFailed as err:

@@ -89,14 +89,16 @@ class WorkerFailed(Exception):
 
 
 def start(label: str, cmd: list[str], env: dict, cwd: Path, folder: Path, burst: int) -> Worker:
-    """Start ``cmd`` (a `gembench run`) paced through a fresh pipe pair, in its own session."""
-    from gembench.harness.regression.worktrees import deferred_interrupts
+    """Start ``cmd`` (a `gembench run`) paced through a fresh pipe pair, in its own session.
 
+    Call it under worktrees.deferred_interrupts() together with keeping the Worker it returns: an
+    interrupt between the fork and that would leave a running process nobody can end.
+    """
     go_r, go_w = os.pipe()
     ready_r, ready_w = os.pipe()
     stderr = folder / f"{label.lower()}-stderr.txt"
     try:
-        with deferred_interrupts(), open(stderr, "wb") as err:  # an interrupt mid-start would orphan it
+        with open(stderr, "wb") as err:
             proc = subprocess.Popen([*cmd, PACE_FLAG, f"{go_r},{ready_w}", "--burst", str(burst)], env=env, cwd=cwd,
                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
                                     pass_fds=(go_r, ready_w), start_new_session=True)
