@@ -166,7 +166,7 @@ def test_workers_take_turns_abba_by_burst_and_never_overlap(tmp_path):
 
     log, workers = _fake_workers(tmp_path, steps=7, burst=2)  # 4 turns each, the last one step
     try:
-        interleave.interleaved_round(workers, bursts=4, first=1, timeout=60)
+        interleave.interleaved_round(workers[::-1], bursts=4, timeout=60)  # B takes the first turn
         interleave.finish(workers, timeout=60)
     finally:
         interleave.close(workers)
@@ -179,7 +179,7 @@ def test_a_worker_that_dies_mid_round_is_named_with_its_error(tmp_path):
     log, workers = _fake_workers(tmp_path, steps=6, burst=2, die_after=(-1, 3))
     with pytest.raises(interleave.WorkerFailed) as info:
         try:
-            interleave.interleaved_round(workers, bursts=3, first=0, timeout=60)
+            interleave.interleaved_round(workers, bursts=3, timeout=60)
         finally:
             interleave.close(workers)
     assert info.value.worker.label == "B" and info.value.code == 1

@@ -220,9 +220,9 @@ def failure(c, label: str, code: int, stderr: str) -> UsageError:
     return UsageError(f"{label} {c.revision} ({c.sha[:10]}) failed to run (exit {code}): {error_line(stderr)}")
 
 
-def sequential_round(args: argparse.Namespace, co: dict, outs: dict[str, Path], first: str) -> None:
-    """One fresh process per revision, one after the other, ``first`` first."""
-    for label in (first, LABELS[1 - LABELS.index(first)]):
+def sequential_round(args: argparse.Namespace, co: dict, outs: dict[str, Path], order: tuple[str, str]) -> None:
+    """One fresh process per revision, one after the other, in ``order``."""
+    for label in order:
         c = co[label]
         code, err = run_process(run_command(args, outs[label], c.path), child_env(c.pythonpath, args.threads),
                                 c.path, args.timeout)
@@ -230,20 +230,20 @@ def sequential_round(args: argparse.Namespace, co: dict, outs: dict[str, Path], 
             raise failure(c, label, code, err)
 
 
-def interleaved_round(args: argparse.Namespace, co: dict, outs: dict[str, Path], first: str, folder: Path) -> bool:
+def interleaved_round(args: argparse.Namespace, co: dict, outs: dict[str, Path], order: tuple[str, str],
+                      folder: Path) -> bool:
     """Both revisions' processes at once, taking turns a burst at a time; False if one predates --pace."""
     from gembench.harness.regression import interleave
     from gembench.harness.regression.worktrees import deferred_interrupts
 
     workers = []
-    order = (first, LABELS[1 - LABELS.index(first)])  # who starts first alternates too: which core, which pid
     try:
-        for label in order:
+        for label in order:  # who goes first also starts first: which core, which pid
             c = co[label]
             cmd, env = run_command(args, outs[label], c.path), child_env(c.pythonpath, args.threads)
             with deferred_interrupts():  # held until the worker is in `workers`, where close() finds it
                 workers.append(interleave.start(label, cmd, env, c.path, folder, args.burst_steps))
-        interleave.interleaved_round(workers, args.bursts, 0, args.timeout)
+        interleave.interleaved_round(workers, args.bursts, args.timeout)
         interleave.finish(workers, args.timeout)
     except interleave.WorkerFailed as err:
         if err.predates_pacing:
@@ -289,14 +289,14 @@ def main(args: argparse.Namespace) -> int:
         for r in range(args.rounds):
             t0 = time.perf_counter()
             outs = {label: results_dir / f"round{r + 1:02d}-{label.lower()}.json" for label in LABELS}
-            first = LABELS[r % 2]  # ABBA: the revision that goes first alternates by round
+            order = LABELS if r % 2 == 0 else LABELS[::-1]  # ABBA: who goes first alternates by round
             if interleaved:
-                interleaved = interleaved_round(args, co, outs, first, results_dir)
+                interleaved = interleaved_round(args, co, outs, order, results_dir)
                 if not interleaved:
                     say("a revision's `gembench run` predates --pace: every round runs the two processes one "
                         "after the other instead (as --sequential)")
             if not interleaved:
-                sequential_round(args, co, outs, first)
+                sequential_round(args, co, outs, order)
             pair = {label: checked_result(co[label], label, outs[label]) for label in LABELS}
             if args.keep_results is not None:
                 for out in outs.values():
@@ -306,7 +306,7 @@ def main(args: argparse.Namespace) -> int:
             eta = sum(durations) / len(durations) * (args.rounds - len(durations))
             steps = {label: paired.process_value(pair[label], "step_time_s", args.statistic) for label in LABELS}
             step_text = "".join(f"{label} {1e3 * v:.2f} ms, " for label, v in steps.items() if v)
-            say(f"round {r + 1}/{args.rounds} ({first} first): {args.statistic} step {step_text}"
+            say(f"round {r + 1}/{args.rounds} ({order[0]} first): {args.statistic} step {step_text}"
                 f"{durations[-1]:.0f} s, ~{eta / 60:.1f} min left")
 
     first = rounds[0][0]

@@ -147,22 +147,19 @@ def expect(worker: Worker, wanted: bytes, deadline: float) -> None:
         raise _failed(worker)
 
 
-def interleaved_round(workers: list[Worker], bursts: int, first: int, timeout: float, on_burst=None) -> None:
+def interleaved_round(workers: list[Worker], bursts: int, timeout: float) -> None:
     """Drive started ``workers`` (two) through ``bursts`` bursts each, alternating ABBA over bursts.
 
-    ``first`` is the index of the worker that takes the first turn (alternate it across rounds, so
-    neither revision always goes first). Returns when both have sent "done"; raises WorkerFailed.
+    ``workers[0]`` takes the first turn (the caller alternates the order across rounds, so neither
+    revision always goes first). Returns when both have sent "done"; raises WorkerFailed.
     """
     deadline = time.monotonic() + timeout
     for w in workers:  # start-ups overlap: both warm up at once, no timing happens then
         expect(w, READY, deadline)
-    order = [workers[first], workers[1 - first]]
     for b in range(bursts):
-        for w in (order if b % 2 == 0 else order[::-1]):
+        for w in (workers if b % 2 == 0 else workers[::-1]):
             os.write(w.go, GO)
             expect(w, DONE if b == bursts - 1 else READY, deadline)
-        if on_burst is not None:
-            on_burst(b + 1, bursts)
 
 
 def finish(workers: list[Worker], timeout: float) -> None:

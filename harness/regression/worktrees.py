@@ -62,18 +62,27 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 
 
+INTERRUPTS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 @contextlib.contextmanager
-def signals_as_interrupt():
-    """SIGTERM and SIGHUP raise KeyboardInterrupt meanwhile (Ctrl-C already does): finally blocks run."""
+def _handling(sigs: tuple, handler):
+    """``handler`` for ``sigs`` meanwhile, the previous handlers restored after. Off the main thread
+    (where Python cannot set handlers) it does nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    saved = {s: signal.signal(s, _interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
+    saved = {s: signal.signal(s, handler) for s in sigs}
     try:
         yield
     finally:
-        for s, handler in saved.items():
-            signal.signal(s, handler)
+        for s, previous in saved.items():
+            signal.signal(s, previous)
+
+
+def signals_as_interrupt():
+    """SIGTERM and SIGHUP raise KeyboardInterrupt meanwhile (Ctrl-C already does): finally blocks run."""
+    return _handling((signal.SIGTERM, signal.SIGHUP), _interrupt)
 
 
 @contextlib.contextmanager
@@ -110,30 +119,12 @@ def deferred_interrupts():
     For starting a child process: an interrupt raised inside subprocess.Popen (after the fork,
     while it waits for the exec) would leave a running child nobody holds a handle to.
     """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
     came: list[int] = []
-    sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    saved = {s: signal.signal(s, lambda signum, frame: came.append(signum)) for s in sigs}
-    try:
+    with _handling(INTERRUPTS, lambda signum, frame: came.append(signum)):
         yield
-    finally:
-        for s, handler in saved.items():
-            signal.signal(s, handler)
     if came:
         raise KeyboardInterrupt(f"signal {signal.Signals(came[0]).name}")
 
 
-@contextlib.contextmanager
 def _ignoring_interrupts():
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    saved = {s: signal.signal(s, signal.SIG_IGN) for s in sigs}
-    try:
-        yield
-    finally:
-        for s, handler in saved.items():
-            signal.signal(s, handler)
+    return _handling(INTERRUPTS, signal.SIG_IGN)
