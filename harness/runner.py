@@ -23,7 +23,7 @@ from gembench.harness.hardware import (Peak, achieved_tflops, memory_available, 
                                        remeasure_if_beaten, resolve_device)
 from gembench.harness.metrics import counters as C
 from gembench.harness.metrics import trace as TR
-from gembench.harness.metrics.mfu import summarize
+from gembench.harness.metrics.mfu import per_step_mfu, summarize, train_flops
 from gembench.harness.regression.results import SCHEMA
 from gembench.harness.stack import STACKS, StackOptions, build_train_state
 from gembench.harness.regression.stats import paired_ratio_interval
@@ -254,12 +254,12 @@ def stack_result(setup: Setup, options: StackOptions, samples: StepSamples, warm
         "options": options.to_dict(),
         "flops": {
             "forward_per_step": float(np.mean(forward)),
-            "model_per_step": 3.0 * float(np.mean(forward)),
+            "model_per_step": train_flops(float(np.mean(forward))),
             "per_block": {k: float(np.mean([b[k] for b in per_block])) for k in per_block[0]},
         },
         "samples": {
             "step_s": samples.step_s,
-            "mfu": [3.0 * f / t / (peak * 1e12) for f, t in zip(forward, samples.step_s)],
+            "mfu": per_step_mfu(forward, samples.step_s, peak),
             "loss": finite_or_none(samples.loss),
             "task_loss": finite_or_none(samples.task_loss),
             "stages": samples.stages,

@@ -2,7 +2,7 @@
 
 Forward FLOPs come per block from the functions that sit next to each block (hstu.py,
 wukong.py, cross.py, heads.py, dlrm.py), evaluated on a batch's real jagged lengths. Training
-FLOPs are 3x forward (DESIGN.md section 2). Embedding lookups are not FLOPs: they are reported
+FLOPs are 3x forward (docs/design.md section 2). Embedding lookups are not FLOPs: they are reported
 as bytes read and written.
 """
 
@@ -20,9 +20,6 @@ from gembench.models.heads import mlp_flops, over_arch_flops
 from gembench.models.hstu import sequence_arch_flops
 from gembench.models.sparse import is_embedding_parameter
 from gembench.models.wukong import interaction_arch_flops
-
-TRAIN_FLOPS_PER_FORWARD = 3.0  # forward + backward (grad input, grad weight)
-
 
 def sequence_lengths(batch, cfg: ModelConfig) -> dict[str, np.ndarray]:
     """Real lengths per sequence feature of a batch (without the CLS token)."""

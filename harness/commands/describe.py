@@ -33,7 +33,8 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 def describe(cfg) -> dict:
     from gembench.harness.stack import STACKS
-    from gembench.models.flops import TRAIN_FLOPS_PER_FORWARD, forward_flops_per_example, \
+    from gembench.harness.metrics.mfu import TRAIN_FLOPS_PER_FORWARD
+    from gembench.models.flops import forward_flops_per_example, \
         memory_estimate, parameter_counts
 
     counts = parameter_counts(cfg)

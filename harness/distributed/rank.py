@@ -27,7 +27,7 @@ from gembench.harness.commands.run import Progress
 from gembench.harness.errors import UsageError
 from gembench.harness.hardware import cpu_peak, device_name, reference_peak, remeasure_if_beaten, resolve_device
 from gembench.harness.metrics import comm
-from gembench.harness.metrics.mfu import STAGE_FLOP_SHARE
+from gembench.harness.metrics.mfu import STAGE_FLOP_SHARE, tflops, train_flops
 from gembench.harness.metrics import counters as C
 from gembench.harness.metrics import trace as TR
 from gembench.harness.metrics.imbalance import hot_share
@@ -227,8 +227,8 @@ def _recheck_peak(peak, records: list[dict], host: str) -> None:
         for stage, share in STAGE_FLOP_SHARE.items():
             t = float(np.mean(r["stages"].get(stage) or [0.0]))
             if t > 0:
-                achieved[f"stage {stage} of rank {r['rank']}"] = share * forward / t / 1e12
-        achieved[f"the step of rank {r['rank']}"] = 3 * forward / float(np.median(r["step_s"])) / 1e12
+                achieved[f"stage {stage} of rank {r['rank']}"] = tflops(share * forward, t)
+        achieved[f"the step of rank {r['rank']}"] = tflops(train_flops(forward), float(np.median(r["step_s"])))
     if peak.calibration is None or max(achieved.values(), default=0.0) <= peak.tflops_per_device:
         return
     print(f"gembench run: a rank beat the peak of {peak.tflops_per_device:.4g} TFLOP/s, so it was "

@@ -29,7 +29,7 @@ import numpy as np
 from gembench.harness.env import fingerprint
 from gembench.harness.metrics.counters import flat_metrics
 from gembench.harness.metrics.imbalance import critical_path, imbalance, stall_cost
-from gembench.harness.metrics.mfu import summarize
+from gembench.harness.metrics.mfu import mfu, per_step_mfu, summarize, tflops, train_flops
 from gembench.harness.regression.results import SCHEMA
 from gembench.harness.step import divergence, finite_or_none
 
@@ -66,7 +66,7 @@ def build_result(cfg, args, env: dict, records: list[dict], planned, batch_indic
             diverged = {**found, "rank": r["rank"]}
         r["loss"] = finite_or_none(r["loss"])
     for r, means in zip(records, stage_means):
-        train = 3.0 * float(np.mean(r["forward_flops"]))
+        train = train_flops(float(np.mean(r["forward_flops"])))
         ranks.append({
             "rank": r["rank"], "host": r["host"], "device": r["device"], "device_name": r["device_name"],
             "torch_threads": r["torch_threads"],
@@ -81,8 +81,8 @@ def build_result(cfg, args, env: dict, records: list[dict], planned, batch_indic
                                              for i in range(steps)])),
             "model_flops_per_step": train,
             # its share of the job's FLOPs over the job's step time: what this rank achieved
-            "tflops": train / p50 / 1e12,
-            "mfu": train / p50 / (r["peak_tflops"] * 1e12),
+            "tflops": tflops(train, p50),
+            "mfu": mfu(train, p50, r["peak_tflops"]),
             "loads": r["loads"], "comm": r["comm"],
             "peak_memory_bytes": r["peak_memory_bytes"],
             "counters": r["counters"],
@@ -114,10 +114,10 @@ def build_result(cfg, args, env: dict, records: list[dict], planned, batch_indic
         "env": fingerprint(torch.device(device)),
         "peak": peak_section(records, summary),
         "flops": {
-            "forward_per_step": forward, "model_per_step": 3.0 * forward,
+            "forward_per_step": forward, "model_per_step": train_flops(forward),
             "per_block": {k: sum(r["per_block"][k] for r in records) for k in records[0]["per_block"]},
         },
-        "samples": {"step_s": step_s, "mfu": [3.0 * f / t / (sum(peaks) * 1e12) for f, t in zip(job_forward, step_s)],
+        "samples": {"step_s": step_s, "mfu": per_step_mfu(job_forward, step_s, sum(peaks)),
                     "loss": records[0]["loss"], "stages": crit_stages},
         "summary": summary,
         "ranks": ranks,

@@ -15,6 +15,23 @@ from scipy import stats
 # Which share of the training FLOPs each stage performs: the forward pass in dense_forward,
 # its two backward GEMMs (grad input, grad weight) in backward.
 STAGE_FLOP_SHARE = {"dense_forward": 1.0, "backward": 2.0}
+# Training FLOPs per forward FLOP: forward + backward (docs/design.md section 2). The one owner.
+TRAIN_FLOPS_PER_FORWARD = sum(STAGE_FLOP_SHARE.values())
+
+
+def train_flops(forward_flops):
+    """Model training FLOPs from forward model FLOPs (a number or an array)."""
+    return TRAIN_FLOPS_PER_FORWARD * forward_flops
+
+
+def tflops(flops: float, seconds: float) -> float:
+    """Achieved TFLOP/s."""
+    return flops / seconds / 1e12
+
+
+def per_step_mfu(forward_flops, step_s, peak_tflops: float, devices: int = 1) -> list[float]:
+    """MFU of each step from its own forward FLOPs (jagged lengths vary) and its time."""
+    return [mfu(train_flops(f), t, peak_tflops, devices) for f, t in zip(forward_flops, step_s)]
 
 
 def mfu(flops_per_step: float, step_s: float, peak_tflops: float, devices: int = 1) -> float:
@@ -58,8 +75,8 @@ def summarize(step_s, stages: dict, forward_flops: list[float], examples: int,
     """
     step_s = np.asarray(step_s, dtype=float)
     fwd = np.asarray(forward_flops, dtype=float)
-    train = 3.0 * fwd
-    per_step_mfu = train / step_s / (peak_tflops * 1e12 * devices)
+    train = train_flops(fwd)
+    step_mfu = train / step_s / (peak_tflops * 1e12 * devices)
     p50 = float(np.median(step_s))
     timed = {name: np.asarray(v, dtype=float) for name, v in stages.items() if len(v)}
     # Stage times are means, not medians: means add up, so the stage rows sum to the step.
@@ -74,7 +91,7 @@ def summarize(step_s, stages: dict, forward_flops: list[float], examples: int,
             "p50_s": float(np.median(times)),
             "share": t / total_stage_time if total_stage_time else math.nan,
             "flops": flops,
-            "tflops": flops / t / 1e12 if t > 0 else 0.0,
+            "tflops": tflops(flops, t) if t > 0 else 0.0,
             "mfu": flops / t / (peak_tflops * 1e12 * devices) if t > 0 and flops else 0.0,
         }
     mean_train = float(train.mean())
@@ -84,8 +101,8 @@ def summarize(step_s, stages: dict, forward_flops: list[float], examples: int,
         # share of each step's wall time that the stages account for (1.0 = nothing untimed)
         "stage_coverage": float(np.mean(per_step_stage_sum / step_s)) if timed else 0.0,
         "examples_per_s": examples / p50,
-        "tflops": mean_train / p50 / 1e12,
+        "tflops": tflops(mean_train, p50),
         "mfu": mfu(mean_train, p50, peak_tflops, devices),
-        "mfu_per_step": distribution(per_step_mfu),
+        "mfu_per_step": distribution(step_mfu),
         "stages": stage_rows,
     }
