@@ -1,6 +1,6 @@
 """pytest-benchmark micro-benchmarks of the hot kernels: HSTU attention, Wukong FM, embedding lookup.
 
-Sizes follow the `small` tier (DESIGN.md section 3) so each kernel takes milliseconds on a CPU.
+Sizes follow the `small` tier (docs/design.md section 3) so each kernel takes milliseconds on a CPU.
 The project's pytest settings pass --benchmark-disable (each benchmark then runs once, as a test);
 turn timing on with --benchmark-enable:
 

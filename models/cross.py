@@ -73,7 +73,7 @@ def summary_flops(
     """Forward FLOPs of :class:`SequenceSummary` for a batch.
 
     ``lengths`` are the sequence lengths the summary sees, CLS included. Per sequence of n tokens,
-    d = dim_seq, d_qk = d_v = d / H, k_p = pma_seeds (DESIGN.md section 2, PMA):
+    d = dim_seq, d_qk = d_v = d / H, k_p = pma_seeds (docs/design.md section 2, PMA):
     ``2 n d H (d_qk + d_v)`` (K, V projections) ``+ 2 k_p H (d_qk + d_v) n`` (scores, weighted
     sum) ``+ 2 k_p H d_v d`` (PMA output projection); plus, over the S = 1 + k_p + recent summary
     tokens, the gate ``2 S d^2`` and the projection ``2 S d dim_out``. The seeds' queries are

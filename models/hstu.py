@@ -43,7 +43,7 @@ def _lengths_list(lengths: Lengths) -> list[int]:
 def hstu_attention_flops(lengths: Lengths, dim: int) -> float:
     """Forward FLOPs of HSTU attention over real jagged lengths: ``2 * dim * sum_i n_i^2``.
 
-    DESIGN.md section 2 / arXiv 2402.17152: H (d_qk + d_v) n^2 per sequence (Q K^T and A V, each
+    docs/design.md section 2 / arXiv 2402.17152: H (d_qk + d_v) n^2 per sequence (Q K^T and A V, each
     2 H d n^2 for the full square, halved by the causal mask); with d_qk = d_v = dim / H this is
     2 dim n^2. Padding is never counted.
     """

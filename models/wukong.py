@@ -20,7 +20,7 @@ def wukong_layer_flops(
 ) -> float:
     """Forward FLOPs per example of one :class:`WukongLayer` (multiply-add = 2 FLOPs).
 
-    DESIGN.md section 2 / arXiv 2403.02545:
+    docs/design.md section 2 / arXiv 2403.02545:
     ``4 n_in d k`` (X^T Y, then X (X^T Y))
     ``+ 2 (n_in k h_1 + sum_i h_i h_{i+1} + h_last n_fm d)`` (FMB MLP and its output Linear)
     ``+ 2 n_lcb n_in d`` (LCB), ``+ 2 n_in (n_fm + n_lcb) d`` when the residual is projected.

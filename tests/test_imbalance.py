@@ -1,4 +1,4 @@
-"""Imbalance formulas on hand-computed cases (TorchRec planner stats definitions, DESIGN.md 4)."""
+"""Imbalance formulas on hand-computed cases (TorchRec planner stats definitions, docs/design.md section 4)."""
 
 import math
 

@@ -4,7 +4,7 @@
     kernel="jagged" elsewhere -> tiled PyTorch custom op (ops/pytorch/hstu_attention.py)
     kernel="padded"          -> whole batch padded       (ops/pytorch/hstu_attention.py)
 
-All backends compute the same function with the same parameters (DESIGN.md section 2), so a
+All backends compute the same function with the same parameters (docs/design.md section 2), so a
 stack flips ``kernel`` (harness/stack.py: ``jagged``) without touching the weights.
 """
 

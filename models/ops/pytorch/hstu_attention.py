@@ -1,6 +1,6 @@
 """PyTorch backends of HSTU attention: the tiled jagged op (the CPU path) and the padded reference.
 
-Same parameters and math as every backend (DESIGN.md section 2): per sequence of real length n,
+Same parameters and math as every backend (docs/design.md section 2): per sequence of real length n,
 ``A = SiLU(Q K^T + rab[bucket(i - j)]) / n`` causal, ``Y = A V``, bucket = clamp(i - j, 0, R - 1).
 
 * ``gembench::hstu_jagged_attention``: sequences are sorted by length and cut into tiles of

@@ -1,6 +1,6 @@
 """Triton kernels of jagged causal HSTU attention: one forward kernel, one backward kernel.
 
-Math (DESIGN.md section 2), per sequence b of real length n starting at token offsets[b], head h,
+Math (docs/design.md section 2), per sequence b of real length n starting at token offsets[b], head h,
 queries i and keys j of that sequence (0 <= j <= i < n), R = rab.shape[1] buckets:
 
     S_ij = q_i . k_j + rab[h, min(i - j, R - 1)]          A_ij = SiLU(S_ij) / n       Y_i = sum_j A_ij v_j
