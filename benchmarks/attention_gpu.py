@@ -31,7 +31,8 @@ from gembench.harness.env import git_state
 from gembench.harness.hardware import device_name, reference_peak, resolve_device
 from gembench.models.config import load_config
 from gembench.models.data import SEQUENCE_SIGMA, truncated_lognormal
-from gembench.models.hstu import hstu_jagged_attention, hstu_padded_attention, triton_hstu_attention
+from gembench.models.ops.pytorch.hstu_attention import hstu_jagged_attention, hstu_padded_attention
+from gembench.models.ops.triton.hstu_attention import triton_hstu_attention
 
 GOAL_TFLOPS, AIM_TFLOPS = 88.0, 150.0
 GOAL_SYNCS, GOAL_LAUNCHES = 0, 4

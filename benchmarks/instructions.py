@@ -33,11 +33,11 @@ import argparse
 import hashlib
 import json
 import os
-import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from gembench.harness.tools import valgrind_version
 
 SCHEMA = "gembench.instructions/1"
 NUMBER = 3  # statement calls per count: per-call counts are exact, more calls only cost time
@@ -46,10 +46,10 @@ NUMBER = 3  # statement calls per count: per-call counts are exact, more calls o
 _COMMON = "import torch\ntorch.set_grad_enabled(False)\nfrom gembench.benchmarks import test_kernels as tk\n"
 KERNELS: dict[str, tuple[str, str]] = {
     "hstu_attention_jagged": (
-        _COMMON + "from gembench.models.hstu import hstu_jagged_attention\nq, k, v, rab, offsets, cap = tk._jagged()",
+        _COMMON + "from gembench.models.ops.pytorch.hstu_attention import hstu_jagged_attention\nq, k, v, rab, offsets, cap = tk._jagged()",
         "hstu_jagged_attention(q, k, v, rab, offsets)"),
     "hstu_attention_padded": (
-        _COMMON + "from gembench.models.hstu import hstu_padded_attention\nq, k, v, rab, offsets, cap = tk._jagged()",
+        _COMMON + "from gembench.models.ops.pytorch.hstu_attention import hstu_padded_attention\nq, k, v, rab, offsets, cap = tk._jagged()",
         "hstu_padded_attention(q, k, v, rab, offsets, cap)"),
     "wukong_fm": (
         _COMMON + "torch.manual_seed(0)\nx = torch.randn(512, 16, 32)\ny = torch.randn(16, 16)",
@@ -81,16 +81,6 @@ KERNELS: dict[str, tuple[str, str]] = {
         "lengths, values = tk._ids()\nkjt = KeyedJaggedTensor.from_lengths_sync(keys=keys, values=values, lengths=lengths)",
         "ebc(kjt).values()"),
 }
-
-
-def valgrind_version() -> str | None:
-    """valgrind's version, or None where it is not installed (callgrind cannot run)."""
-    if shutil.which("valgrind") is None:
-        return None
-    try:
-        return subprocess.run(["valgrind", "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 def _callgrind_env() -> None:
@@ -177,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--number", type=int, default=NUMBER, help=f"calls per count (default {NUMBER})")
     p.add_argument("--out", type=Path, default=None, help="result JSON (default results/runs/<id>.json; never overwritten)")
     args = p.parse_args(argv)
-    from gembench.harness.errors import UsageError
+    from gembench.usage import UsageError
     from gembench.harness.regression.results import RUNS_DIR, check_writable, write_result
 
     version = valgrind_version()

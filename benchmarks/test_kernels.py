@@ -41,14 +41,14 @@ def _jagged(batch=32, mean=96, cap=256, heads=2, head_dim=32, seed=0):
 
 
 def test_hstu_attention_jagged(benchmark):
-    from gembench.models.hstu import hstu_jagged_attention
+    from gembench.models.ops.pytorch.hstu_attention import hstu_jagged_attention
 
     q, k, v, rab, offsets, _ = _jagged()
     _bench(benchmark, hstu_jagged_attention, q, k, v, rab, offsets)
 
 
 def test_hstu_attention_padded(benchmark):
-    from gembench.models.hstu import hstu_padded_attention
+    from gembench.models.ops.pytorch.hstu_attention import hstu_padded_attention
 
     q, k, v, rab, offsets, cap = _jagged()
     _bench(benchmark, hstu_padded_attention, q, k, v, rab, offsets, cap)
@@ -59,7 +59,7 @@ def test_hstu_attention_padded(benchmark):
                            "on CPU in Triton's interpreter)")
 def test_hstu_attention_triton_fwd_bwd(benchmark):
     """Forward+backward of the Triton kernels, bf16, medium-like lengths (batch 128, up to 1024)."""
-    from gembench.models.hstu import triton_hstu_attention
+    from gembench.models.ops.triton.hstu_attention import triton_hstu_attention
 
     q, k, v, rab, offsets, cap = _jagged(batch=128, mean=384, cap=1024, heads=4, head_dim=64)
     q, k, v = (t.to("cuda", torch.bfloat16).requires_grad_() for t in (q, k, v))

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from gembench.harness import calibration
-from gembench.harness.errors import UsageError
+from gembench.usage import UsageError
 
 # Dense (no sparsity) bf16 tensor-core peaks in TFLOP/s, from vendor datasheets.
 GPU_PEAK_TFLOPS = {

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from gembench.harness.env import fingerprint
-from gembench.harness.errors import UsageError
+from gembench.usage import UsageError
 from gembench.harness.hardware import (Peak, achieved_tflops, memory_available, peak_basis, reference_peak,
                                        remeasure_if_beaten, resolve_device)
 from gembench.harness.metrics import counters as C

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from torchrec import EmbeddingBagCollection, EmbeddingCollection
 
-from gembench.harness.errors import UsageError
+from gembench.usage import UsageError
 from gembench.harness.step import TrainState
 from gembench.models.config import ModelConfig
 from gembench.models.gem import build_model

@@ -14,8 +14,7 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gembench.harness.errors import UsageError
-from gembench.harness.tomlfile import read_toml
+from gembench.usage import UsageError, read_toml
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 KINDS = ("gem", "dlrm", "dcnv2")

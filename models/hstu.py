@@ -6,8 +6,8 @@ Sequences are jagged: ``x`` of shape (T, d) holds all tokens of B sequences back
 The attention itself is an op with several backends behind one dispatcher
 (:mod:`gembench.models.ops.hstu_attention`): ``"jagged"`` runs the Triton kernels on CUDA and the
 tiled PyTorch op on CPU; ``"padded"`` pads the whole batch (the naive baseline). This module keeps
-the blocks and their FLOP formulas, and re-exports the backends' public names so that
-``from gembench.models.hstu import hstu_jagged_attention`` keeps working.
+the blocks and their FLOP formulas and calls the dispatcher only; a backend is imported from its
+own module (``gembench.models.ops.pytorch.hstu_attention``, ``...ops.triton.hstu_attention``).
 """
 
 from __future__ import annotations
@@ -19,12 +19,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from gembench.models.ops.hstu_attention import ATTENTION_KERNELS, hstu_attention
-from gembench.models.ops.pytorch.hstu_attention import (
-    hstu_jagged_attention,
-    hstu_padded_attention,
-    padding_waste,
-)
-from gembench.models.ops.triton.hstu_attention import triton_hstu_attention
 
 Lengths = Union[Sequence[int], torch.Tensor]
 
@@ -159,10 +153,6 @@ __all__ = [
     "SequenceArch",
     "hstu_attention",
     "hstu_attention_flops",
-    "hstu_jagged_attention",
     "hstu_layer_flops",
-    "hstu_padded_attention",
-    "padding_waste",
-    "triton_hstu_attention",
     "sequence_arch_flops",
 ]

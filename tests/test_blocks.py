@@ -20,10 +20,9 @@ from gembench.models.hstu import (
     HSTULayer,
     SequenceArch,
     hstu_attention_flops,
-    hstu_jagged_attention,
     hstu_layer_flops,
-    padding_waste,
 )
+from gembench.models.ops.pytorch.hstu_attention import hstu_jagged_attention, padding_waste
 from gembench.models.wukong import InteractionArch, WukongLayer, interaction_arch_flops, wukong_layer_flops
 
 DTYPES = [torch.float32, torch.bfloat16]

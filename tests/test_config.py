@@ -2,7 +2,7 @@
 
 import pytest
 
-from gembench.harness.errors import UsageError
+from gembench.usage import UsageError
 from gembench.models.config import known_configs, load_config
 
 GOOD = """

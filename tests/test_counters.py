@@ -15,7 +15,7 @@ from gembench.harness.stack import STACKS, build_train_state
 from gembench.harness.step import NoClock, run_steps, train_step
 from gembench.models.config import load_config
 from gembench.models.data import SyntheticData
-from gembench.models.hstu import hstu_jagged_attention
+from gembench.models.ops.pytorch.hstu_attention import hstu_jagged_attention
 
 
 def test_host_reads_are_counted_where_a_gpu_would_wait():

@@ -105,7 +105,7 @@ def test_a_count_through_a_registered_formula_is_refused_as_independent():
     import torch
 
     from gembench.harness.metrics.flopcheck import count, equal_lengths, independent
-    from gembench.models.hstu import hstu_jagged_attention
+    from gembench.models.ops.pytorch.hstu_attention import hstu_jagged_attention
 
     q = k = v = torch.randn(8, 2, 4)
     counted = count(lambda: hstu_jagged_attention(q, k, v, torch.zeros(2, 4), equal_lengths(2, 4)))

@@ -23,7 +23,9 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from gembench.models.hstu import HSTULayer, hstu_padded_attention, triton_hstu_attention
+from gembench.models.hstu import HSTULayer
+from gembench.models.ops.pytorch.hstu_attention import hstu_padded_attention
+from gembench.models.ops.triton.hstu_attention import triton_hstu_attention
 from gembench.models.ops import hstu_attention as dispatcher
 from gembench.models.ops.triton import hstu_attention as triton_op
 

@@ -44,8 +44,9 @@ def test_other_torch_is_not_comparable(tmp_path, capsys):
 
 def test_without_valgrind_the_benchmark_says_so_and_writes_nothing(tmp_path, monkeypatch, capsys):
     from gembench.benchmarks import instructions
+    from gembench.harness import tools
 
-    monkeypatch.setattr(instructions.shutil, "which", lambda name: None)
+    monkeypatch.setattr(tools.shutil, "which", lambda name: None)
     assert instructions.main(["--out", str(tmp_path / "x.json")]) == 0
     assert "valgrind is not installed; skipped" in capsys.readouterr().err and not (tmp_path / "x.json").exists()
 

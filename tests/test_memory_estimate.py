@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from gembench.harness.errors import UsageError
+from gembench.usage import UsageError
 from gembench.harness.runner import check_fits, largest_fitting_batch
 from gembench.harness.stack import STACKS
 from gembench.models.config import load_config

@@ -10,7 +10,7 @@ from synthetic import make_result, run_cli, save
 
 from gembench.harness.regression import results
 from gembench.harness.commands.promote import promote
-from gembench.harness.errors import UsageError
+from gembench.usage import UsageError
 from gembench.harness.regression.schema import schema_dir
 
 

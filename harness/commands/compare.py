@@ -35,7 +35,7 @@ import json
 import sys
 from pathlib import Path
 
-from gembench.harness.errors import UsageError
+from gembench.usage import UsageError
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

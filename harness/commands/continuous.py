@@ -61,7 +61,7 @@ import sys
 import time
 from pathlib import Path
 
-from gembench.harness.errors import UsageError
+from gembench.usage import UsageError
 
 DEFAULT_ROUNDS = 20
 DEFAULT_STEPS = 200
@@ -191,7 +191,7 @@ def check_args(args: argparse.Namespace) -> None:
     if args.rounds < (1 if args.benchmark == "instructions" else 2):
         raise UsageError(f"--rounds must be at least 2 for an interval, got {args.rounds}")
     if args.benchmark == "instructions":
-        from gembench.benchmarks.instructions import valgrind_version
+        from gembench.harness.tools import valgrind_version
 
         if valgrind_version() is None:
             raise UsageError("--benchmark instructions needs valgrind (apt-get install -y valgrind, or scripts/setup.sh as root)")

@@ -29,7 +29,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gembench.harness.errors import UsageError
+from gembench.usage import UsageError
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

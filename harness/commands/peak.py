@@ -30,7 +30,7 @@ import sys
 from tabulate import tabulate
 
 from gembench.harness import calibration as C
-from gembench.harness.errors import UsageError
+from gembench.usage import UsageError
 
 
 def configure(p: argparse.ArgumentParser) -> None:

@@ -19,7 +19,7 @@ import datetime as dt
 import os
 from pathlib import Path
 
-from gembench.harness.errors import UsageError
+from gembench.usage import UsageError
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

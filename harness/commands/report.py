@@ -30,7 +30,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from gembench.harness.errors import UsageError
+from gembench.usage import UsageError
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 DEFAULT_OUT_DIR = Path("results/runs")
@@ -98,31 +97,12 @@ def configure(p: argparse.ArgumentParser) -> None:
                        help="timed steps per turn with --pace (default: 20)")
 
 
-class Progress:
-    """A one-line progress meter on stderr, for runs long enough to need one."""
-
-    def __init__(self, enabled: bool, label: str):
-        self.enabled, self.label = enabled, label
-        self.started = time.perf_counter()
-        self.last = 0.0
-
-    def __call__(self, done: int, total: int, step_s: float) -> None:
-        now = time.perf_counter()
-        if not self.enabled or (now - self.last < 1.0 and done < total):
-            return
-        self.last = now
-        eta = (now - self.started) / done * (total - done)
-        end = "\n" if done == total else "\r"
-        print(f"{self.label}: step {done}/{total}, last {step_s * 1e3:.0f} ms, ~{eta:.0f} s left",
-              end=end, file=sys.stderr, flush=True)
-
-
 def main(args: argparse.Namespace) -> int:
     import os
 
     if args.nproc is not None or ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
         if args.pace is not None:
-            from gembench.harness.errors import UsageError
+            from gembench.usage import UsageError
 
             raise UsageError("--pace takes turns with one process; it cannot drive --nproc ranks")
         from gembench.harness.distributed.launch import main as distributed_main  # torchrun ranks
@@ -143,7 +123,8 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from gembench.harness.errors import UsageError
+    from gembench.harness.progress import Progress
+    from gembench.usage import UsageError
     from gembench.harness.regression.reservation import write_or_fallback
     from gembench.harness.runner import run_ab, run_benchmark
     from gembench.harness.report import run_report

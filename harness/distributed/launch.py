@@ -20,7 +20,7 @@ import socket
 import subprocess
 import sys
 
-from gembench.harness.errors import UsageError
+from gembench.usage import UsageError
 
 HOST = "127.0.0.1"
 

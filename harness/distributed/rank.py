@@ -23,8 +23,8 @@ import torch.distributed as dist
 from gembench.harness.distributed import noise
 from gembench.harness.distributed import sharded as D
 from gembench.harness.distributed import watchdog as W
-from gembench.harness.commands.run import Progress
-from gembench.harness.errors import UsageError
+from gembench.harness.progress import Progress
+from gembench.usage import UsageError
 from gembench.harness.hardware import cpu_peak, device_name, reference_peak, remeasure_if_beaten, resolve_device
 from gembench.harness.metrics import comm
 from gembench.harness.metrics.mfu import STAGE_FLOP_SHARE, tflops, train_flops

@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from gembench.harness.errors import UsageError
+from gembench.usage import UsageError
 from gembench.models.heads import multitask_loss
 
 SHARDING_TYPES = ("table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel")

@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gembench.harness.errors import UsageError
+from gembench.usage import UsageError
 from gembench.harness.regression.results import (BASELINE_SCHEMA, BASELINES_DIR, RUN_KEYS, RUNS_DIR,
                                                  field as get)
 

@@ -27,7 +27,7 @@ import socket
 import tempfile
 from pathlib import Path
 
-from gembench.harness.errors import UsageError
+from gembench.usage import UsageError
 
 LOCK_SUFFIX = ".lock"
 # Set by `gembench run --nproc N` for its ranks: the --out its own reservation holds.

@@ -48,7 +48,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from gembench.harness.errors import UsageError
+from gembench.usage import UsageError
 from gembench.harness.regression.schema import load_document, validate  # noqa: F401  (readers' API)
 
 SCHEMA = "gembench.result/1"

@@ -1,0 +1,42 @@
+"""The layers point one way (docs/design.md section 6): import-linter's contracts in pyproject.toml.
+
+The contracts must hold on the repository, and a planted back-edge (a model importing a command)
+must break them, so the check is known to look.
+"""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LINT = Path(sys.executable).with_name("lint-imports")
+
+
+def _lint(root: Path, package_parent: Path) -> subprocess.CompletedProcess:
+    env = {"PATH": str(LINT.parent), "PYTHONPATH": str(package_parent)}
+    return subprocess.run([str(LINT), "--no-cache", "--config", str(root / "pyproject.toml")],
+                          cwd=package_parent, env=env, capture_output=True, text=True, timeout=120)
+
+
+def _copy_package(parent: Path) -> Path:
+    """The repository's sources as a package named gembench under ``parent`` (the checkout's own
+    folder name is not the package's, so the checkout itself cannot be linted in place)."""
+    shutil.copytree(ROOT, parent / "gembench", ignore=shutil.ignore_patterns(
+        ".*", "__pycache__", "results", "docs", "scripts", "*.egg-info", "build"))
+    return parent
+
+
+def test_the_import_contracts_hold(tmp_path):
+    parent = _copy_package(tmp_path)
+    proc = _lint(parent / "gembench", parent)
+    assert proc.returncode == 0 and "0 broken" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
+
+
+def test_a_planted_back_edge_breaks_them(tmp_path):
+    parent = _copy_package(tmp_path)
+    config = parent / "gembench" / "models" / "config.py"
+    config.write_text(config.read_text() + "\nfrom gembench.harness.commands import run  # planted\n")
+    proc = _lint(parent / "gembench", parent)
+    assert proc.returncode != 0, proc.stdout[-3000:]
+    assert "gembench.models.config -> gembench.harness.commands.run" in proc.stdout, proc.stdout[-3000:]
