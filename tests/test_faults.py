@@ -421,3 +421,14 @@ def test_out_of_memory_while_building_names_the_build(tmp_path, capsys, monkeypa
                                "--out", str(tmp_path / "r.json")], capsys)
     assert code == 2 and "out of memory in stage build" in stderr
     assert not (tmp_path / "r.json").exists()
+
+
+# -- every path a run writes is checked before the first step ---------------------------------
+
+@pytest.mark.parametrize("nproc", [[], ["--nproc", "2"]], ids=["one-process", "nproc-2"])
+def test_an_unwritable_trace_folder_is_refused_before_training(tmp_path, nproc):
+    start = time.perf_counter()
+    proc = gembench("run", *TINY, *nproc, "--trace", "/proc/nope", "--out", str(tmp_path / "r.json"))
+    line = one_line(proc.stderr)
+    assert proc.returncode == 2 and "/proc/nope" in line and "--trace" in line, proc.stderr
+    assert leftovers(tmp_path) == [] and time.perf_counter() - start < 60

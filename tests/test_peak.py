@@ -48,9 +48,9 @@ def test_a_quiet_calibration_is_cached_and_served(cache, monkeypatch):
     first = cpu_peak("bf16")
     assert first.tflops_per_device == 0.4 and not first.provisional
     assert first.calibration["size"] == 3072 and first.calibration["quiet"] is True
-    machine.tflops = 9.0  # served from the cache now: no measurement
+    # served from the cache now: only the start-of-run probe, which does not beat it
     assert cpu_peak("bf16").tflops_per_device == 0.4
-    assert machine.gemms == len(C.CALIBRATION_SIZES)
+    assert machine.gemms == len(C.CALIBRATION_SIZES) + 1
 
 
 def test_a_busy_calibration_is_provisional_and_not_cached(cache, monkeypatch):
@@ -110,6 +110,19 @@ def test_a_too_low_cached_peak_is_beaten_and_remeasured(cache, monkeypatch):
     assert s["mfu"] == pytest.approx(s["tflops"] / 0.5)  # measured against the new peak
     assert C.load_entry("bf16", torch.get_num_threads()).best.tflops == 0.5
     assert result["peak"]["basis"] == "ranks" and result["metrics"]["mfu_host"] == pytest.approx(s["mfu"])
+
+
+def test_a_cached_peak_three_times_too_low_is_corrected_by_the_next_run(cache, monkeypatch):
+    """Planted by hand in the cache and settled: the start-of-run probe beats it, so the run
+    re-measures before it uses it (no stage of the run has to beat it first)."""
+    plant(0.5 / 3)
+    machine = FakeMachine(monkeypatch, 0.5)
+    peak = cpu_peak("bf16")
+    assert peak.tflops_per_device == 0.5
+    assert "RE-MEASURED" in peak.source and "start-of-run GEMM probe" in peak.source
+    assert C.load_entry("bf16", torch.get_num_threads()).best.tflops == 0.5  # corrected in the cache
+    machine.gemms = 0
+    assert cpu_peak("bf16").tflops_per_device == 0.5 and machine.gemms == 1  # then only probed
 
 
 def test_peak_command_shows_recalibrates_and_clears(cache, monkeypatch, capsys):

@@ -109,9 +109,12 @@ def main(args: argparse.Namespace) -> int:
 
         return distributed_main(args)
     from gembench.harness.regression.reservation import Reservation
-    from gembench.harness.regression.results import check_writable
+    from gembench.harness.regression.results import check_writable, writable_folder
 
-    # fail before minutes of work, not after; a concurrent run with the same --out stops here
+    # fail before minutes of work, not after: every path the run will write is checked here,
+    # and a concurrent run with the same --out stops here
+    if args.trace is not None:
+        writable_folder(args.trace, "--trace")
     reservation = Reservation.take(args.out) if args.out is not None else None
     if args.out is None:  # the default name is the run's unique id: only the folder can fail
         check_writable(DEFAULT_OUT_DIR / "any.json", overwrite=True)

@@ -90,7 +90,7 @@ def check(args) -> None:
     from gembench.harness.distributed.rank import per_rank_batch
     from gembench.harness.distributed.sharded import backend_for, parse_sharding
     from gembench.harness.hardware import resolve_device
-    from gembench.harness.regression.results import check_writable
+    from gembench.harness.regression.results import check_writable, writable_folder
     from gembench.models.config import load_config, with_global_batch
     from gembench.models.sparse import pooled_tables, sequence_tables
 
@@ -123,10 +123,7 @@ def check(args) -> None:
     if args.out is not None:
         check_writable(args.out)
     if args.trace is not None:
-        try:
-            os.makedirs(args.trace, exist_ok=True)
-        except OSError as err:
-            raise UsageError(f"cannot create --trace folder {args.trace}: {err.strerror}") from None
+        writable_folder(args.trace, "--trace")
 
 
 def relaunch(nproc: int, argv: list[str], extra_env: dict | None = None) -> int:

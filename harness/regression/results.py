@@ -78,14 +78,14 @@ def check_writable(path: str | os.PathLike, overwrite: bool = False) -> Path:
     return path
 
 
-def writable_folder(folder: Path) -> Path:
-    """Create ``folder`` for --out if needed; a UsageError when it cannot be made or written."""
+def writable_folder(folder: Path, flag: str = "--out") -> Path:
+    """Create ``folder`` for ``flag`` if needed; a UsageError when it cannot be made or written."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise UsageError(f"cannot create folder {folder} for --out: {err.strerror}") from None
+        raise UsageError(f"cannot create folder {folder} for {flag}: {err.strerror}") from None
     if not os.access(folder, os.W_OK):
-        raise UsageError(f"folder {folder} is not writable: pass an --out somewhere you can write")
+        raise UsageError(f"folder {folder} is not writable: pass a {flag} somewhere you can write")
     return folder
 
 
