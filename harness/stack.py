@@ -166,6 +166,35 @@ def fuse_embeddings(model: nn.Module, device: torch.device) -> list[torch.optim.
     return [SparseAdagrad(remaining, lr=EMBEDDING_LR, eps=ADAGRAD_EPS)] if remaining else []
 
 
+# -- applied from outside the model, on one process and on every rank alike ------------------
+
+def dense_optimizer(params, options: StackOptions) -> torch.optim.Optimizer:
+    """Adam over the dense parameters: one fused kernel, or the per-tensor loop a team writes first."""
+    if options.fused_optimizer:
+        return torch.optim.Adam(params, lr=DENSE_LR, fused=True)
+    return torch.optim.Adam(params, lr=DENSE_LR, foreach=False)
+
+
+def apply_compile(model: nn.Module, options: StackOptions) -> None:
+    """torch.compile the dense arch (the model's ``dense`` module) in place when the stack says so."""
+    if options.compile:
+        # Jagged batches change T every step: compile for dynamic shapes once, not per batch.
+        model.dense = torch.compile(model.dense, dynamic=True)
+
+
+def autocast_for(options: StackOptions, device: torch.device):
+    """A context factory: bf16 autocast of the step (weights and optimizer state stay fp32), or none."""
+    if options.bf16:
+        return functools.partial(torch.autocast, device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext
+
+
+def on_ranks(options: StackOptions, pipeline: bool) -> StackOptions:
+    """What a stack is on N ranks: TorchRec's sharded tables are always fbgemm's fused TBE (DMP has
+    no plain-EmbeddingBag path), and overlap is the --pipeline choice; the rest is the stack's."""
+    return replace(options, fused_embeddings=True, pipeline=pipeline)
+
+
 def build_train_state(cfg: ModelConfig, options: StackOptions, device: torch.device,
                       seed: int = 0) -> TrainState:
     """Build the pure model from ``cfg`` with ``seed`` (same weights for every stack), then
@@ -178,16 +207,7 @@ def build_train_state(cfg: ModelConfig, options: StackOptions, device: torch.dev
     else:
         sparse = [p for n, p in model.named_parameters() if is_embedding_parameter(n)]
         optimizers.append(torch.optim.Adagrad(sparse, lr=EMBEDDING_LR, eps=ADAGRAD_EPS))
-    dense = [p for n, p in model.named_parameters() if not is_embedding_parameter(n)]
-    if options.fused_optimizer:
-        optimizers.append(torch.optim.Adam(dense, lr=DENSE_LR, fused=True))
-    else:
-        optimizers.append(torch.optim.Adam(dense, lr=DENSE_LR, foreach=False))
-    if options.compile:
-        # Jagged batches change T every step: compile for dynamic shapes once, not per batch.
-        model.dense = torch.compile(model.dense, dynamic=True)
-    if options.bf16:
-        autocast = functools.partial(torch.autocast, device_type=device.type, dtype=torch.bfloat16)
-    else:
-        autocast = contextlib.nullcontext
-    return TrainState(model=model, optimizers=optimizers, autocast=autocast, device=device)
+    optimizers.append(dense_optimizer([p for n, p in model.named_parameters() if not is_embedding_parameter(n)],
+                                      options))
+    apply_compile(model, options)
+    return TrainState(model=model, optimizers=optimizers, autocast=autocast_for(options, device), device=device)

@@ -101,7 +101,7 @@ def main(args, env: dict) -> int:
 
 def run(args, env: dict, dev: torch.device, watchdog: W.Watchdog, fault) -> dict:
     from gembench.harness.distributed.result import build_result
-    from gembench.harness.stack import stack_options
+    from gembench.harness.stack import apply_compile, autocast_for, on_ranks, stack_options
 
     rank, world = env["rank"], env["world_size"]
     cfg = with_global_batch(load_config(args.config), getattr(args, "batch", None), world)  # --batch
@@ -110,17 +110,20 @@ def run(args, env: dict, dev: torch.device, watchdog: W.Watchdog, fault) -> dict
     torch.manual_seed(args.seed)  # same seed on every rank: identical replicated weights
     from gembench.models.gem import build_model
 
-    # The stack's kernel and precision choices apply here too; embeddings are always fbgemm's
-    # fused TBE under DMP, and overlap is the --pipeline switch.
-    options = stack_options(args.stack, args.dtype)
-    model = build_model(cfg, dev, attention="jagged" if options.jagged else "padded")
+    # The stack from harness/stack.py, as on one process: kernels, precision, compile, optimizer
+    # and learning rates; embeddings are always fbgemm's fused TBE under DMP, and overlap is the
+    # --pipeline switch (stack.on_ranks).
+    options = on_ranks(stack_options(args.stack, args.dtype), bool(args.pipeline))
+    gem = build_model(cfg, dev, attention="jagged" if options.jagged else "padded")
+    model = gem
     if args.pipeline:  # embedding modules lifted out where the pipeline's tracer can find them
-        model = D.TrainModule(model)
+        model = D.TrainModule(gem)
     watchdog.at("plan")
     forced = D.parse_sharding(args.sharding, D.table_names(model))
     plan, planned = D.plan_sharding(model, forced, env, dev, local_batch)
     watchdog.at("shard")
     dmp = D.shard(model, plan, dev, args.pipeline)
+    apply_compile(gem, options)  # the dense arch, after DMP has taken the tables
     watchdog.at("data")
     data = SyntheticData(cfg, seed=args.seed, batch_size=local_batch, rank=rank)
     total = args.warmup + args.steps + COUNTED_STEPS + PROFILED_STEPS
@@ -137,18 +140,18 @@ def run(args, env: dict, dev: torch.device, watchdog: W.Watchdog, fault) -> dict
     described = {"forward_flops": [float(sum(b.values())) for b in per_block],
                  "per_block": _mean_blocks(per_block), "embedding_bytes": embedding_bytes(cfg, timed[0]),
                  "hot": _hot_counts(cfg, timed)}
-    autocast = _autocast(options.dtype, dev)
+    autocast = autocast_for(options, dev)
     since = C.fresh_compile_state()
     W.STAGE_ORDER.update({s: i for i, s in enumerate(D.PIPELINE_STAGES if args.pipeline else D.STAGES)})
     show = rank == 0 and not args.quiet
     if args.pipeline:
-        engine = D.PipelineStep(dmp, dev)
+        engine = D.PipelineStep(dmp, dev, options)
         # the pipeline holds batches in flight across steps: it gets its own batch objects
         # (regenerated: same seed, same data) rather than the list measured above
         fed = [data.batch(i % len(batches)) for i in range(total)]
         samples, prof, counted = _pipeline_steps(engine, fed, args, watchdog, fault, rank, autocast, show)
     else:
-        engine = D.StagedStep(dmp, dev, world)
+        engine = D.StagedStep(dmp, dev, world, options)
         samples, prof, counted = _staged_steps(engine, batches, args, watchdog, fault, rank, autocast, show)
 
     watchdog.at("analysis")
@@ -182,7 +185,7 @@ def run(args, env: dict, dev: torch.device, watchdog: W.Watchdog, fault) -> dict
         return {}
     watchdog.at("peak check")
     _recheck_peak(peak, records, socket.gethostname())
-    return build_result(cfg, args, env, records, planned, batch_indices={
+    return build_result(cfg, args, env, records, planned, options, batch_indices={
         "timed": [i % len(batches) for i in range(args.warmup, args.warmup + args.steps)],
         "counted": [i % len(batches) for i in range(args.warmup + args.steps, total - PROFILED_STEPS)],
         "profiled": [i % len(batches) for i in range(total - PROFILED_STEPS, total)],
@@ -238,12 +241,6 @@ def _recheck_peak(peak, records: list[dict], host: str) -> None:
         if new is not None and r["host"] == host:
             r.update(peak_tflops=new.tflops_per_device, peak_source=new.source,
                      peak_provisional=new.provisional, peak_calibration=new.calibration)
-
-
-def _autocast(dtype: str | None, dev: torch.device):
-    if dtype == "bf16":
-        return lambda: torch.autocast(device_type=dev.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext
 
 
 def _keep(samples: dict, elapsed: float, loss, stage_seconds: dict) -> None:

@@ -36,8 +36,9 @@ from gembench.harness.step import divergence, finite_or_none
 PRIMARY_LOAD = "bytes_read"  # deterministic and proportional to memory-bound lookup work
 
 
-def build_result(cfg, args, env: dict, records: list[dict], planned, batch_indices: dict,
+def build_result(cfg, args, env: dict, records: list[dict], planned, options, batch_indices: dict,
                  backend: str) -> dict:
+    """``options``: the StackOptions the ranks ran (stack.on_ranks), recorded as run.options."""
     import torch
 
     world = env["world_size"]
@@ -92,9 +93,6 @@ def build_result(cfg, args, env: dict, records: list[dict], planned, batch_indic
     comm = comm_section(records)
     forward = float(np.mean(job_forward))
     created = dt.datetime.now(dt.timezone.utc)
-    from gembench.harness.stack import stack_options
-
-    options = stack_options(args.stack, args.dtype)
     stack = f"{args.stack}-{'pipeline' if args.pipeline else 'staged'}"
     device = records[0]["device"]
     result = {
@@ -104,8 +102,7 @@ def build_result(cfg, args, env: dict, records: list[dict], planned, batch_indic
         "config": {"name": cfg.name, "hash": cfg.hash, "path": cfg.source, "kind": cfg.kind},
         "run": {
             "steps": args.steps, "warmup": args.warmup, "dtype": options.dtype, "device": device,
-            "seed": args.seed, "stack": stack, "options": {"fused_embeddings": True, "jagged": options.jagged, "bf16": options.bf16,
-                        "compile": False, "pipeline": bool(args.pipeline)},
+            "seed": args.seed, "stack": stack, "options": options.to_dict(),
             "nproc": world, "nnodes": len({r["host"] for r in records}),
             "global_batch": global_batch, "per_rank_batch": global_batch // world,
             "sharding": args.sharding or "auto", "backend": backend, "timeout_s": args.timeout,

@@ -31,6 +31,7 @@ embedding-gradient all-to-alls), optimizer.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import os
 import time
 from contextlib import contextmanager
@@ -39,14 +40,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from gembench.usage import UsageError
+from gembench.harness.stack import ADAGRAD_EPS, EMBEDDING_LR, StackOptions, dense_optimizer
 from gembench.models.heads import multitask_loss
+from gembench.usage import UsageError
 
 SHARDING_TYPES = ("table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel")
 STAGES = ("data", "input_dist", "embedding_lookup", "output_dist", "dense_forward", "backward",
           "grad_sync", "optimizer")
 PIPELINE_STAGES = ("data", "input_dist", "forward", "backward", "optimizer")
-EMBEDDING_LR = 0.02  # as the single-process stack's Adagrad
 
 
 # -- process group -------------------------------------------------------------------------
@@ -152,7 +153,9 @@ def sharders():
             extra = [t for t in ("row_wise", "table_row_wise") if t not in types]
             return types + extra if compute_device_type == "cpu" else types
 
-    fused = {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": EMBEDDING_LR}
+    # the single-process stack's learning rate and eps (harness/stack.py); TorchRec's sharded
+    # kernels offer row-wise Adagrad, not the exact per-element one
+    fused = {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": EMBEDDING_LR, "eps": ADAGRAD_EPS}
     return [PooledSharder(fused_params=fused), EmbeddingCollectionSharder(fused_params=fused)]
 
 
@@ -267,11 +270,11 @@ def replaying(outputs: dict[nn.Module, object]):
 class StagedStep:
     """One training step, stage by stage, on one rank of a DMP model."""
 
-    def __init__(self, dmp: nn.Module, device: torch.device, world_size: int):
+    def __init__(self, dmp: nn.Module, device: torch.device, world_size: int, options: StackOptions):
         self.dmp, self.model, self.device, self.world_size = dmp, dmp.module, device, world_size
         self.modules = sharded_modules(self.model)
         self.dense = dense_parameters(dmp)
-        self.optimizer = torch.optim.Adam(self.dense, lr=1e-3)
+        self.optimizer = dense_optimizer(self.dense, options)
 
     def __call__(self, batch, mark) -> torch.Tensor:
         """``mark(stage)`` is called at the end of every stage."""
@@ -388,6 +391,13 @@ class TrainModule(nn.Module):
 def pipelineable(batch):
     """The batch as TorchRec's pipeline wants it: an instance of its Pipelineable interface
     (which models/data.py's Batch satisfies in behaviour but not by inheritance)."""
+    return _pipeline_batch_class()(batch)
+
+
+@functools.cache
+def _pipeline_batch_class():
+    """Made once (on first use, as TorchRec's streamable module is imported): a class made per
+    batch would fail torch.compile's type guard on every step and recompile the dense arch."""
     from torchrec.streamable import Pipelineable
 
     class PipelineBatch(Pipelineable):
@@ -404,7 +414,7 @@ def pipelineable(batch):
         def pin_memory(self):
             return PipelineBatch(self.batch.pin_memory())
 
-    return PipelineBatch(batch)
+    return PipelineBatch
 
 
 class PipelineStep:
@@ -414,13 +424,13 @@ class PipelineStep:
               "start_sparse_data_dist": "input_dist", "wait_sparse_data_dist": "input_dist",
               "_model_fwd": "forward", "_backward": "backward", "_optimizer_step": "optimizer"}
 
-    def __init__(self, dmp: nn.Module, device: torch.device):
+    def __init__(self, dmp: nn.Module, device: torch.device, options: StackOptions):
         from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
         from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
         from torchrec.optim.optimizers import in_backward_optimizer_filter
 
         dense = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(dmp.named_parameters())),
-                                      lambda params: torch.optim.Adam(params, lr=1e-3))
+                                      lambda params: dense_optimizer(params, options))
         self.optimizer = CombinedOptimizer([dmp.fused_optimizer, dense])
         self.pipeline = TrainPipelineSparseDist(dmp, self.optimizer, device, execute_all_batches=True)
         self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
