@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None, help="result JSON (default results/runs/<id>.json; never overwritten)")
     args = p.parse_args(argv)
     from gembench.usage import UsageError
-    from gembench.harness.regression.results import RUNS_DIR, check_writable, write_result
+    from gembench.harness.store.results import RUNS_DIR, check_writable, write_result
 
     version = valgrind_version()
     if version is None:

@@ -10,7 +10,7 @@ Printed, never asserted: a speed goal is a figure to watch, not a test to flake.
 
 import argparse
 
-from gembench.harness.report import loss_line, pct, run_report
+from gembench.harness.tables import loss_line, pct, run_report
 from gembench.harness.runner import run_ab
 
 RATIO_GOAL = 2.0

@@ -79,6 +79,13 @@ def stack_options(name: str, dtype: str | None = None) -> StackOptions:
     return options if dtype is None else replace(options, bf16=dtype == "bf16")
 
 
+def stack_label(options: StackOptions) -> str:
+    for name, known in STACKS.items():
+        if options == known:
+            return name
+    return options.describe()
+
+
 class SparseAdagrad(torch.optim.Adagrad):
     """torch's Adagrad over row-sparse embedding gradients, with sparse invariant checks off.
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gembench.harness.regression.results import BASELINE_SCHEMA
+from gembench.harness.store.results import BASELINE_SCHEMA
 from synthetic import make_result
 
 STAGES = {"data": 0.001, "sparse_forward": 0.004, "dense_forward": 0.030, "loss": 0.001, "backward": 0.055, "optimizer": 0.009}

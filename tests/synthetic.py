@@ -11,7 +11,7 @@ import json
 import random
 from pathlib import Path
 
-from gembench.harness.regression.results import SCHEMA, write_result
+from gembench.harness.store.results import SCHEMA, write_result
 
 
 def make_result(

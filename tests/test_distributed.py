@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from gembench.harness.distributed.sharded import parse_sharding
+from gembench.harness.distributed.plan import parse_sharding
 from gembench.usage import UsageError
 from gembench.models.config import load_config
 from gembench.models.data import SyntheticData

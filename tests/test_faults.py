@@ -26,7 +26,7 @@ from synthetic import make_result, run_cli, save
 
 from gembench.harness import step
 from gembench.harness.commands.promote import promote
-from gembench.harness.regression import reservation, results
+from gembench.harness.store import reservation, results
 
 TINY = ["--config", "tiny", "--stack", "baseline", "--steps", "2", "--warmup", "1", "--quiet"]
 

@@ -6,7 +6,7 @@ import shutil
 import pytest
 from synthetic import run_cli
 
-from gembench.harness.regression.results import INSTRUCTIONS_SCHEMA, write_result
+from gembench.harness.store.results import INSTRUCTIONS_SCHEMA, write_result
 
 
 def _doc(rid, counts, torch="2.13.0"):

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from gembench.usage import UsageError
-from gembench.harness.runner import check_fits, largest_fitting_batch
+from gembench.harness.memory import check_fits, largest_fitting_batch
 from gembench.harness.stack import STACKS
 from gembench.models.config import load_config
 from gembench.models.flops import memory_estimate
@@ -57,10 +57,10 @@ def test_estimate_follows_the_stack():
 def test_what_does_not_fit_is_refused_naming_the_batch_that_would(monkeypatch):
     import torch
 
-    import gembench.harness.runner as runner
+    import gembench.harness.memory as memory
 
     cfg = load_config("medium")
-    monkeypatch.setattr(runner, "memory_available", lambda device: int(139.3 * 2**30))
+    monkeypatch.setattr(memory, "memory_available", lambda device: int(139.3 * 2**30))
     check_fits(cfg, 2048, torch.device("cuda"), stacks=[STACKS["optimized"]])  # fits: no error
     with pytest.raises(UsageError) as err:
         check_fits(cfg, 2048, torch.device("cuda"), stacks=[STACKS["baseline"]])

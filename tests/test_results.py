@@ -8,10 +8,10 @@ import sys
 import pytest
 from synthetic import make_result, run_cli, save
 
-from gembench.harness.regression import results
+from gembench.harness.store import results
 from gembench.harness.commands.promote import promote
 from gembench.usage import UsageError
-from gembench.harness.regression.schema import schema_dir
+from gembench.harness.store.schema import schema_dir
 
 
 def test_write_is_atomic_and_never_overwrites(tmp_path):

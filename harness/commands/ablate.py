@@ -51,7 +51,7 @@ def variants(single_process: bool):
 
 
 def main(args: argparse.Namespace) -> int:
-    from gembench.harness.regression.reservation import Reservation
+    from gembench.harness.store.reservation import Reservation
 
     reservation = Reservation.take(args.out) if args.out is not None else None  # before any work
     try:
@@ -66,10 +66,11 @@ def _ablate(args: argparse.Namespace) -> int:
 
     from tabulate import tabulate
 
-    from gembench.harness.report import pct
-    from gembench.harness.regression.reservation import write_or_fallback
+    from gembench.harness.tables import pct
+    from gembench.harness.store.reservation import write_or_fallback
     from gembench.harness.hardware import resolve_device
-    from gembench.harness.runner import out_of_memory_guard, prepare, reset_peak_memory, stack_result
+    from gembench.harness.memory import reset_peak_memory
+    from gembench.harness.runner import out_of_memory_guard, prepare, stack_result
     from gembench.models.config import load_config, with_global_batch
     from gembench.models.flops import memory_estimate, parameter_counts
     from gembench.harness.metrics.counters import fresh_compile_state

@@ -74,7 +74,7 @@ def expand_side(text: str) -> list[Path]:
 
 
 def load_side(text: str) -> list[dict]:
-    from gembench.harness.regression.results import load_runs
+    from gembench.harness.store.results import load_runs
 
     return [run for path in expand_side(text) for run in load_runs(path)]
 
@@ -108,7 +108,7 @@ def write_output(path: Path, text: str) -> None:
 def counter_limits(path: str | None, reference: dict):
     """thresholds.Limits for the reference's config and hardware class; None when no file applies."""
     from gembench.harness.regression import thresholds
-    from gembench.harness.regression.results import field
+    from gembench.harness.store.results import field
 
     if path is None:
         if not thresholds.DEFAULT_PATH.exists():

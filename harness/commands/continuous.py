@@ -256,7 +256,7 @@ def interleaved_round(args: argparse.Namespace, co: dict, outs: dict[str, Path],
 
 def checked_result(c, label: str, out: Path) -> dict:
     """The result a revision's process wrote, checked to come from that revision's commit."""
-    from gembench.harness.regression.results import field, load_result
+    from gembench.harness.store.results import field, load_result
 
     result = load_result(out)
     ran = field(result, "env.git_commit")
@@ -268,7 +268,7 @@ def checked_result(c, label: str, out: Path) -> dict:
 
 def main(args: argparse.Namespace) -> int:
     from gembench.harness.regression import paired, stats, thresholds, worktrees
-    from gembench.harness.regression.results import differences, field
+    from gembench.harness.store.results import differences, field
 
     check_args(args)
     repo = worktrees.repo_root(args.repo)

@@ -60,7 +60,7 @@ def describe(cfg) -> dict:
 def main(args: argparse.Namespace) -> int:
     from tabulate import tabulate
 
-    from gembench.harness.report import si
+    from gembench.harness.tables import si
     from gembench.models.config import load_config
 
     from gembench.models.config import with_global_batch

@@ -45,7 +45,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from gembench.harness.regression import gate, stats, thresholds
     from gembench.harness.commands.compare import check_decision_args, load_side
-    from gembench.harness.regression.results import COMPARABLE_KEYS, RUN_KEYS, baseline_for, differences, field, load_runs
+    from gembench.harness.store.results import COMPARABLE_KEYS, RUN_KEYS, baseline_for, differences, field, load_runs
 
     check_decision_args(args.alpha, args.min_effect)
     runs = [r for text in args.results for r in load_side(text)]

@@ -30,7 +30,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def promote(runs: list[dict], root: str | os.PathLike, allow_dirty: bool = False) -> tuple[Path, Path | None]:
     """Write the baseline for ``runs``; returns (baseline path, archived old baseline or None)."""
-    from gembench.harness.regression.results import BASELINE_SCHEMA, COMPARABLE_KEYS, RUN_KEYS, baseline_for, differences, field, write_result
+    from gembench.harness.store.results import BASELINE_SCHEMA, COMPARABLE_KEYS, RUN_KEYS, baseline_for, differences, field, write_result
 
     first = runs[0]
     for other in runs[1:]:
@@ -50,7 +50,7 @@ def promote(runs: list[dict], root: str | os.PathLike, allow_dirty: bool = False
         "git_commit": field(first, "env.git_commit"),
         "runs": runs,
     }
-    from gembench.harness.regression.reservation import Reservation, reason
+    from gembench.harness.store.reservation import Reservation, reason
 
     with Reservation.take(target, overwrite=True):  # a concurrent promote of this baseline stops here
         archived = None

@@ -43,7 +43,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def write_page(out_dir: Path, text: str) -> Path:
     """DIR/index.html, atomically: a reader sees the old page or the new one, never half of one."""
-    from gembench.harness.regression.results import writable_folder
+    from gembench.harness.store.results import writable_folder
 
     writable_folder(out_dir, "--out")
     fd, tmp = tempfile.mkstemp(prefix=".index.", suffix=".html.tmp", dir=out_dir)

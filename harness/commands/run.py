@@ -108,8 +108,8 @@ def main(args: argparse.Namespace) -> int:
         from gembench.harness.distributed.launch import main as distributed_main  # torchrun ranks
 
         return distributed_main(args)
-    from gembench.harness.regression.reservation import Reservation
-    from gembench.harness.regression.results import check_writable, writable_folder
+    from gembench.harness.store.reservation import Reservation
+    from gembench.harness.store.results import check_writable, writable_folder
 
     # fail before minutes of work, not after: every path the run will write is checked here,
     # and a concurrent run with the same --out stops here
@@ -128,9 +128,9 @@ def main(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from gembench.harness.progress import Progress
     from gembench.usage import UsageError
-    from gembench.harness.regression.reservation import write_or_fallback
+    from gembench.harness.store.reservation import write_or_fallback
     from gembench.harness.runner import run_ab, run_benchmark
-    from gembench.harness.report import run_report
+    from gembench.harness.tables import run_report
     from gembench.harness.stack import stack_options
 
     progress = Progress(not args.quiet, f"gembench run {args.config}")

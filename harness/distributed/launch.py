@@ -44,7 +44,7 @@ def main(args) -> int:
     from gembench.harness.distributed import noise
 
     noise.install(getattr(args, "verbose", False))  # before TorchRec's import, which may warn
-    from gembench.harness.distributed.sharded import torchrun_env
+    from gembench.harness.distributed.process_group import torchrun_env
 
     env = torchrun_env()
     if env is not None:
@@ -55,7 +55,7 @@ def main(args) -> int:
 
         return rank_main(args, env)
     check(args)
-    from gembench.harness.regression.reservation import HELD_ENV, OUTCOME_ENV, Reservation
+    from gembench.harness.store.reservation import HELD_ENV, OUTCOME_ENV, Reservation
 
     if args.out is None:
         return relaunch(args.nproc, without_nproc(sys.argv[1:]))
@@ -88,9 +88,10 @@ def check(args) -> None:
     import torch
 
     from gembench.harness.distributed.rank import per_rank_batch
-    from gembench.harness.distributed.sharded import backend_for, parse_sharding
+    from gembench.harness.distributed.plan import parse_sharding
+    from gembench.harness.distributed.process_group import backend_for
     from gembench.harness.hardware import resolve_device
-    from gembench.harness.regression.results import check_writable, writable_folder
+    from gembench.harness.store.results import check_writable, writable_folder
     from gembench.models.config import load_config, with_global_batch
     from gembench.models.sparse import pooled_tables, sequence_tables
 

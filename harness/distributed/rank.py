@@ -21,7 +21,10 @@ import torch
 import torch.distributed as dist
 
 from gembench.harness.distributed import noise
-from gembench.harness.distributed import sharded as D
+from gembench.harness.distributed import engines as E
+from gembench.harness.distributed import loads as L
+from gembench.harness.distributed import plan as P
+from gembench.harness.distributed import process_group as PG
 from gembench.harness.distributed import watchdog as W
 from gembench.harness.progress import Progress
 from gembench.usage import UsageError
@@ -31,7 +34,8 @@ from gembench.harness.metrics.mfu import STAGE_FLOP_SHARE, tflops, train_flops
 from gembench.harness.metrics import counters as C
 from gembench.harness.metrics import trace as TR
 from gembench.harness.metrics.imbalance import hot_share
-from gembench.harness.runner import MAX_DISTINCT_BATCHES, peak_memory_bytes
+from gembench.harness.memory import peak_memory_bytes
+from gembench.harness.runner import MAX_DISTINCT_BATCHES
 from gembench.harness.step import StageClock
 from gembench.models.config import load_config, with_global_batch
 from gembench.models.data import SyntheticData
@@ -53,7 +57,7 @@ def per_rank_batch(global_batch: int, world_size: int) -> int:
 
 def main(args, env: dict) -> int:
     """Run this rank; rank 0 writes the result. Exit status: 0, 2 (usage), 1 (failure)."""
-    from gembench.harness.regression.reservation import HELD_ENV, OUTCOME_ENV, Reservation, write_or_fallback
+    from gembench.harness.store.reservation import HELD_ENV, OUTCOME_ENV, Reservation, write_or_fallback
 
     rank = env["rank"]
     watchdog = reservation = None
@@ -62,13 +66,13 @@ def main(args, env: dict) -> int:
         if rank == 0 and args.out is not None and held != str(Path(args.out).resolve()):
             reservation = Reservation.take(args.out)  # plain torchrun: rank 0 holds --out itself
         fault = W.Fault.from_env()
-        dev = D.rank_device(str(resolve_device(args.device)), env["local_rank"])
-        D.init_process_group(dev, args.timeout)
+        dev = PG.rank_device(str(resolve_device(args.device)), env["local_rank"])
+        PG.init_process_group(dev, args.timeout)
         store = getattr(dist.distributed_c10d, "_get_default_store", lambda: None)()
         watchdog = W.Watchdog(rank, env["world_size"], args.timeout, store)
         result = run(args, env, dev, watchdog, fault)
         if rank == 0:
-            from gembench.harness.report import distributed_report
+            from gembench.harness.tables import distributed_report
 
             out = args.out or Path("results/runs") / f"{result['id']}.json"
             print(distributed_report(result), flush=True)  # the figures first: the write may fail
@@ -117,12 +121,12 @@ def run(args, env: dict, dev: torch.device, watchdog: W.Watchdog, fault) -> dict
     gem = build_model(cfg, dev, attention="jagged" if options.jagged else "padded")
     model = gem
     if args.pipeline:  # embedding modules lifted out where the pipeline's tracer can find them
-        model = D.TrainModule(gem)
+        model = E.TrainModule(gem)
     watchdog.at("plan")
-    forced = D.parse_sharding(args.sharding, D.table_names(model))
-    plan, planned = D.plan_sharding(model, forced, env, dev, local_batch)
+    forced = P.parse_sharding(args.sharding, P.table_names(model))
+    plan, planned = P.plan_sharding(model, forced, env, dev, local_batch)
     watchdog.at("shard")
-    dmp = D.shard(model, plan, dev, args.pipeline)
+    dmp = P.shard(model, plan, dev, args.pipeline)
     apply_compile(gem, options)  # the dense arch, after DMP has taken the tables
     watchdog.at("data")
     data = SyntheticData(cfg, seed=args.seed, batch_size=local_batch, rank=rank)
@@ -134,7 +138,7 @@ def run(args, env: dict, dev: torch.device, watchdog: W.Watchdog, fault) -> dict
     timed = [batches[i % len(batches)] for i in range(args.warmup, args.warmup + args.steps)]
     watchdog.at("load count")
     # before the pipeline rewrites the modules' input dist for its own schedule
-    loads = D.measure_loads(dmp, timed[:LOAD_BATCHES], dev)
+    loads = L.measure_loads(dmp, timed[:LOAD_BATCHES], dev)
     # described once, before any step, from the host batches as generated
     per_block = [batch_forward_flops(cfg, b) for b in timed]
     described = {"forward_flops": [float(sum(b.values())) for b in per_block],
@@ -142,16 +146,16 @@ def run(args, env: dict, dev: torch.device, watchdog: W.Watchdog, fault) -> dict
                  "hot": _hot_counts(cfg, timed)}
     autocast = autocast_for(options, dev)
     since = C.fresh_compile_state()
-    W.STAGE_ORDER.update({s: i for i, s in enumerate(D.PIPELINE_STAGES if args.pipeline else D.STAGES)})
+    W.STAGE_ORDER.update({s: i for i, s in enumerate(E.PIPELINE_STAGES if args.pipeline else E.STAGES)})
     show = rank == 0 and not args.quiet
     if args.pipeline:
-        engine = D.PipelineStep(dmp, dev, options)
+        engine = E.PipelineStep(dmp, dev, options)
         # the pipeline holds batches in flight across steps: it gets its own batch objects
         # (regenerated: same seed, same data) rather than the list measured above
         fed = [data.batch(i % len(batches)) for i in range(total)]
         samples, prof, counted = _pipeline_steps(engine, fed, args, watchdog, fault, rank, autocast, show)
     else:
-        engine = D.StagedStep(dmp, dev, world, options)
+        engine = E.StagedStep(dmp, dev, world, options)
         samples, prof, counted = _staged_steps(engine, batches, args, watchdog, fault, rank, autocast, show)
 
     watchdog.at("analysis")
@@ -251,8 +255,8 @@ def _keep(samples: dict, elapsed: float, loss, stage_seconds: dict) -> None:
         samples["stages"][stage].append(seconds)
 
 
-def _staged_steps(engine: D.StagedStep, batches, args, watchdog, fault, rank, autocast, show):
-    samples = {"step_s": [], "loss": [], "stages": {s: [] for s in D.STAGES}}
+def _staged_steps(engine: E.StagedStep, batches, args, watchdog, fault, rank, autocast, show):
+    samples = {"step_s": [], "loss": [], "stages": {s: [] for s in E.STAGES}}
     sync = torch.cuda.synchronize if engine.device.type == "cuda" else (lambda: None)
     total = args.warmup + args.steps + COUNTED_STEPS + PROFILED_STEPS
     prof = None
@@ -268,7 +272,7 @@ def _staged_steps(engine: D.StagedStep, batches, args, watchdog, fault, rank, au
 
         def mark(stage, _i=i, _clock=clock):
             _clock.mark(stage)
-            following = D.STAGES[D.STAGES.index(stage) + 1] if stage != D.STAGES[-1] else "step end"
+            following = E.STAGES[E.STAGES.index(stage) + 1] if stage != E.STAGES[-1] else "step end"
             watchdog.at(following, _i)
             if fault:
                 fault.trigger(rank, _i, following)
@@ -290,10 +294,10 @@ def _staged_steps(engine: D.StagedStep, batches, args, watchdog, fault, rank, au
     return samples, prof, counted
 
 
-def _pipeline_steps(engine: D.PipelineStep, batches, args, watchdog, fault, rank, autocast, show):
-    samples = {"step_s": [], "loss": [], "stages": {s: [] for s in D.PIPELINE_STAGES}}
+def _pipeline_steps(engine: E.PipelineStep, batches, args, watchdog, fault, rank, autocast, show):
+    samples = {"step_s": [], "loss": [], "stages": {s: [] for s in E.PIPELINE_STAGES}}
     total = args.warmup + args.steps + COUNTED_STEPS + PROFILED_STEPS
-    feed = iter([D.pipelineable(b) for b in batches])
+    feed = iter([E.pipelineable(b) for b in batches])
     prof = None
     counted = C.StepCounter(engine.pipeline._device, [engine.optimizer])
     progress = Progress(show, "gembench run (rank 0)")

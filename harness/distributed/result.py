@@ -1,6 +1,6 @@
 """The one result document of a distributed run, from every rank's record (on rank 0).
 
-Same schema as a single-process run (regression/results.py), with ``run.nproc`` > 1 and:
+Same schema as a single-process run (store/results.py), with ``run.nproc`` > 1 and:
     ranks:     per rank: host, device, peak, step_s / stages / loss samples, forward FLOPs,
                achieved TFLOP/s and MFU against its own peak, measured lookup load, comm
     plan:      {table: {sharding, kernel, ranks, shard_sizes, shard_offsets}} as the planner chose
@@ -30,7 +30,7 @@ from gembench.harness.env import fingerprint
 from gembench.harness.metrics.counters import flat_metrics
 from gembench.harness.metrics.imbalance import critical_path, imbalance, stall_cost
 from gembench.harness.metrics.mfu import mfu, per_step_mfu, summarize, tflops, train_flops
-from gembench.harness.regression.results import SCHEMA
+from gembench.harness.store.results import SCHEMA
 from gembench.harness.step import divergence, finite_or_none
 
 PRIMARY_LOAD = "bytes_read"  # deterministic and proportional to memory-bound lookup work

@@ -14,8 +14,8 @@ import socket
 from gembench.harness.html import figures
 from gembench.harness.html.collect import Group, failed_metrics, overall, short
 from gembench.harness.html.page import badge, details, document, esc, figure, table
-from gembench.harness.regression.results import field as get
-from gembench.harness.report import LOAD_LABELS, largest_loss, pct, si
+from gembench.harness.store.results import field as get
+from gembench.harness.tables import LOAD_LABELS, largest_loss, pct, si
 
 
 def mfu_pct(value: float | None) -> str:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gembench.usage import UsageError
-from gembench.harness.regression.results import (BASELINE_SCHEMA, BASELINES_DIR, RUN_KEYS, RUNS_DIR,
+from gembench.harness.store.results import (BASELINE_SCHEMA, BASELINES_DIR, RUN_KEYS, RUNS_DIR,
                                                  field as get)
 
 SOURCE_DIR = Path(__file__).resolve().parents[2]  # the gembench checkout whose commits results name
@@ -54,7 +54,7 @@ def load(inputs: list[str], warn=lambda msg: print(msg, file=sys.stderr)) -> Loa
     """Read every file; a corrupt or foreign one is named in a warning and skipped."""
     import json
 
-    from gembench.harness.regression.results import load_runs
+    from gembench.harness.store.results import load_runs
 
     loaded = Loaded([], {}, [], 0)
     ids: set[str] = set()

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from gembench.harness.regression import stats
 from gembench.harness.regression.counters import judge_counter
 from gembench.harness.regression.directions import METRICS, info, per_step
-from gembench.harness.regression.results import COMPARABLE_KEYS, differences
+from gembench.harness.store.results import COMPARABLE_KEYS, differences
 
 
 @dataclass

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from gembench.harness.regression import stats
 from gembench.harness.regression.compare import compare
-from gembench.harness.regression.results import COMPARABLE_KEYS, RUN_KEYS
+from gembench.harness.store.results import COMPARABLE_KEYS, RUN_KEYS
 from gembench.harness.regression.thresholds import Limits
 
 PASS, FAIL, SKIP, INCONCLUSIVE, NOT_COMPARABLE = "PASS", "FAIL", "SKIP", "INCONCLUSIVE", "NOT-COMPARABLE"

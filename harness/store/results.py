@@ -49,7 +49,7 @@ import tempfile
 from pathlib import Path
 
 from gembench.usage import UsageError
-from gembench.harness.regression.schema import load_document, validate  # noqa: F401  (readers' API)
+from gembench.harness.store.schema import load_document, validate  # noqa: F401  (readers' API)
 
 SCHEMA = "gembench.result/1"
 BASELINE_SCHEMA = "gembench.baseline/1"

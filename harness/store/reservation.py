@@ -74,7 +74,7 @@ class Reservation:
 
     @classmethod
     def take(cls, path: str | os.PathLike, overwrite: bool = False) -> "Reservation":
-        from gembench.harness.regression.results import check_writable
+        from gembench.harness.store.results import check_writable
 
         path = check_writable(path, overwrite)
         lock = lock_path(path)
@@ -118,7 +118,7 @@ class Reservation:
 
 
 def fallback_path(result: dict) -> Path:
-    from gembench.harness.regression.results import safe_name
+    from gembench.harness.store.results import safe_name
 
     name = result.get("id") or f"{result.get('schema', 'result').replace('/', '-')}-" \
                                f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}"
@@ -133,7 +133,7 @@ def reason(err: BaseException) -> str:
 
 def write_or_fallback(path: str | os.PathLike, result: dict) -> Path:
     """Write ``result`` to ``path``; if that fails keep it in the fallback file and raise one line."""
-    from gembench.harness.regression.results import write_result
+    from gembench.harness.store.results import write_result
 
     try:
         return write_result(path, result)

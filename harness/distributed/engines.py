@@ -1,0 +1,249 @@
+"""The two step engines of one rank: the staged step and TorchRec's pipelined step.
+
+staged (default): every stage runs to completion before the next, so each is timed on its own:
+    data              host batch -> device
+    input_dist        KJT all-to-alls: IDs to the ranks that own their shards (both modules)
+    embedding_lookup  the sharded lookups on this rank's shards (TorchRec's ``compute``)
+    output_dist       embeddings back to the ranks that own the examples (all-to-all or
+                      reduce-scatter, waited for)
+    dense_forward     the dense arch forward and the loss
+    backward          autograd: dense backward, embedding-gradient all-to-alls, fused update
+    grad_sync         one all-reduce of the flattened dense gradients (data parallel), waited
+    optimizer         the dense optimizer step
+  Nothing overlaps, so comm is fully exposed: the naive reference.
+
+pipeline (``--pipeline``): TorchRec's TrainPipelineSparseDist over DMP with DDP. It overlaps the
+input_dist of batch i+1 with the forward/backward of batch i, and DDP overlaps the dense-gradient
+all-reduce with the backward. Its phases are timed as TorchRec runs them: data (batch i+2
+enqueued, batch i waited for), input_dist (start + wait of batch i+1's dist), forward
+(lookup + output_dist + dense forward of batch i), backward (incl. DDP's all-reduce and the
+embedding-gradient all-to-alls), optimizer.
+
+The dense optimizer is the stack's (harness/stack.py), as on one process.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from contextlib import contextmanager
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from gembench.harness.distributed.plan import dense_parameters, sharded_modules
+from gembench.harness.stack import StackOptions, dense_optimizer
+from gembench.models.heads import multitask_loss
+
+STAGES = ("data", "input_dist", "embedding_lookup", "output_dist", "dense_forward", "backward",
+          "grad_sync", "optimizer")
+PIPELINE_STAGES = ("data", "input_dist", "forward", "backward", "optimizer")
+
+
+def span(stage: str):
+    """A named range in profiler traces, so each collective can be told by its stage."""
+    return torch.autograd.profiler.record_function(f"gembench/{stage}")
+
+
+@contextmanager
+def replaying(outputs: dict[nn.Module, object]):
+    """Make each sharded module return its already computed output when the model calls it.
+
+    The staged step runs input_dist / compute / output_dist itself to time them; the model's own
+    forward then assembles their outputs exactly as in an ordinary forward.
+    """
+    for module, value in outputs.items():
+        module.forward = lambda *args, _value=value, **kwargs: _value
+    try:
+        yield
+    finally:
+        for module in outputs:
+            del module.forward
+
+
+class StagedStep:
+    """One training step, stage by stage, on one rank of a DMP model."""
+
+    def __init__(self, dmp: nn.Module, device: torch.device, world_size: int, options: StackOptions):
+        self.dmp, self.model, self.device, self.world_size = dmp, dmp.module, device, world_size
+        self.modules = sharded_modules(self.model)
+        self.dense = dense_parameters(dmp)
+        self.optimizer = dense_optimizer(self.dense, options)
+
+    def __call__(self, batch, mark) -> torch.Tensor:
+        """``mark(stage)`` is called at the end of every stage."""
+        batch = batch.to(self.device, non_blocking=True)
+        mark("data")
+        contexts, dist_inputs = [], []
+        with span("input_dist"):
+            for field, module in self.modules:
+                ctx = module.create_context()
+                contexts.append(ctx)
+                dist_inputs.append(module.input_dist(ctx, getattr(batch, field)).wait().wait())
+        mark("input_dist")
+        with span("embedding_lookup"):
+            looked_up = [m.compute(ctx, x) for (_, m), ctx, x in zip(self.modules, contexts, dist_inputs)]
+        mark("embedding_lookup")
+        with span("output_dist"):
+            outputs = {m: m.output_dist(ctx, y).wait() for (_, m), ctx, y in zip(self.modules, contexts, looked_up)}
+        mark("output_dist")
+        with replaying(outputs):
+            logits = self.model.dense(batch, self.model.embed(batch))
+        loss = multitask_loss(logits, batch.labels)
+        mark("dense_forward")
+        loss.backward()
+        mark("backward")
+        self.sync_gradients()
+        mark("grad_sync")
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        mark("optimizer")
+        return loss.detach()
+
+    def sync_gradients(self) -> None:
+        """Average dense gradients over ranks: one all-reduce of one flat buffer (as DDP's
+        buckets, without its overlap)."""
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.dense]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        with span("grad_sync"):
+            dist.all_reduce(flat)
+        flat /= self.world_size
+        offset = 0
+        for p, g in zip(self.dense, grads):
+            n = g.numel()
+            p.grad = flat[offset:offset + n].view_as(g)
+            offset += n
+
+
+class Slot(nn.Module):
+    """Stands in for an embedding module inside the model: returns what the pipeline computed."""
+
+    def __init__(self):
+        super().__init__()
+        self.value = None
+
+    def forward(self, *args, **kwargs):
+        return self.value
+
+
+class DenseHead(nn.Module):
+    """Everything but the embedding modules: the model's own embed/dense halves over Slots.
+
+    It holds the model's dense submodules as its children (so DDP and the optimizer see them) and
+    the model itself unregistered, so TorchRec's tracer treats this whole module as one leaf.
+    """
+
+    def __init__(self, model: nn.Module, slots: list[Slot]):
+        super().__init__()
+        self.parts = nn.ModuleList([m for m in model.children()])
+        object.__setattr__(self, "_model", model)
+        object.__setattr__(self, "_slots", slots)
+
+    def forward(self, batch, *embedded):
+        for slot, value in zip(self._slots, embedded):
+            slot.value = value
+        logits = self._model.dense(batch, self._model.embed(batch))
+        for slot in self._slots:
+            slot.value = None
+        loss = multitask_loss(logits, batch.labels)
+        return loss, loss.detach()  # progress() hands back the second: the loss, for the record
+
+
+class TrainModule(nn.Module):
+    """What TrainPipelineSparseDist drives: forward(batch) -> (loss, detached loss).
+
+    The pipeline finds sharded modules by FX-tracing the model's forward and needs each one called
+    directly on a field of the batch; GEM's own forward is not traceable (jagged, data-dependent),
+    so the embedding modules are lifted out here and the rest runs as one untraced leaf.
+    """
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        from torchrec import EmbeddingBagCollection, EmbeddingCollection
+
+        found = [(path, m) for path, m in model.named_modules()
+                 if isinstance(m, (EmbeddingBagCollection, EmbeddingCollection))]
+        self.fields, slots = [], []
+        for i, (path, module) in enumerate(found):
+            name = f"embedding_{i}"
+            self.add_module(name, module)
+            self.fields.append((name, "sparse" if isinstance(module, EmbeddingBagCollection) else "seq"))
+            parent_path, _, leaf = path.rpartition(".")
+            parent = model.get_submodule(parent_path) if parent_path else model
+            slot = Slot()
+            setattr(parent, leaf, slot)  # the model now reads this module's output from the slot
+            slots.append(slot)
+        self.head = DenseHead(model, slots)
+
+    def forward(self, batch):
+        embedded = [getattr(self, name)(getattr(batch, field)) for name, field in self.fields]
+        return self.head(batch, *embedded)
+
+
+def pipelineable(batch):
+    """The batch as TorchRec's pipeline wants it: an instance of its Pipelineable interface
+    (which models/data.py's Batch satisfies in behaviour but not by inheritance)."""
+    return _pipeline_batch_class()(batch)
+
+
+@functools.cache
+def _pipeline_batch_class():
+    """Made once (on first use, as TorchRec's streamable module is imported): a class made per
+    batch would fail torch.compile's type guard on every step and recompile the dense arch."""
+    from torchrec.streamable import Pipelineable
+
+    class PipelineBatch(Pipelineable):
+        def __init__(self, b):
+            self.batch = b
+            self.dense, self.sparse, self.seq, self.labels = b.dense, b.sparse, b.seq, b.labels
+
+        def to(self, device, non_blocking=False):
+            return PipelineBatch(self.batch.to(device, non_blocking=non_blocking))
+
+        def record_stream(self, stream):
+            self.batch.record_stream(stream)
+
+        def pin_memory(self):
+            return PipelineBatch(self.batch.pin_memory())
+
+    return PipelineBatch
+
+
+class PipelineStep:
+    """TorchRec's TrainPipelineSparseDist, its phases timed by wrapping the pipeline's methods."""
+
+    PHASES = {"_wait_for_batch": "data", "enqueue_batch": "data",
+              "start_sparse_data_dist": "input_dist", "wait_sparse_data_dist": "input_dist",
+              "_model_fwd": "forward", "_backward": "backward", "_optimizer_step": "optimizer"}
+
+    def __init__(self, dmp: nn.Module, device: torch.device, options: StackOptions):
+        from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+        from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+        from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+        dense = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(dmp.named_parameters())),
+                                      lambda params: dense_optimizer(params, options))
+        self.optimizer = CombinedOptimizer([dmp.fused_optimizer, dense])
+        self.pipeline = TrainPipelineSparseDist(dmp, self.optimizer, device, execute_all_batches=True)
+        self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        self.times: dict[str, float] = {}
+        for method, phase in self.PHASES.items():
+            setattr(self.pipeline, method, self._timed(getattr(self.pipeline, method), phase))
+
+    def _timed(self, fn, phase):
+        def wrapper(*args, **kwargs):
+            self.sync()
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.sync()
+                self.times[phase] = self.times.get(phase, 0.0) + time.perf_counter() - start
+        return wrapper
+
+    def __call__(self, batches) -> tuple[torch.Tensor, dict[str, float]]:
+        """One ``progress`` over the iterator ``batches``; the loss and its phase times."""
+        self.times = {p: 0.0 for p in PIPELINE_STAGES}
+        loss = self.pipeline.progress(batches)
+        return loss, dict(self.times)

@@ -1,0 +1,62 @@
+"""The measured embedding load of one rank: what its shards really look up, counted on the
+KJTs that its input dist delivers (outside the timed steps)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from gembench.harness.distributed.plan import sharded_modules
+
+
+def local_dims(module: nn.Module) -> list[dict[str, int]]:
+    """Per sharding of a sharded module: feature -> width of this rank's shard of its table."""
+    out = []
+    shardings = getattr(module, "_embedding_shardings", None)
+    if shardings is None:  # EmbeddingCollection keeps them by type, in input-dist order
+        shardings = list(module._sharding_type_to_sharding.values())
+    for sharding in shardings:
+        groups = getattr(sharding, "_grouped_embedding_configs", None)
+        if groups is None:  # table-row-wise keeps them per node
+            per_node = getattr(sharding, "_grouped_embedding_configs_per_node", [])
+            groups = [g for node in per_node for g in node]
+        dims = {}
+        for group in groups:
+            for table in group.embedding_tables:
+                for f in table.feature_names:
+                    dims[f] = table.local_cols
+        out.append(dims)
+    return out
+
+
+def lookup_load(modules: list[tuple[str, nn.Module]], dist_inputs: list) -> dict[str, float]:
+    """IDs this rank looked up, unique IDs, and bytes read, from the KJTs its shards received."""
+    ids = unique = read = 0
+    for (_, module), kjts in zip(modules, dist_inputs):
+        for dims, kjt in zip(local_dims(module), kjts):
+            itemsize = 4  # fp32 tables
+            values, lengths = kjt.values(), kjt.lengths()
+            per_key = torch.split(values, [int(x) for x in kjt.length_per_key()]) if len(kjt.keys()) else []
+            for key, v in zip(kjt.keys(), per_key):
+                ids += v.numel()
+                unique += int(torch.unique(v).numel())
+                read += v.numel() * dims.get(key, 0) * itemsize
+            del lengths
+    return {"ids": float(ids), "unique_ids": float(unique), "bytes_read": float(read)}
+
+
+def measure_loads(dmp: nn.Module, batches, device: torch.device) -> dict[str, float]:
+    """Mean per-step lookup load of this rank over ``batches``: each batch's real input dist,
+    counted on what arrives (run outside the timed steps, so counting costs no step time)."""
+    modules = sharded_modules(dmp.module)
+    total: dict[str, float] = {}
+    with torch.no_grad():
+        for b in batches:
+            b = b.to(device)
+            inputs = []
+            for field, module in modules:
+                ctx = module.create_context()
+                inputs.append(module.input_dist(ctx, getattr(b, field)).wait().wait())
+            for k, v in lookup_load(modules, inputs).items():
+                total[k] = total.get(k, 0.0) + v
+    return {k: v / len(batches) for k, v in total.items()}

@@ -1,0 +1,169 @@
+"""Sharding: TorchRec's plan for this job and DistributedModelParallel over it.
+
+The sparse arch is sharded by TorchRec's DistributedModelParallel with a plan from TorchRec's
+EmbeddingShardingPlanner over a Topology of this job (world size, ranks per host, device kind);
+``--sharding`` forces a sharding type for all tables or per table through ParameterConstraints.
+Embedding tables train with TorchRec's fused row-wise Adagrad (applied inside the backward),
+at the stack's learning rate (harness/stack.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from gembench.harness.stack import ADAGRAD_EPS, EMBEDDING_LR
+from gembench.usage import UsageError
+
+SHARDING_TYPES = ("table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel")
+
+
+def table_names(model: nn.Module) -> list[str]:
+    """Names of every embedding table (EmbeddingBagCollection and EmbeddingCollection)."""
+    from torchrec import EmbeddingBagCollection, EmbeddingCollection
+
+    names = []
+    for m in model.modules():
+        if isinstance(m, EmbeddingBagCollection):
+            names += [t.name for t in m.embedding_bag_configs()]
+        elif isinstance(m, EmbeddingCollection):
+            names += [t.name for t in m.embedding_configs()]
+    return names
+
+
+def parse_sharding(spec: str | None, tables: list[str]) -> dict[str, str]:
+    """``--sharding`` -> {table: sharding type} for the tables it forces (empty: planner's choice).
+
+    ``row_wise`` forces every table; ``t0=row_wise,default=table_wise`` forces table t0 (a table
+    is named as its feature, e.g. t0 or clicks, or in full, table_t0) and every other table.
+    """
+    if not spec or spec == "auto":
+        return {}
+    short = {t.removeprefix("table_"): t for t in tables}
+    forced: dict[str, str] = {}
+    default = None
+    for item in spec.split(","):
+        name, _, kind = item.strip().rpartition("=")
+        if kind not in SHARDING_TYPES:
+            raise UsageError(f"--sharding: {kind!r} is not a sharding type; pick one of "
+                             f"{', '.join(SHARDING_TYPES)} (or auto)")
+        if not name or name == "default":
+            default = kind
+            continue
+        table = short.get(name, name if name in tables else None)
+        if table is None:
+            raise UsageError(f"--sharding: no table {name!r} in this config; tables are "
+                             f"{', '.join(sorted(short))}")
+        forced[table] = kind
+    if default:
+        forced = {t: forced.get(t, default) for t in tables}
+    return forced
+
+
+def sharders():
+    """TorchRec's sharders, with row-wise pooled sharding allowed on CPU.
+
+    TorchRec lists row_wise / table_row_wise for EmbeddingBagCollection on CUDA only, but the
+    CPU kernels and gloo's reduce-scatter run them; without this a CPU job could not measure
+    how row-wise sharding levels a hot table.
+    """
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from torchrec.distributed.embedding import EmbeddingCollectionSharder
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+
+    class PooledSharder(EmbeddingBagCollectionSharder):
+        def sharding_types(self, compute_device_type: str) -> list[str]:
+            types = super().sharding_types(compute_device_type)
+            extra = [t for t in ("row_wise", "table_row_wise") if t not in types]
+            return types + extra if compute_device_type == "cpu" else types
+
+    # the single-process stack's learning rate and eps (harness/stack.py); TorchRec's sharded
+    # kernels offer row-wise Adagrad, not the exact per-element one
+    fused = {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": EMBEDDING_LR, "eps": ADAGRAD_EPS}
+    return [PooledSharder(fused_params=fused), EmbeddingCollectionSharder(fused_params=fused)]
+
+
+class PlanRecorder:
+    """A planner Stats hook: keeps the planner's per-rank estimates of the plan it chose.
+
+    perf (ms per step: forward + backward compute and comms of the shards on a rank, TorchRec's
+    cost model) and storage (bytes) per rank, and the placement of each table's shards.
+    """
+
+    def __init__(self, world_size: int):
+        self.world_size = world_size
+        self.perf = [0.0] * world_size
+        self.storage = [0.0] * world_size
+        self.tables: dict[str, dict] = {}
+
+    def log(self, sharding_plan, topology, batch_size, storage_reservation, num_proposals, num_plans,
+            run_time, best_plan, *args, **kwargs) -> None:
+        for option in best_plan:
+            ranks = []
+            for shard in option.shards:
+                if shard.rank is None:
+                    continue
+                ranks.append(shard.rank)
+                if shard.perf is not None:
+                    self.perf[shard.rank] += float(shard.perf.total)
+                if shard.storage is not None:
+                    self.storage[shard.rank] += float(shard.storage.hbm + shard.storage.ddr)
+            self.tables[option.name] = {
+                "sharding": option.sharding_type, "kernel": option.compute_kernel,
+                "ranks": ranks, "shard_sizes": [list(s.size) for s in option.shards],
+                "shard_offsets": [list(s.offset) for s in option.shards],
+            }
+
+
+def plan_sharding(model: nn.Module, forced: dict[str, str], env: dict, device: torch.device,
+                  batch_size: int):
+    """TorchRec's plan for ``model`` on this job, honouring ``forced``; and the planner's view."""
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+
+    topology = Topology(world_size=env["world_size"], local_world_size=env["local_world_size"],
+                        compute_device=device.type)
+    constraints = {t: ParameterConstraints(sharding_types=[kind]) for t, kind in forced.items()}
+    recorder = PlanRecorder(env["world_size"])
+    planner = EmbeddingShardingPlanner(topology=topology, batch_size=batch_size,
+                                       constraints=constraints, stats=[recorder])
+    try:
+        plan = planner.collective_plan(model, sharders(), dist.GroupMember.WORLD)
+    except Exception as err:  # noqa: BLE001  the planner's own message names the table
+        text = str(err).splitlines()[0]
+        raise UsageError(f"TorchRec's planner found no plan for --sharding: {text}") from None
+    return plan, recorder
+
+
+def shard(model: nn.Module, plan, device: torch.device, pipeline: bool) -> nn.Module:
+    """DMP over the model. Staged runs sync dense gradients themselves (a stage of their own);
+    the pipeline lets DMP wrap the dense part in DDP, which overlaps that sync with backward."""
+    from torchrec.distributed.model_parallel import DataParallelWrapper, DistributedModelParallel
+
+    class NoWrap(DataParallelWrapper):
+        def wrap(self, dmp, env, device) -> None:  # dense params stay plain: grad_sync stage syncs them
+            pass
+
+    kwargs = {} if pipeline else {"data_parallel_wrapper": NoWrap()}
+    return DistributedModelParallel(model, device=device, plan=plan, sharders=sharders(), **kwargs)
+
+
+def dense_parameters(dmp: nn.Module) -> list[torch.Tensor]:
+    """Replicated parameters: all but the sharded tables, whose fused optimizer runs in backward."""
+    from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+    return [p for _, p in in_backward_optimizer_filter(dmp.named_parameters())]
+
+
+def sharded_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(batch field, sharded module) pairs: pooled tables read batch.sparse, sequences batch.seq."""
+    from torchrec.distributed.embedding import ShardedEmbeddingCollection
+    from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
+
+    out = []
+    for m in model.modules():
+        if isinstance(m, ShardedEmbeddingBagCollection):
+            out.append(("sparse", m))
+        elif isinstance(m, ShardedEmbeddingCollection):
+            out.append(("seq", m))
+    return out

@@ -1,0 +1,157 @@
+"""Memory of a run: will it fit (the estimate against the device's free memory, before anything
+is allocated), and what it really took (the measured peak, comparable with the estimate).
+
+The estimate itself is models/flops.py's memory_estimate, from the config and the stack.
+"""
+
+from __future__ import annotations
+
+import resource
+
+import torch
+
+from gembench.harness.hardware import memory_available
+from gembench.harness.stack import STACKS, StackOptions, stack_label
+from gembench.models.config import ModelConfig
+from gembench.models.flops import memory_estimate, parameter_counts
+from gembench.usage import UsageError
+
+FIT_SHARE = 0.9  # of the free memory a run may plan to use: the allocator fragments the rest
+
+
+def combined_estimate(estimates: list[dict]) -> dict:
+    """One process holding several stacks' states (--ab, built one after the other) and running
+    them one at a time: every state stays resident, activations of one stack at a time."""
+    if len(estimates) == 1:
+        return estimates[0]
+    resident = [e["embeddings"] + e["dense"] for e in estimates]
+    working = max(e["activations"] + e["transient"] for e in estimates)
+    last_build = sum(resident[:-1]) + estimates[-1]["build"]  # the last stack built while the rest live
+    out = {k: float(sum(e[k] for e in estimates)) for k in ("embeddings", "dense")}
+    out.update(activations=max(e["activations"] for e in estimates),
+               transient=max(e["transient"] for e in estimates), build=float(last_build),
+               runtime=max(e["runtime"] for e in estimates))
+    out["total"] = float(max(sum(resident) + working, last_build) + out["runtime"])
+    return out
+
+
+def stacks_estimate(cfg: ModelConfig, batch_size: int, stacks: list[StackOptions], device_type: str,
+                    counts: dict | None = None) -> dict:
+    counts = counts or parameter_counts(cfg)
+    return combined_estimate([memory_estimate(cfg, batch_size, counts, s, device_type) for s in stacks])
+
+
+def largest_fitting_batch(cfg: ModelConfig, stacks: list[StackOptions], device_type: str, available: float,
+                          counts: dict | None = None, upto: int | None = None) -> int:
+    """The largest batch (<= upto) whose estimate fits ``available`` bytes; 0 if none does."""
+    counts = counts or parameter_counts(cfg)
+    fits = lambda b: stacks_estimate(cfg, b, stacks, device_type, counts)["total"] <= available  # noqa: E731
+    lo, hi = 0, upto or cfg.data.global_batch
+    while lo < hi:  # the estimate grows with the batch: bisect
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    return lo
+
+
+def fit_hint(cfg: ModelConfig, stacks: list[StackOptions], device_type: str, available: float,
+             counts: dict | None = None, upto: int | None = None) -> str:
+    best = largest_fitting_batch(cfg, stacks, device_type, available, counts, upto)
+    if best == 0:
+        return "it does not fit at any batch (its tables and dense state alone are too large): " \
+               "pick a smaller config (see `gembench describe`)"
+    return f"the estimate fits --batch {best} or smaller"
+
+
+def check_fits(cfg: ModelConfig, batch_size: int, device: torch.device, copies: int = 1,
+               stacks: list[StackOptions] | None = None, counts: dict | None = None) -> dict:
+    """Refuse, before allocating anything, a run whose estimated peak exceeds the device's free memory.
+
+    ``stacks``: the stacks the process will hold (two for --ab); default ``copies`` optimized ones.
+    """
+    stacks = stacks or [STACKS["optimized"]] * copies
+    counts = counts or parameter_counts(cfg)
+    estimate = stacks_estimate(cfg, batch_size, stacks, device.type, counts)
+    available = memory_available(device)
+    if estimate["total"] > FIT_SHARE * available:
+        gib = 2**30
+        names = " + ".join(stack_label(s) for s in stacks)
+        raise UsageError(
+            f"config {cfg.name!r} needs about {estimate['total'] / gib:,.1f} GiB at batch {batch_size} "
+            f"with the {names} stack{'s' if len(stacks) > 1 else ''} (embeddings {estimate['embeddings'] / gib:,.1f}, dense {estimate['dense'] / gib:,.1f}, "
+            f"activations {estimate['activations'] / gib:,.1f}, transient {estimate['transient'] / gib:,.1f}) "
+            f"but {device.type} has {available / gib:,.1f} GiB free; "
+            f"{fit_hint(cfg, stacks, device.type, FIT_SHARE * available, counts, batch_size)}"
+        )
+    return estimate
+
+
+def reset_peak_memory(device: torch.device) -> int:
+    """Start a new peak: several runs in one process (asv, --ab, ablate) must not inherit one.
+
+    Returns the memory in use now (CUDA: allocated by tensors; CPU: resident set), the floor
+    that run_memory_bytes subtracts on CPU.
+    """
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return int(torch.cuda.memory_allocated(device))
+    release_free_heap()
+    try:  # Linux: writing 5 to clear_refs resets the process's peak RSS (VmHWM)
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+    except OSError:
+        pass
+    return resident_bytes()
+
+
+def release_free_heap() -> None:
+    """Hand memory that earlier work freed back to the OS (glibc's malloc_trim), so the run's RSS rise
+    is its own: a peak calibration in the same process (a cold cache) left ~20 MiB free in the heap
+    that tiny's run then reused without its RSS rising (measured rise 23 MiB instead of 41 MiB)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim this way
+        pass
+
+
+def resident_bytes() -> int:
+    """The process's resident set now (0 where /proc is missing)."""
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def run_memory_bytes(device: torch.device, start: int) -> tuple[int, str]:
+    """The run's measured peak, comparable with memory_estimate: CUDA, the tensors' peak
+    (max_memory_allocated); CPU, how far the resident set rose above ``start`` (the Python, torch
+    and torchrec runtime loaded before the run is not the run's: CPU_RUNTIME_BYTES models what
+    the run itself adds besides tensors)."""
+    peak, source = peak_memory_bytes(device)
+    if device.type == "cuda":
+        return peak, source
+    return max(0, peak - start), "rise of the process's peak RSS over its RSS when the run began"
+
+
+def memory_fields(estimate: dict, measured: int, source: str) -> dict:
+    """Estimate and measured peak side by side, for every result's summary."""
+    return {"peak_memory_estimate_bytes": estimate["total"], "peak_memory_run_bytes": measured,
+            "peak_memory_run_source": source,
+            "memory_estimate_ratio": estimate["total"] / measured if measured else None}
+
+
+def peak_memory_bytes(device: torch.device) -> tuple[int, str]:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device)), "torch.cuda.max_memory_allocated"
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024, "peak RSS of the process since the run began"
+    except OSError:
+        pass
+    # ru_maxrss (KiB on Linux) never resets: the peak of the whole process's life.
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "peak RSS of the process"
