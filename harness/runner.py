@@ -23,6 +23,7 @@ from gembench.harness.hardware import (Peak, achieved_tflops, memory_available, 
 from gembench.harness.memory import (FIT_SHARE, check_fits, fit_hint, memory_fields, peak_memory_bytes,
                                      reset_peak_memory, run_memory_bytes)
 from gembench.harness.metrics import counters as C
+from gembench.harness.runconfig import check_counts
 from gembench.harness.metrics import trace as TR
 from gembench.harness.metrics.mfu import per_step_mfu, summarize, train_flops
 from gembench.harness.store.results import SCHEMA
@@ -58,10 +59,7 @@ def prepare(config: str | ModelConfig, steps: int, warmup: int, device: str = "a
     ``stacks``: every stack the process will hold (for the memory check); ``batch`` overrides
     the config's global batch (--batch).
     """
-    if steps < 1:
-        raise UsageError(f"--steps must be at least 1, got {steps}")
-    if warmup < 0:
-        raise UsageError(f"--warmup must be 0 or more, got {warmup}")
+    check_counts(steps, warmup)
     cfg = config if isinstance(config, ModelConfig) else load_config(config)
     cfg = with_global_batch(cfg, batch)
     dev = resolve_device(device)

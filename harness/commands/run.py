@@ -100,74 +100,64 @@ def configure(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     import os
 
-    if args.nproc is not None or ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
-        if args.pace is not None:
-            from gembench.usage import UsageError
+    from gembench.harness.runconfig import RunConfig
 
-            raise UsageError("--pace takes turns with one process; it cannot drive --nproc ranks")
+    run = RunConfig.from_namespace(args)
+    distributed = run.nproc is not None or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
+    run.check(distributed)  # fail before minutes of work, not after: every path it will write too
+    if distributed:
         from gembench.harness.distributed.launch import main as distributed_main  # torchrun ranks
 
-        return distributed_main(args)
+        return distributed_main(run)
     from gembench.harness.store.reservation import Reservation
-    from gembench.harness.store.results import check_writable, writable_folder
+    from gembench.harness.store.results import check_writable
 
-    # fail before minutes of work, not after: every path the run will write is checked here,
-    # and a concurrent run with the same --out stops here
-    if args.trace is not None:
-        writable_folder(args.trace, "--trace")
-    reservation = Reservation.take(args.out) if args.out is not None else None
-    if args.out is None:  # the default name is the run's unique id: only the folder can fail
+    # a concurrent run with the same --out stops here
+    reservation = Reservation.take(run.out) if run.out is not None else None
+    if run.out is None:  # the default name is the run's unique id: only the folder can fail
         check_writable(DEFAULT_OUT_DIR / "any.json", overwrite=True)
     try:
-        return _run(args)
+        return _run(run)
     finally:
         if reservation is not None:
             reservation.release()
 
 
-def _run(args: argparse.Namespace) -> int:
+def _run(run) -> int:
     from gembench.harness.progress import Progress
-    from gembench.usage import UsageError
     from gembench.harness.store.reservation import write_or_fallback
     from gembench.harness.runner import run_ab, run_benchmark
     from gembench.harness.tables import run_report
-    from gembench.harness.stack import stack_options
+    from gembench.usage import UsageError
 
-    progress = Progress(not args.quiet, f"gembench run {args.config}")
+    progress = Progress(not run.quiet, f"gembench run {run.config}")
 
     def compile_notice() -> None:  # once the run is validated and fits: never before a refusal
-        if not args.quiet and (args.ab or stack_options(args.stack, args.dtype).compile):
+        if not run.quiet and (run.ab or run.options.compile):
             print("gembench run: the first warm-up step compiles the dense arch with torch.compile "
                   "(1-2 minutes on 2 cores the first time on a machine, cached afterwards)",
                   file=sys.stderr, flush=True)
 
     pace = None
-    if args.pace is not None:
+    if run.pace is not None:
         from gembench.harness.regression.interleave import Pacer
 
-        if args.ab or args.burst < 1:
-            raise UsageError(f"--pace needs a single stack and --burst >= 1, got --burst {args.burst}"
-                             f"{' with --ab' if args.ab else ''}")
         try:
-            pace = Pacer(args.pace, args.burst)
+            pace = Pacer(run.pace, run.burst)
         except (ValueError, OSError) as err:
-            raise UsageError(f"--pace {args.pace}: {err}") from None
-    if args.ab:
-        if args.rounds < 2 or args.steps < args.rounds:
-            raise UsageError(f"--ab needs --rounds >= 2 and --steps >= --rounds, got "
-                             f"--rounds {args.rounds} --steps {args.steps}")
-        result = run_ab(args.config, rounds=args.rounds, steps_per_round=args.steps // args.rounds,
-                        warmup=args.warmup, device=args.device, seed=args.seed,
-                        peak_tflops=args.peak_tflops, dtype=args.dtype, progress=progress,
-                        batch=args.batch, on_prepared=compile_notice, trace=args.trace)
+            raise UsageError(f"--pace {run.pace}: {err}") from None
+    if run.ab:
+        result = run_ab(run.config, rounds=run.rounds, steps_per_round=run.steps // run.rounds,
+                        warmup=run.warmup, device=run.device, seed=run.seed,
+                        peak_tflops=run.peak_tflops, dtype=run.dtype, progress=progress,
+                        batch=run.batch, on_prepared=compile_notice, trace=run.trace)
     else:
         result = run_benchmark(
-            args.config, steps=args.steps, warmup=args.warmup,
-            options=stack_options(args.stack, args.dtype), stack_name=args.stack, device=args.device,
-            seed=args.seed, peak_tflops=args.peak_tflops, progress=progress, batch=args.batch,
-            on_prepared=compile_notice, trace=args.trace, pace=pace,
+            run.config, steps=run.steps, warmup=run.warmup, options=run.options, stack_name=run.stack,
+            device=run.device, seed=run.seed, peak_tflops=run.peak_tflops, progress=progress,
+            batch=run.batch, on_prepared=compile_notice, trace=run.trace, pace=pace,
         )
-    out = args.out or DEFAULT_OUT_DIR / f"{result['id']}.json"
+    out = run.out or DEFAULT_OUT_DIR / f"{result['id']}.json"
     print(run_report(result), flush=True)  # the figures reach the user even if the write fails
     write_or_fallback(out, result)
     print(f"\nresult: {out}")

@@ -19,8 +19,12 @@ import os
 import socket
 import subprocess
 import sys
+from typing import TYPE_CHECKING
 
 from gembench.usage import UsageError
+
+if TYPE_CHECKING:
+    from gembench.harness.runconfig import RunConfig
 
 HOST = "127.0.0.1"
 
@@ -40,10 +44,10 @@ def port_free(port: int, host: str = HOST) -> bool:
     return True
 
 
-def main(args) -> int:
+def main(args: RunConfig) -> int:
     from gembench.harness.distributed import noise
 
-    noise.install(getattr(args, "verbose", False))  # before TorchRec's import, which may warn
+    noise.install(args.verbose)  # before TorchRec's import, which may warn
     from gembench.harness.distributed.process_group import torchrun_env
 
     env = torchrun_env()
@@ -83,29 +87,20 @@ def without_nproc(argv: list[str]) -> list[str]:
     return out
 
 
-def check(args) -> None:
-    """Refuse, before starting any rank, what every rank would refuse."""
+def check(args: RunConfig) -> None:
+    """Refuse, before starting any rank, what every rank would refuse and RunConfig.check (done
+    already) cannot see: the batch split, the sharding spec, the backend and devices, --out."""
     import torch
 
     from gembench.harness.distributed.rank import per_rank_batch
     from gembench.harness.distributed.plan import parse_sharding
     from gembench.harness.distributed.process_group import backend_for
     from gembench.harness.hardware import resolve_device
-    from gembench.harness.store.results import check_writable, writable_folder
+    from gembench.harness.store.results import check_writable
     from gembench.models.config import load_config, with_global_batch
     from gembench.models.sparse import pooled_tables, sequence_tables
 
-    if getattr(args, "ab", False):
-        raise UsageError("--ab compares stacks in one process; it does not combine with --nproc")
-    if args.nproc < 1:
-        raise UsageError(f"--nproc must be at least 1, got {args.nproc}")
-    if args.steps < 1:
-        raise UsageError(f"--steps must be at least 1, got {args.steps}")
-    if args.warmup < 0:
-        raise UsageError(f"--warmup must be 0 or more, got {args.warmup}")
-    if args.timeout <= 0:
-        raise UsageError(f"--timeout must be positive seconds, got {args.timeout}")
-    cfg = with_global_batch(load_config(args.config), getattr(args, "batch", None), args.nproc)
+    cfg = with_global_batch(load_config(args.config), args.batch, args.nproc)
     per_rank_batch(cfg.data.global_batch, args.nproc)
     tables = [t.name for t in pooled_tables(cfg)]
     sequences = [t.name for t in sequence_tables(cfg)] if cfg.kind == "gem" else []
@@ -123,8 +118,6 @@ def check(args) -> None:
                          f"torch sees {torch.cuda.device_count()}")
     if args.out is not None:
         check_writable(args.out)
-    if args.trace is not None:
-        writable_folder(args.trace, "--trace")
 
 
 def relaunch(nproc: int, argv: list[str], extra_env: dict | None = None) -> int:

@@ -27,6 +27,7 @@ from gembench.harness.distributed import plan as P
 from gembench.harness.distributed import process_group as PG
 from gembench.harness.distributed import watchdog as W
 from gembench.harness.progress import Progress
+from gembench.harness.runconfig import RunConfig
 from gembench.usage import UsageError
 from gembench.harness.hardware import cpu_peak, device_name, reference_peak, remeasure_if_beaten, resolve_device
 from gembench.harness.metrics import comm
@@ -55,7 +56,7 @@ def per_rank_batch(global_batch: int, world_size: int) -> int:
     return global_batch // world_size
 
 
-def main(args, env: dict) -> int:
+def main(args: RunConfig, env: dict) -> int:
     """Run this rank; rank 0 writes the result. Exit status: 0, 2 (usage), 1 (failure)."""
     from gembench.harness.store.reservation import HELD_ENV, OUTCOME_ENV, Reservation, write_or_fallback
 
@@ -103,12 +104,12 @@ def main(args, env: dict) -> int:
             dist.destroy_process_group()
 
 
-def run(args, env: dict, dev: torch.device, watchdog: W.Watchdog, fault) -> dict:
+def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fault) -> dict:
     from gembench.harness.distributed.result import build_result
     from gembench.harness.stack import apply_compile, autocast_for, on_ranks, stack_options
 
     rank, world = env["rank"], env["world_size"]
-    cfg = with_global_batch(load_config(args.config), getattr(args, "batch", None), world)  # --batch
+    cfg = with_global_batch(load_config(args.config), args.batch, world)  # --batch
     local_batch = per_rank_batch(cfg.data.global_batch, world)
     watchdog.at("build")
     torch.manual_seed(args.seed)  # same seed on every rank: identical replicated weights

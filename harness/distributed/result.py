@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import datetime as dt
 import secrets
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -33,10 +34,13 @@ from gembench.harness.metrics.mfu import mfu, per_step_mfu, summarize, tflops, t
 from gembench.harness.store.results import SCHEMA
 from gembench.harness.step import divergence, finite_or_none
 
+if TYPE_CHECKING:
+    from gembench.harness.runconfig import RunConfig
+
 PRIMARY_LOAD = "bytes_read"  # deterministic and proportional to memory-bound lookup work
 
 
-def build_result(cfg, args, env: dict, records: list[dict], planned, options, batch_indices: dict,
+def build_result(cfg, args: RunConfig, env: dict, records: list[dict], planned, options, batch_indices: dict,
                  backend: str) -> dict:
     """``options``: the StackOptions the ranks ran (stack.on_ranks), recorded as run.options."""
     import torch

@@ -1,0 +1,85 @@
+"""What one `gembench run` is asked to do: one validated dataclass between the CLI and the library.
+
+The same fields for one process and for N ranks (the ranks re-parse the same command line under
+torchrun and get the same RunConfig). Every check that needs no model is here, done once before
+any work: step counts, the flags that do not combine, and every path the run will write.
+Checks that need the model (the batch split over ranks, sharding types, memory) stay with what
+builds it (runner.prepare, distributed/launch.check).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from gembench.harness.stack import StackOptions, stack_options
+from gembench.harness.store.results import writable_folder
+from gembench.usage import UsageError
+
+
+def check_counts(steps: int, warmup: int) -> None:
+    """--steps and --warmup, for every runner (library callers too)."""
+    if steps < 1:
+        raise UsageError(f"--steps must be at least 1, got {steps}")
+    if warmup < 0:
+        raise UsageError(f"--warmup must be 0 or more, got {warmup}")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    config: str = "small"  # a config name or a .toml path
+    steps: int = 10
+    warmup: int = 3
+    batch: int | None = None  # global batch override
+    stack: str = "optimized"
+    dtype: str | None = None  # overrides the stack's precision
+    device: str = "auto"
+    seed: int = 0
+    peak_tflops: float | None = None
+    out: Path | None = None
+    trace: Path | None = None
+    quiet: bool = False
+    verbose: bool = False
+    # several ranks
+    nproc: int | None = None
+    sharding: str | None = None
+    pipeline: bool = False
+    timeout: float = 300.0
+    # two stacks interleaved in one process
+    ab: bool = False
+    rounds: int = 6
+    # taking turns with another process (gembench continuous)
+    pace: str | None = None
+    burst: int = 20
+
+    @classmethod
+    def from_namespace(cls, ns) -> "RunConfig":
+        """From `gembench run`'s parsed arguments (the only place a Namespace is read)."""
+        return cls(**{f.name: getattr(ns, f.name) for f in fields(cls) if hasattr(ns, f.name)})
+
+    @property
+    def options(self) -> StackOptions:
+        return stack_options(self.stack, self.dtype)
+
+    def check(self, distributed: bool) -> "RunConfig":
+        """Every check that needs no model; ``distributed``: N ranks (--nproc, or under torchrun)."""
+        check_counts(self.steps, self.warmup)
+        self.options  # an unknown stack or dtype is named here
+        if distributed:
+            if self.ab:
+                raise UsageError("--ab compares stacks in one process; it does not combine with --nproc")
+            if self.pace is not None:
+                raise UsageError("--pace takes turns with one process; it cannot drive --nproc ranks")
+            if self.nproc is not None and self.nproc < 1:
+                raise UsageError(f"--nproc must be at least 1, got {self.nproc}")
+            if self.timeout <= 0:
+                raise UsageError(f"--timeout must be positive seconds, got {self.timeout}")
+        if self.ab and (self.rounds < 2 or self.steps < self.rounds):
+            raise UsageError(f"--ab needs --rounds >= 2 and --steps >= --rounds, got "
+                             f"--rounds {self.rounds} --steps {self.steps}")
+        if self.pace is not None and (self.ab or self.burst < 1):
+            raise UsageError(f"--pace needs a single stack and --burst >= 1, got --burst {self.burst}"
+                             f"{' with --ab' if self.ab else ''}")
+        if self.trace is not None:
+            writable_folder(Path(self.trace), "--trace")
+        return self

@@ -1,0 +1,45 @@
+"""One run config between the CLI and the library: the same fields for one process and N ranks,
+checked once, before any work."""
+
+import argparse
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from gembench.harness.commands import run as run_command
+from gembench.harness.runconfig import RunConfig
+from gembench.usage import UsageError
+
+
+def parsed(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    run_command.configure(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_every_run_flag_is_a_field_and_the_defaults_agree():
+    ns = parsed()
+    assert {f.name for f in fields(RunConfig)} == set(vars(ns))  # nothing dropped on the way in
+    assert RunConfig.from_namespace(ns) == RunConfig()
+
+
+@pytest.mark.parametrize("argv, distributed, words", [
+    (["--steps", "0"], False, "--steps must be at least 1"),
+    (["--warmup", "-1"], True, "--warmup must be 0 or more"),
+    (["--ab", "--nproc", "2"], True, "--ab compares stacks in one process"),
+    (["--pace", "3,4", "--nproc", "2"], True, "--pace takes turns with one process"),
+    (["--timeout", "0", "--nproc", "2"], True, "--timeout must be positive"),
+    (["--ab", "--rounds", "1"], False, "--ab needs --rounds >= 2"),
+    (["--pace", "3,4", "--burst", "0"], False, "--pace needs a single stack and --burst >= 1"),
+    (["--trace", "/proc/nope"], False, "cannot create folder /proc/nope for --trace"),
+    (["--trace", "/proc/nope", "--nproc", "2"], True, "cannot create folder /proc/nope for --trace"),
+])
+def test_what_needs_no_model_is_refused_in_one_place(argv, distributed, words):
+    with pytest.raises(UsageError, match=words.replace("+", r"\+")):
+        RunConfig.from_namespace(parsed(*argv)).check(distributed)
+
+
+def test_a_good_request_passes_and_creates_its_trace_folder(tmp_path):
+    run = RunConfig.from_namespace(parsed("--config", "tiny", "--trace", str(tmp_path / "t"))).check(False)
+    assert run.options.compile and Path(tmp_path / "t").is_dir()
