@@ -170,12 +170,11 @@ def save_entry(entry: Entry) -> Path | None:
     data = {"format": FORMAT, "cpu": entry.cpu, "dtype": entry.dtype, "threads": entry.threads,
             "torch": entry.torch, "best_tflops": entry.best.tflops,
             "history": [asdict(m) for m in entry.history]}
+    from gembench.harness.store.results import atomic_write
+
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1))
-        os.replace(tmp, path)
-        return path
+        return atomic_write(path, json.dumps(data, indent=1))
     except OSError:
         return None  # an unwritable cache only costs a measurement next time
 

@@ -107,3 +107,20 @@ def test_committed_baselines_validate():
     assert committed
     for path in committed:
         assert results.load_runs(path)
+
+
+def test_one_expander_for_compare_and_report(tmp_path):
+    """Files, globs and folders (searched below) name the same files for every command."""
+    from gembench.harness.commands.compare import expand_side
+    from gembench.harness.store.results import expand_paths
+
+    (tmp_path / "a" / "deep").mkdir(parents=True)
+    for name in ("a/r1.json", "a/deep/r2.json", "a/notes.txt"):
+        (tmp_path / name).write_text("{}")
+    folder = [tmp_path / "a" / "r1.json", tmp_path / "a" / "deep" / "r2.json"]
+    assert sorted(expand_paths([str(tmp_path / "a")])) == sorted(folder)
+    assert sorted(expand_side(str(tmp_path / "a"))) == sorted(folder)  # compare looks inside folders too
+    assert expand_paths([str(tmp_path / "a" / "*.json"), str(tmp_path / "a" / "r1.json")]) == folder[:1]
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UsageError, match="folder .*empty holds no"):
+        expand_side(str(tmp_path / "a") + "," + str(tmp_path / "empty"))

@@ -30,7 +30,6 @@ examples:
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import sys
 from pathlib import Path
@@ -53,21 +52,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def expand_side(text: str) -> list[Path]:
-    """Files named by one SIDE argument, in a stable order."""
+    """Files named by one SIDE argument (comma-separated files, globs, folders), in a stable
+    order; a glob or a folder that names no result file is refused, naming it."""
+    from gembench.harness.store.results import expand_paths
+
     paths: list[Path] = []
     for part in [p for p in text.split(",") if p]:
-        if any(ch in part for ch in "*?["):
-            found = sorted(glob.glob(part))
-            if not found:
-                raise UsageError(f"no files match {part!r}")
-            paths += [Path(f) for f in found]
-        elif Path(part).is_dir():
-            found = sorted(Path(part).glob("*.json"))
-            if not found:
-                raise UsageError(f"folder {part} holds no *.json result files")
-            paths += found
-        else:
-            paths.append(Path(part))
+        found = expand_paths([part])
+        if not found:
+            raise UsageError(f"no files match {part!r}" if any(ch in part for ch in "*?[")
+                             else f"folder {part} holds no *.json result files")
+        paths += found
     if not paths:
         raise UsageError(f"empty SIDE {text!r}")
     return paths
@@ -88,23 +83,13 @@ def check_decision_args(alpha: float | None, min_effect: float | None) -> None:
 
 def write_output(path: Path, text: str) -> None:
     """``text`` to ``path`` atomically (a CI artifact: replaced when it exists, never half-written)."""
-    import os
-    import tempfile
+    from gembench.harness.store.results import atomic_write
 
     if path.is_dir():
         raise UsageError(f"--out {path} is a folder; name a file, e.g. {path}/compare.html")
     if not path.parent.is_dir():
         raise UsageError(f"--out {path}: folder {path.parent} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write(path, text)
 def counter_limits(path: str | None, reference: dict):
     """thresholds.Limits for the reference's config and hardware class; None when no file applies."""
     from gembench.harness.regression import thresholds

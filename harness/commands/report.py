@@ -25,9 +25,7 @@ examples:
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 from gembench.usage import UsageError
@@ -43,20 +41,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def write_page(out_dir: Path, text: str) -> Path:
     """DIR/index.html, atomically: a reader sees the old page or the new one, never half of one."""
-    from gembench.harness.store.results import writable_folder
+    from gembench.harness.store.results import atomic_write, writable_folder
 
-    writable_folder(out_dir, "--out")
-    fd, tmp = tempfile.mkstemp(prefix=".index.", suffix=".html.tmp", dir=out_dir)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, out_dir / "index.html")
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return out_dir / "index.html"
+    return atomic_write(writable_folder(out_dir, "--out") / "index.html", text)
 
 
 def main(args: argparse.Namespace) -> int:

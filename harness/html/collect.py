@@ -7,15 +7,14 @@ from regression/gate.py (thresholds, then the baseline comparison), per commit o
 
 from __future__ import annotations
 
-import glob
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from gembench.usage import UsageError
-from gembench.harness.store.results import (BASELINE_SCHEMA, BASELINES_DIR, RUN_KEYS, RUNS_DIR,
-                                                 field as get)
+from gembench.harness.store.results import (BASELINE_SCHEMA, BASELINES_DIR, RUN_KEYS, RUNS_DIR, expand_paths,
+                                            field as get)
 
 SOURCE_DIR = Path(__file__).resolve().parents[2]  # the gembench checkout whose commits results name
 # what the page cannot be drawn without; a run lacking one is skipped with a warning naming it
@@ -32,24 +31,6 @@ class Loaded:
     files: int  # files read successfully
 
 
-def expand(inputs: list[str]) -> list[Path]:
-    """Files named by RESULTS arguments: files, globs (** recursive) and folders (*.json, recursive)."""
-    out: list[Path] = []
-    for text in inputs:
-        if any(ch in text for ch in "*?["):
-            out += [Path(p) for p in sorted(glob.glob(text, recursive=True))]
-        elif Path(text).is_dir():
-            out += sorted(Path(text).rglob("*.json"))
-        else:
-            out.append(Path(text))
-    seen, unique = set(), []
-    for p in out:
-        if p.resolve() not in seen:
-            seen.add(p.resolve())
-            unique.append(p)
-    return unique
-
-
 def load(inputs: list[str], warn=lambda msg: print(msg, file=sys.stderr)) -> Loaded:
     """Read every file; a corrupt or foreign one is named in a warning and skipped."""
     import json
@@ -58,7 +39,7 @@ def load(inputs: list[str], warn=lambda msg: print(msg, file=sys.stderr)) -> Loa
 
     loaded = Loaded([], {}, [], 0)
     ids: set[str] = set()
-    for path in expand(inputs):
+    for path in expand_paths(inputs):
         try:
             runs = load_runs(path)
             for r in runs:

@@ -43,6 +43,7 @@ RUN_KEYS to agree, since a baseline for another precision or stack is not this r
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import tempfile
@@ -89,29 +90,57 @@ def writable_folder(folder: Path, flag: str = "--out") -> Path:
     return folder
 
 
-def write_result(path: str | os.PathLike, result: dict, overwrite: bool = False) -> Path:
-    """Write ``result`` as JSON to ``path`` atomically: readers see the whole file or none."""
-    path = check_writable(path, overwrite)
-    text = json.dumps(result, indent=1, sort_keys=False, allow_nan=False) + "\n"
+def atomic_write(path: Path, text: str, replace: bool = True) -> Path:
+    """``text`` to ``path`` atomically: a reader sees the old file or the new one (or none), never
+    half of one. ``replace=False`` never clobbers: FileExistsError if ``path`` exists by then.
+    The one writer of gembench's files (results, pages, tables, the peak cache)."""
+    path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
     try:
-        with os.fdopen(fd, "w") as fh:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
-        if overwrite:
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would keep the file from everyone else
+        if replace:
             os.replace(tmp, path)
         else:
-            os.link(tmp, path)  # fails if path appeared meanwhile: never clobber
+            os.link(tmp, path)  # fails if path appeared meanwhile
             os.unlink(tmp)
-    except FileExistsError:
-        os.unlink(tmp)
-        raise UsageError(f"{path} appeared while writing; results are never overwritten") from None
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
     return path
+
+
+def write_result(path: str | os.PathLike, result: dict, overwrite: bool = False) -> Path:
+    """Write ``result`` as JSON to ``path`` atomically: readers see the whole file or none."""
+    path = check_writable(path, overwrite)
+    text = json.dumps(result, indent=1, sort_keys=False, allow_nan=False) + "\n"
+    try:
+        return atomic_write(path, text, replace=overwrite)
+    except FileExistsError:
+        raise UsageError(f"{path} appeared while writing; results are never overwritten") from None
+
+
+def expand_paths(items: list[str]) -> list[Path]:
+    """Files named by result arguments, for every command that reads results: files as given,
+    globs (``**`` recursive) and folders (every ``*.json`` below them), each file once, in order."""
+    out: list[Path] = []
+    for text in items:
+        if any(ch in text for ch in "*?["):
+            out += [Path(p) for p in sorted(glob.glob(text, recursive=True))]
+        elif Path(text).is_dir():
+            out += sorted(Path(text).rglob("*.json"))
+        else:
+            out.append(Path(text))
+    seen, unique = set(), []
+    for p in out:
+        if p.resolve() not in seen:
+            seen.add(p.resolve())
+            unique.append(p)
+    return unique
 
 
 def load_result(path: str | os.PathLike) -> dict:
