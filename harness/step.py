@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -145,44 +144,65 @@ def finite_or_none(values: list) -> list:
     return [finite_or_none(v) if isinstance(v, list) else (v if math.isfinite(v) else None) for v in values]
 
 
-def run_steps(state: TrainState, batches, steps: int, warmup: int, timed: bool = True,
-              progress=None, pace=None) -> StepSamples:
-    """Run ``warmup`` discarded steps then ``steps`` measured ones over ``batches`` (cycled).
+def timed_steps(one_step, total: int, kept: range, device: torch.device, stages=STAGES,
+                progress=None, pace=None) -> StepSamples:
+    """The one step loop of every runner, one process or a rank: runs steps 0..total-1.
 
-    ``batches`` is a list of host batches prepared beforehand, as a prefetching loader would
-    hand them over; the data stage is the copy to the device. ``pace(k)``, if given, is called
-    before timed step k, outside its clock (regression/interleave.py: wait for this worker's
-    turn), and ``pace.done()`` after the last.
+    ``one_step(i)`` runs step i and returns (its detached loss, {stage: seconds}); the strategy
+    (the single-process staged step, a rank's staged or pipelined engine) is all that differs.
+    The device is synchronised around each step, so a step's wall time is its own. Steps in
+    ``kept`` are recorded; warm-up and extra steps are not. ``pace(k)``, if given, is called
+    before kept step k outside its clock (regression/interleave.py: wait for this worker's turn),
+    and ``pace.done()`` after the loop. Losses are read on the host after the loop, not inside it
+    (a read there would sync every step): per-task losses (tasks,) give task_loss and their mean.
     """
-    samples = StepSamples()
-    sync = torch.cuda.synchronize if state.device.type == "cuda" else (lambda: None)
-    losses = []  # detached (tasks,) tensors: read on the host after the loop, not inside it
-    for i in range(warmup + steps):
-        if pace is not None and i >= warmup:
-            pace(i - warmup)
-        clock = StageClock(state.device) if timed else NoClock()
+    samples = StepSamples(stages={s: [] for s in stages})
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    losses = []
+    for i in range(total):
+        if pace is not None and i in kept:
+            pace(i - kept.start)
         sync()
         start = time.perf_counter()
+        loss, durations = one_step(i)
+        sync()
+        elapsed = time.perf_counter() - start
+        if i in kept:
+            samples.step_s.append(elapsed)
+            losses.append(loss)
+            for stage, seconds in durations.items():
+                samples.stages[stage].append(seconds)
+        if progress is not None:
+            progress(i + 1, total, elapsed)
+    if pace is not None:
+        pace.done()
+    if losses:
+        stacked = torch.stack(losses).float().cpu()
+        if stacked.dim() == 2:  # (steps, tasks)
+            samples.task_loss = stacked.tolist()
+            stacked = stacked.mean(dim=1)
+        samples.loss = stacked.tolist()
+    return samples
+
+
+def run_steps(state: TrainState, batches, steps: int, warmup: int, timed: bool = True,
+              progress=None, pace=None) -> StepSamples:
+    """Run ``warmup`` discarded steps then ``steps`` measured ones over ``batches`` (cycled), one
+    process's staged step (train_step) in the one loop (timed_steps).
+
+    ``batches`` is a list of host batches prepared beforehand, as a prefetching loader would
+    hand them over; the data stage is the copy to the device. ``timed=False`` reads no stage
+    clock (the untimed reference of benchmarks/stage_timing_overhead.py).
+    """
+    def one_step(i: int):
+        clock = StageClock(state.device) if timed else NoClock()
         try:
             loss = train_step(state, batches[i % len(batches)], clock)
         except RuntimeError as err:
             if out_of_memory(err) is not None:
                 err.stage = failing_stage(clock)  # the runner names it in its one-line report
             raise
-        durations = clock.durations()
-        sync()
-        elapsed = time.perf_counter() - start
-        if i >= warmup:
-            samples.step_s.append(elapsed)
-            losses.append(loss)
-            for stage, seconds in durations.items():
-                samples.stages[stage].append(seconds)
-        if progress is not None:
-            progress(i + 1, warmup + steps, elapsed)
-    if pace is not None:
-        pace.done()
-    if losses:
-        per_task = torch.stack(losses).cpu()  # (steps, tasks)
-        samples.task_loss = per_task.tolist()
-        samples.loss = per_task.mean(dim=1).tolist()
-    return samples
+        return loss, clock.durations()
+
+    return timed_steps(one_step, warmup + steps, range(warmup, warmup + steps), state.device,
+                       progress=progress, pace=pace)

@@ -13,7 +13,6 @@ import contextlib
 import os
 import socket
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +36,7 @@ from gembench.harness.metrics import trace as TR
 from gembench.harness.metrics.imbalance import hot_share
 from gembench.harness.memory import peak_memory_bytes
 from gembench.harness.runner import MAX_DISTINCT_BATCHES
-from gembench.harness.step import StageClock
+from gembench.harness.step import StageClock, timed_steps
 from gembench.models.config import load_config, with_global_batch
 from gembench.models.data import SyntheticData
 from gembench.models.flops import batch_forward_flops, embedding_bytes
@@ -153,11 +152,13 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
         engine = E.PipelineStep(dmp, dev, options)
         # the pipeline holds batches in flight across steps: it gets its own batch objects
         # (regenerated: same seed, same data) rather than the list measured above
-        fed = [data.batch(i % len(batches)) for i in range(total)]
-        samples, prof, counted = _pipeline_steps(engine, fed, args, watchdog, fault, rank, autocast, show)
+        feed = iter([E.pipelineable(data.batch(i % len(batches))) for i in range(total)])
+        engine_step, stages = _pipelined_step(engine, feed, watchdog, fault, rank), E.PIPELINE_STAGES
     else:
         engine = E.StagedStep(dmp, dev, world, options)
-        samples, prof, counted = _staged_steps(engine, batches, args, watchdog, fault, rank, autocast, show)
+        engine_step, stages = _staged_step(engine, batches, watchdog, fault, rank), E.STAGES
+    counted = C.StepCounter(dev, [engine.optimizer])
+    samples, prof = _steps(engine_step, stages, total, args, dev, counted, autocast, show)
 
     watchdog.at("analysis")
     events = TR.trace_events(prof, None if args.trace is None else Path(args.trace) / f"rank{rank}.json")
@@ -168,7 +169,7 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
     first = (spans[0][0], spans[1][0] if len(spans) > 1 else float("inf"))
     counts = C.counters(counted, events, C.compile_counts(since), window=first)
     if not args.pipeline:
-        loads["lookup_s"] = float(np.mean(samples["stages"]["embedding_lookup"]))
+        loads["lookup_s"] = float(np.mean(samples.stages["embedding_lookup"]))
     memory, memory_source = peak_memory_bytes(dev)
     record = {
         "rank": rank, "host": socket.gethostname(), "device": str(dev), "device_name": device_name(dev),
@@ -176,7 +177,7 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
         "peak_dtype": peak.dtype, "torch_threads": torch.get_num_threads(),
         "peak_provisional": peak.provisional, "peak_calibration": peak.calibration,
         **_host_fields(host_peak),
-        "step_s": samples["step_s"], "stages": samples["stages"], "loss": samples["loss"],
+        "step_s": samples.step_s, "stages": samples.stages, "loss": samples.loss,
         **described, "loads": loads,
         "comm": {k: v for k, v in comm_stats.items() if k != "calls"},
         "comm_calls": comm_stats["calls"],
@@ -248,80 +249,55 @@ def _recheck_peak(peak, records: list[dict], host: str) -> None:
                      peak_provisional=new.provisional, peak_calibration=new.calibration)
 
 
-def _keep(samples: dict, elapsed: float, loss, stage_seconds: dict) -> None:
-    """Record one timed step (warm-up and profiled steps are not kept)."""
-    samples["step_s"].append(elapsed)
-    samples["loss"].append(loss.detach())  # read after the loop: a read here syncs every step
-    for stage, seconds in stage_seconds.items():
-        samples["stages"][stage].append(seconds)
+def _steps(engine_step, stages, total: int, args: RunConfig, dev: torch.device, counted, autocast, show: bool):
+    """This rank's steps in the one step loop (step.timed_steps): warm-up, the timed steps, then
+    COUNTED_STEPS under the cost counters and PROFILED_STEPS under torch.profiler. Each step is
+    one STEP_SPAN range (the communication analysis finds the steps by it).
+    ``engine_step(i)`` -> (loss, {stage: seconds}): the staged or the pipelined engine."""
+    prof = TR.profiler(dev)
+    first_profiled, counting_step = total - PROFILED_STEPS, args.warmup + args.steps
+
+    def one_step(i: int):
+        if i == first_profiled:
+            prof.__enter__()  # left at the loop's end: the profiled steps are the last ones
+        counting = counted if i == counting_step else contextlib.nullcontext()
+        with counting, torch.autograd.profiler.record_function(STEP_SPAN), autocast():
+            return engine_step(i)
+
+    samples = timed_steps(one_step, total, range(args.warmup, args.warmup + args.steps), dev, stages,
+                          progress=Progress(show, "gembench run (rank 0)"))
+    prof.__exit__(None, None, None)
+    return samples, prof
 
 
-def _staged_steps(engine: E.StagedStep, batches, args, watchdog, fault, rank, autocast, show):
-    samples = {"step_s": [], "loss": [], "stages": {s: [] for s in E.STAGES}}
-    sync = torch.cuda.synchronize if engine.device.type == "cuda" else (lambda: None)
-    total = args.warmup + args.steps + COUNTED_STEPS + PROFILED_STEPS
-    prof = None
-    counted = C.StepCounter(engine.device, [engine.optimizer])
-    progress = Progress(show, "gembench run (rank 0)")
-    for i in range(total):
-        profiled = i >= total - PROFILED_STEPS
-        if profiled and prof is None:
-            prof = TR.profiler(engine.device)
-            prof.__enter__()
+def _staged_step(engine: E.StagedStep, batches, watchdog, fault, rank: int):
+    """The staged engine as one step of the loop: a stage clock, and at every stage boundary the
+    watchdog told where this rank is (and an injected fault, if any, fired)."""
+    def engine_step(i: int):
         clock = StageClock(engine.device)
-        counting = counted if i == args.warmup + args.steps else contextlib.nullcontext()
 
-        def mark(stage, _i=i, _clock=clock):
-            _clock.mark(stage)
+        def mark(stage):
+            clock.mark(stage)
             following = E.STAGES[E.STAGES.index(stage) + 1] if stage != E.STAGES[-1] else "step end"
-            watchdog.at(following, _i)
+            watchdog.at(following, i)
             if fault:
-                fault.trigger(rank, _i, following)
+                fault.trigger(rank, i, following)
 
-        sync()
-        start = time.perf_counter()
         watchdog.at("data", i)
         clock.mark("start")
-        with counting, torch.autograd.profiler.record_function(STEP_SPAN), autocast():
-            loss = engine(batches[i % len(batches)], mark)
-        durations = clock.durations()
-        sync()
-        elapsed = time.perf_counter() - start
-        if args.warmup <= i < args.warmup + args.steps:
-            _keep(samples, elapsed, loss, durations)
-        progress(i + 1, total, elapsed)
-    prof.__exit__(None, None, None)
-    samples["loss"] = [float(x) for x in samples["loss"]]
-    return samples, prof, counted
+        loss = engine(batches[i % len(batches)], mark)
+        return loss, clock.durations()
+    return engine_step
 
 
-def _pipeline_steps(engine: E.PipelineStep, batches, args, watchdog, fault, rank, autocast, show):
-    samples = {"step_s": [], "loss": [], "stages": {s: [] for s in E.PIPELINE_STAGES}}
-    total = args.warmup + args.steps + COUNTED_STEPS + PROFILED_STEPS
-    feed = iter([E.pipelineable(b) for b in batches])
-    prof = None
-    counted = C.StepCounter(engine.pipeline._device, [engine.optimizer])
-    progress = Progress(show, "gembench run (rank 0)")
-    for i in range(total):
-        if i >= total - PROFILED_STEPS and prof is None:
-            prof = TR.profiler(engine.pipeline._device)
-            prof.__enter__()
-        counting = counted if i == args.warmup + args.steps else contextlib.nullcontext()
+def _pipelined_step(engine: E.PipelineStep, feed, watchdog, fault, rank: int):
+    """TorchRec's pipeline as one step of the loop: its phases timed by the engine itself."""
+    def engine_step(i: int):
         watchdog.at("forward", i)
         if fault:
             fault.trigger(rank, i, "forward")
-        engine.sync()
-        start = time.perf_counter()
-        with counting, torch.autograd.profiler.record_function(STEP_SPAN), autocast():
-            loss, times = engine(feed)
-        engine.sync()
-        elapsed = time.perf_counter() - start
-        if args.warmup <= i < args.warmup + args.steps:
-            _keep(samples, elapsed, loss, times)
-        progress(i + 1, total, elapsed)
-    prof.__exit__(None, None, None)
-    samples["loss"] = [float(x) for x in samples["loss"]]
-    return samples, prof, counted
+        return engine(feed)
+    return engine_step
 
 
 def _mean_blocks(per_block: list[dict]) -> dict:
