@@ -18,8 +18,7 @@ import torch
 
 from gembench.harness.env import fingerprint
 from gembench.usage import UsageError
-from gembench.harness.hardware import (Peak, achieved_tflops, memory_available, peak_basis, reference_peak,
-                                       remeasure_if_beaten, resolve_device)
+from gembench.harness.hardware import Peak, memory_available, peak_basis, recheck_peak, reference_peak, resolve_device
 from gembench.harness.memory import (FIT_SHARE, check_fits, fit_hint, memory_fields, peak_memory_bytes,
                                      reset_peak_memory, run_memory_bytes)
 from gembench.harness.metrics import counters as C
@@ -83,25 +82,72 @@ def step_flops(setup: Setup, first: int, count: int) -> list[dict[str, float]]:
     return out
 
 
-def stack_result(setup: Setup, options: StackOptions, samples: StepSamples, warmup: int,
-                 stack_name: str, start_bytes: int = 0, estimate: dict | None = None) -> dict:
+@dataclass
+class Measured:
+    """One stack's measured steps, before they are summarized against the peak."""
+
+    name: str
+    options: StackOptions
+    samples: StepSamples
+    memory: tuple  # (peak bytes, its source, the run's rise, its source), right after the timed steps
+    counters: dict | None = None  # step_costs: on extra steps after the timed ones
+    profile: dict | None = None
+
+
+def memory_now(setup: Setup, start_bytes: int) -> tuple:
+    """The run's memory figures now (taken before the counted and profiled steps add theirs)."""
+    return (*peak_memory_bytes(setup.device), *run_memory_bytes(setup.device, start_bytes))
+
+
+def measure_stack(setup: Setup, options: StackOptions, name: str, steps: int, warmup: int,
+                  progress=None, pace=None, trace=None) -> Measured:
+    """The one way a stack is measured on one process: build it, warm up, time ``steps`` steps,
+    take the memory, then count the step's costs (and with ``trace``, keep the profiled one).
+    `gembench run` and `gembench ablate` (one variant each) go through here; --ab takes turns
+    between two stacks (run_ab) and then follows the same summary, peak check and counters."""
+    start = reset_peak_memory(setup.device)
+    since = C.fresh_compile_state()  # this stack's compile counts are its own
+    with out_of_memory_guard(setup, [options]):
+        state = build_train_state(setup.cfg, options, setup.device, seed=setup.seed)
+        samples = run_steps(state, setup.batches, steps, warmup, progress=progress, pace=pace)
+    memory = memory_now(setup, start)
+    with out_of_memory_guard(setup, [options]):
+        counts, profile = step_costs(setup, state, warmup + steps, since, options.compile, trace)
+    return Measured(name, options, samples, memory, counts, profile)
+
+
+def summarized(setup: Setup, measured: list[Measured], warmup: int, estimate: dict | None = None) -> list[dict]:
+    """stack_result of each measured stack, after one check of the peak against all of them: a
+    calibrated peak they beat is re-measured (hardware.recheck_peak) and every figure is then
+    taken against the new one, so the stacks of one run share one peak."""
+    results = [stack_result(setup, m, warmup, estimate) for m in measured]
+    new = recheck_peak(setup.peak, {"": r["summary"] for r in results} if len(results) == 1 else
+                       {f" of {m.name}": r["summary"] for m, r in zip(measured, results)})
+    if new is not None:
+        setup.peak = new
+        results = [stack_result(setup, m, warmup, estimate) for m in measured]
+    return results
+
+
+def stack_result(setup: Setup, m: Measured, warmup: int, estimate: dict | None = None) -> dict:
     """Summary, samples and headline metrics of one stack's measured steps."""
+    samples, options = m.samples, m.options
     steps = len(samples.step_s)
     per_block = step_flops(setup, warmup, steps)
     forward = [sum(b.values()) for b in per_block]
     peak = setup.peak.tflops_per_device
     summary = summarize(samples.step_s, samples.stages, forward, setup.cfg.data.global_batch, peak)
-    memory, memory_source = peak_memory_bytes(setup.device)
+    memory, memory_source, run_bytes, run_source = m.memory
     summary["peak_memory_bytes"] = memory
     summary["peak_memory_source"] = memory_source
     estimate = estimate or memory_estimate(setup.cfg, setup.cfg.data.global_batch, setup.counts, options,
                                            setup.device.type)
-    summary.update(memory_fields(estimate, *run_memory_bytes(setup.device, start_bytes)))
+    summary.update(memory_fields(estimate, run_bytes, run_source))
     summary["embedding_bytes_per_step"] = embedding_bytes(setup.cfg, setup.batches[warmup % len(setup.batches)])
     diverged = divergence(samples.loss, samples.task_loss, first_step=warmup)
     return {
         "diverged": diverged,
-        "stack": stack_name,
+        "stack": m.name,
         "options": options.to_dict(),
         "flops": {
             "forward_per_step": float(np.mean(forward)),
@@ -116,6 +162,7 @@ def stack_result(setup: Setup, options: StackOptions, samples: StepSamples, warm
             "stages": samples.stages,
         },
         "summary": summary,
+        "counters": m.counters,
     }
 
 
@@ -164,26 +211,6 @@ def peak_section(peak: Peak, dev: torch.device) -> dict:
             "source": peak.source, "provisional": peak.provisional, "calibration": peak.calibration,
             **peak_basis(dev, 1, torch.get_num_threads(), peak if peak.calibration else None,
                          override=peak.source.startswith("override"))}
-
-
-def recheck_peak(setup: Setup, summaries: list[dict]) -> bool:
-    """A run whose GEMM stages or step beat a calibrated peak re-measures it (hardware.py);
-    True when setup.peak changed and the stack results must be recomputed."""
-    achieved = {}
-    for summary in summaries:
-        for what, tflops in achieved_tflops(summary).items():
-            achieved[what] = max(achieved.get(what, 0.0), tflops)
-    if setup.peak.calibration is None or max(achieved.values()) <= setup.peak.tflops_per_device:
-        return False
-    import sys
-
-    print(f"gembench run: this run beat the peak of {setup.peak.tflops_per_device:.4g} TFLOP/s, "
-          "so it was underestimated: re-measuring it", file=sys.stderr, flush=True)
-    new = remeasure_if_beaten(setup.peak, achieved)
-    if new is None:
-        return False
-    setup.peak = new
-    return True
 
 
 @contextlib.contextmanager
@@ -263,17 +290,9 @@ def run_benchmark(config: str | ModelConfig, steps: int = 20, warmup: int = 3,
     setup = prepare(config, steps, warmup, device, seed, peak_tflops, stacks=[options], batch=batch)
     if on_prepared is not None:
         on_prepared()
-    start = reset_peak_memory(setup.device)
-    since = C.fresh_compile_state()
-    with out_of_memory_guard(setup, [options]):
-        state = build_train_state(setup.cfg, options, setup.device, seed=seed)
-        samples = run_steps(state, setup.batches, steps, warmup, progress=progress, pace=pace)
-    main = stack_result(setup, options, samples, warmup, stack_name, start)  # peak memory before profiling
-    if recheck_peak(setup, [main["summary"]]):
-        main = stack_result(setup, options, samples, warmup, stack_name, start)
-    with out_of_memory_guard(setup, [options]):
-        counts, profile = step_costs(setup, state, warmup + steps, since, options.compile, trace)
-    return with_costs(document(setup, steps, warmup, main), counts, profile)
+    m = measure_stack(setup, options, stack_name, steps, warmup, progress=progress, pace=pace, trace=trace)
+    main, = summarized(setup, [m], warmup)
+    return with_costs(document(setup, steps, warmup, main), m.counters, m.profile)
 
 
 def run_ab(config: str | ModelConfig, rounds: int = 6, steps_per_round: int = 3, warmup: int = 3,
@@ -332,17 +351,18 @@ def _run_ab(setup: Setup, names, opts, rounds, steps_per_round, warmup, seed, pr
     ratios = [b / o for b, o in zip(per_round["baseline"], per_round["optimized"])]
     center, lo, hi = paired_ratio_interval(ratios)
     # One process held both stacks: its peak is theirs together, against their combined estimate.
-    results = {n: stack_result(setup, opts[n], collected[n], warmup, n, start, setup.estimate) for n in names}
-    if recheck_peak(setup, [r["summary"] for r in results.values()]):
-        results = {n: stack_result(setup, opts[n], collected[n], warmup, n, start, setup.estimate) for n in names}
-    # only the optimized stack compiles, so the run's compile counts are its own
-    costs = {n: step_costs(setup, states[n], warmup + steps, since, opts[n].compile,
-                           trace if n == "optimized" else None) for n in names}
+    memory = memory_now(setup, start)
+    measured = []
+    for n in names:  # only the optimized stack compiles, so the run's compile counts are its own
+        counts, profile = step_costs(setup, states[n], warmup + steps, since, opts[n].compile,
+                                     trace if n == "optimized" else None)
+        measured.append(Measured(n, opts[n], collected[n], memory, counts, profile))
+    results = dict(zip(names, summarized(setup, measured, warmup, setup.estimate)))
+    costs = {m.name: (m.counters, m.profile) for m in measured}
     ab = {"rounds": rounds, "steps_per_round": steps_per_round, "order": "ABBA",
           "round_step_s": per_round, "round_ratios": ratios,
           "mfu_ratio": center, "mfu_ratio_ci95": [lo, hi],
-          "baseline": {k: results["baseline"][k] for k in ("options", "flops", "samples", "summary")}}
-    ab["baseline"]["counters"] = costs["baseline"][0]
+          "baseline": {k: results["baseline"][k] for k in ("options", "flops", "samples", "summary", "counters")}}
     doc = with_costs(document(setup, steps, warmup, results["optimized"], {"ab": ab}), *costs["optimized"])
     doc["run"]["stack"] = "ab"
     doc["metrics"]["ab_mfu_ratio"] = center

@@ -69,14 +69,9 @@ def _ablate(args: argparse.Namespace) -> int:
     from gembench.harness.tables import pct
     from gembench.harness.store.reservation import write_or_fallback
     from gembench.harness.hardware import resolve_device
-    from gembench.harness.memory import reset_peak_memory
-    from gembench.harness.runner import out_of_memory_guard, prepare, stack_result
+    from gembench.harness.runner import measure_stack, prepare, summarized
     from gembench.models.config import load_config, with_global_batch
     from gembench.models.flops import memory_estimate, parameter_counts
-    from gembench.harness.metrics.counters import fresh_compile_state
-    from gembench.harness.runner import step_costs
-    from gembench.harness.stack import build_train_state
-    from gembench.harness.step import run_steps
 
     added, removed = variants(single_process=True)
     # Variants run one at a time, and each must fit: the memory check takes the hungriest.
@@ -85,24 +80,18 @@ def _ablate(args: argparse.Namespace) -> int:
     hungriest = max((options for _, options in added + removed),
                     key=lambda o: memory_estimate(cfg, cfg.data.global_batch, counts, o, device_type)["total"])
     setup = prepare(cfg, args.steps, args.warmup, args.device, args.seed, args.peak_tflops, stacks=[hungriest])
-    measured = {}
+    runs = {}  # options -> Measured: "+ compile" is the optimized stack, measured once
     todo = added + removed
     for i, (label, options) in enumerate(todo):
         key = tuple(sorted(options.to_dict().items()))
-        if key not in measured:  # "+ compile" is the optimized stack: measured once
+        if key not in runs:
             if not args.quiet:
                 print(f"gembench ablate: [{i + 1}/{len(todo)}] {label}: {options.describe()}",
                       file=sys.stderr, flush=True)
-            state = None  # the previous variant's state goes before the next is built
-            start = reset_peak_memory(setup.device)
-            since = fresh_compile_state()  # each variant's compile counts are its own
-            with out_of_memory_guard(setup, [options]):
-                state = build_train_state(setup.cfg, options, setup.device, seed=args.seed)
-                samples = run_steps(state, setup.batches, args.steps, args.warmup)
-            measured[key] = stack_result(setup, options, samples, args.warmup, label, start)
-            measured[key]["counters"] = step_costs(setup, state, args.warmup + args.steps, since,
-                                                   options.compile)[0]
-        measured[label] = measured[key]
+            runs[key] = measure_stack(setup, options, label, args.steps, args.warmup)
+    # one peak for every variant: checked against all of them, re-measured once if beaten
+    by_key = dict(zip(runs, summarized(setup, list(runs.values()), args.warmup)))
+    measured = {label: by_key[tuple(sorted(options.to_dict().items()))] for label, options in todo}
 
     def row(label, reference):
         r = measured[label]["summary"]

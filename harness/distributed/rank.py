@@ -28,9 +28,9 @@ from gembench.harness.distributed import watchdog as W
 from gembench.harness.progress import Progress
 from gembench.harness.runconfig import RunConfig
 from gembench.usage import UsageError
-from gembench.harness.hardware import cpu_peak, device_name, reference_peak, remeasure_if_beaten, resolve_device
+from gembench.harness.hardware import cpu_peak, device_name, recheck_peak, reference_peak, resolve_device
 from gembench.harness.metrics import comm
-from gembench.harness.metrics.mfu import STAGE_FLOP_SHARE, tflops, train_flops
+from gembench.harness.metrics.mfu import summarize
 from gembench.harness.metrics import counters as C
 from gembench.harness.metrics import trace as TR
 from gembench.harness.metrics.imbalance import hot_share
@@ -226,23 +226,12 @@ def _host_fields(host_peak) -> dict:
 
 
 def _recheck_peak(peak, records: list[dict], host: str) -> None:
-    """On rank 0: if a rank's GEMM stages or step beat the per-rank peak, it was underestimated;
-    re-measure (the other ranks are done) and put the new peak in this host's records."""
-    achieved = {}
-    for r in records:
-        if r["host"] != host:
-            continue
-        forward = float(np.mean(r["forward_flops"]))
-        for stage, share in STAGE_FLOP_SHARE.items():
-            t = float(np.mean(r["stages"].get(stage) or [0.0]))
-            if t > 0:
-                achieved[f"stage {stage} of rank {r['rank']}"] = tflops(share * forward, t)
-        achieved[f"the step of rank {r['rank']}"] = tflops(train_flops(forward), float(np.median(r["step_s"])))
-    if peak.calibration is None or max(achieved.values(), default=0.0) <= peak.tflops_per_device:
-        return
-    print(f"gembench run: a rank beat the peak of {peak.tflops_per_device:.4g} TFLOP/s, so it was "
-          "underestimated: re-measuring it", file=sys.stderr, flush=True)
-    new = remeasure_if_beaten(peak, achieved)
+    """On rank 0: the peak check of one process (hardware.recheck_peak) over this host's ranks,
+    each rank's steps summarized on its own; a new peak goes into this host's records."""
+    summaries = {f" of rank {r['rank']}": summarize(r["step_s"], r["stages"], r["forward_flops"], 1,
+                                                    peak.tflops_per_device)
+                 for r in records if r["host"] == host}
+    new = recheck_peak(peak, summaries)
     for r in records:
         if new is not None and r["host"] == host:
             r.update(peak_tflops=new.tflops_per_device, peak_source=new.source,
