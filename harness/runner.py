@@ -8,8 +8,6 @@ on a machine whose speed drifts.
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
-import secrets
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -25,7 +23,7 @@ from gembench.harness.metrics import counters as C
 from gembench.harness.runconfig import check_counts
 from gembench.harness.metrics import trace as TR
 from gembench.harness.metrics.mfu import per_step_mfu, summarize, train_flops
-from gembench.harness.store.results import SCHEMA
+from gembench.harness.store.document import result_document
 from gembench.harness.stack import STACKS, StackOptions, build_train_state
 from gembench.harness.regression.stats import paired_ratio_interval
 from gembench.harness.step import NoClock, StepSamples, divergence, finite_or_none, out_of_memory, run_steps, train_step
@@ -169,40 +167,16 @@ def stack_result(setup: Setup, m: Measured, warmup: int, estimate: dict | None =
 def document(setup: Setup, steps: int, warmup: int, main: dict, extra: dict | None = None) -> dict:
     """The result document (schema in store/results.py) around one stack's measurements."""
     cfg, dev, peak = setup.cfg, setup.device, setup.peak
-    created = dt.datetime.now(dt.timezone.utc)
     summary = main["summary"]
-    result = {
-        "schema": SCHEMA,
-        "id": f"{created:%Y%m%dT%H%M%SZ}-{cfg.name}-{main['stack']}-{secrets.token_hex(3)}",
-        "created": created.isoformat(timespec="seconds"),
-        "config": {"name": cfg.name, "hash": cfg.hash, "path": cfg.source, "kind": cfg.kind},
-        "run": {
-            "steps": steps, "warmup": warmup,
-            "dtype": "bf16" if main["options"]["bf16"] else "fp32",
-            "device": str(dev), "seed": setup.seed, "stack": main["stack"], "options": main["options"],
-            "nproc": 1, "global_batch": cfg.data.global_batch, "per_rank_batch": cfg.data.global_batch,
-        },
-        "env": fingerprint(dev),
-        "peak": peak_section(peak, dev),
-        "flops": {**main["flops"], "memory_estimate_bytes": setup.estimate},
-        "samples": main["samples"],
-        "summary": summary,
-        "metrics": {
-            "mfu": summary["mfu"],
-            "step_time_s": summary["step_time_s"]["p50"],
-            "examples_per_s": summary["examples_per_s"],
-            "peak_memory_bytes": summary["peak_memory_bytes"],
-        },
-    }
-    host = result["peak"].get("host")
-    if host:  # one process: the host basis is the same peak, recorded so --nproc runs compare
-        summary["mfu_host"] = summary["mfu"] * peak.tflops_per_device / host["tflops"]
-        result["metrics"]["mfu_host"] = summary["mfu_host"]
-    if main.get("diverged"):
-        result["diverged"] = main["diverged"]
-    if extra:
-        result.update(extra)
-    return result
+    peak_doc = peak_section(peak, dev)
+    if peak_doc.get("host"):  # one process: the host basis is the same peak, recorded so --nproc runs compare
+        summary["mfu_host"] = summary["mfu"] * peak.tflops_per_device / peak_doc["host"]["tflops"]
+    run = {"steps": steps, "warmup": warmup, "dtype": "bf16" if main["options"]["bf16"] else "fp32",
+           "device": str(dev), "seed": setup.seed, "stack": main["stack"], "options": main["options"],
+           "nproc": 1, "global_batch": cfg.data.global_batch, "per_rank_batch": cfg.data.global_batch}
+    return result_document(cfg, main["stack"], run, fingerprint(dev), peak_doc,
+                           {**main["flops"], "memory_estimate_bytes": setup.estimate}, main["samples"], summary,
+                           sections=extra, diverged=main.get("diverged"))
 
 
 def peak_section(peak: Peak, dev: torch.device) -> dict:

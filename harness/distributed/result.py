@@ -21,8 +21,6 @@ mfu_host is against each host's own peak at (its ranks x threads) instead (peak_
 
 from __future__ import annotations
 
-import datetime as dt
-import secrets
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -31,7 +29,7 @@ from gembench.harness.env import fingerprint
 from gembench.harness.metrics.counters import flat_metrics
 from gembench.harness.metrics.imbalance import critical_path, imbalance, stall_cost
 from gembench.harness.metrics.mfu import mfu, per_step_mfu, summarize, tflops, train_flops
-from gembench.harness.store.results import SCHEMA
+from gembench.harness.store.document import result_document
 from gembench.harness.step import divergence, finite_or_none
 
 if TYPE_CHECKING:
@@ -96,50 +94,30 @@ def build_result(cfg, args: RunConfig, env: dict, records: list[dict], planned, 
     imb = imbalance_section(records, planned, stage_means, p50)
     comm = comm_section(records)
     forward = float(np.mean(job_forward))
-    created = dt.datetime.now(dt.timezone.utc)
     stack = f"{args.stack}-{'pipeline' if args.pipeline else 'staged'}"
     device = records[0]["device"]
-    result = {
-        "schema": SCHEMA,
-        "id": f"{created:%Y%m%dT%H%M%SZ}-{cfg.name}-{stack}-{world}r-{secrets.token_hex(3)}",
-        "created": created.isoformat(timespec="seconds"),
-        "config": {"name": cfg.name, "hash": cfg.hash, "path": cfg.source, "kind": cfg.kind},
-        "run": {
-            "steps": args.steps, "warmup": args.warmup, "dtype": options.dtype, "device": device,
-            "seed": args.seed, "stack": stack, "options": options.to_dict(),
-            "nproc": world, "nnodes": len({r["host"] for r in records}),
-            "global_batch": global_batch, "per_rank_batch": global_batch // world,
-            "sharding": args.sharding or "auto", "backend": backend, "timeout_s": args.timeout,
-            "batches": batch_indices,
-        },
-        "env": fingerprint(torch.device(device)),
-        "peak": peak_section(records, summary),
-        "flops": {
-            "forward_per_step": forward, "model_per_step": train_flops(forward),
-            "per_block": {k: sum(r["per_block"][k] for r in records) for k in records[0]["per_block"]},
-        },
-        "samples": {"step_s": step_s, "mfu": per_step_mfu(job_forward, step_s, sum(peaks)),
-                    "loss": records[0]["loss"], "stages": crit_stages},
-        "summary": summary,
-        "ranks": ranks,
-        "plan": planned.tables,
-        "imbalance": imb,
-        "comm": comm,
-        "metrics": {
-            "mfu": summary["mfu"],
-            "step_time_s": p50,
-            "examples_per_s": summary["examples_per_s"],
-            "peak_memory_bytes": summary["peak_memory_bytes"],
-            "imbalance_max_mean": imb["measured"]["metrics"][PRIMARY_LOAD]["max_mean"],
-            "exposed_comm_fraction": comm["exposed_comm_fraction"],
-            **({"mfu_host": summary["mfu_host"]} if "mfu_host" in summary else {}),
-            **flat_metrics(records[0]["counters"]),
-        },
-        # rank 0's (every rank's are under ranks[r].counters): ranks run the same code
-        "counters": records[0]["counters"],
+    run = {
+        "steps": args.steps, "warmup": args.warmup, "dtype": options.dtype, "device": device,
+        "seed": args.seed, "stack": stack, "options": options.to_dict(),
+        "nproc": world, "nnodes": len({r["host"] for r in records}),
+        "global_batch": global_batch, "per_rank_batch": global_batch // world,
+        "sharding": args.sharding or "auto", "backend": backend, "timeout_s": args.timeout,
+        "batches": batch_indices,
     }
-    if diverged:
-        result["diverged"] = diverged
+    flops = {"forward_per_step": forward, "model_per_step": train_flops(forward),
+             "per_block": {k: sum(r["per_block"][k] for r in records) for k in records[0]["per_block"]}}
+    samples = {"step_s": step_s, "mfu": per_step_mfu(job_forward, step_s, sum(peaks)),
+               "loss": records[0]["loss"], "stages": crit_stages}
+    peak = peak_section(records, summary)  # adds summary["mfu_host"]
+    result = result_document(
+        cfg, f"{stack}-{world}r", run, fingerprint(torch.device(device)), peak, flops, samples, summary,
+        sections={"ranks": ranks, "plan": planned.tables, "imbalance": imb, "comm": comm},
+        metrics={"imbalance_max_mean": imb["measured"]["metrics"][PRIMARY_LOAD]["max_mean"],
+                 "exposed_comm_fraction": comm["exposed_comm_fraction"],
+                 **flat_metrics(records[0]["counters"])},
+        diverged=diverged)
+    # rank 0's (every rank's are under ranks[r].counters): ranks run the same code
+    result["counters"] = records[0]["counters"]
     return result
 
 
