@@ -222,7 +222,7 @@ def report(figures: dict, workload: str) -> str:
 
 # ----------------------------------------------------------------------------- paired commits
 
-PLANT_AT = "        durations = clock.durations()\n"
+PLANT_AT = "        loss, durations = one_step(i)\n"  # in step.timed_steps, inside the step clock
 PLANT_CODE = (
     "        # planted by benchmarks/harness_quality.py --paired: busy-wait {fraction} of this step\n"
     "        _spin_end = time.perf_counter() + {fraction} * (time.perf_counter() - start)\n"

@@ -265,7 +265,7 @@ def run_benchmark(config: str | ModelConfig, steps: int = 20, warmup: int = 3,
     if on_prepared is not None:
         on_prepared()
     m = measure_stack(setup, options, stack_name, steps, warmup, progress=progress, pace=pace, trace=trace)
-    main, = summarized(setup, [m], warmup)
+    main, = summarized(setup, [m], warmup, setup.estimate)  # the estimate prepare() checked, not a second one
     return with_costs(document(setup, steps, warmup, main), m.counters, m.profile)
 
 

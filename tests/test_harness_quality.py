@@ -37,8 +37,9 @@ def test_paired_plants_a_committed_busy_wait_inside_the_timed_step(tmp_path):
     assert "+        _spin_end = time.perf_counter() + 0.05 * (time.perf_counter() - start)" in diff
     text = (repo / "harness" / "step.py").read_text()
     compile(text, "step.py", "exec")
-    # inside the loop, after the step and before its clock stops: the spin is part of every timed step
-    assert text.index("_spin_end") > text.index("loss = train_step(") and text.index("_spin_end") < text.index("elapsed = time.perf_counter() - start")
+    # inside the one step loop (timed_steps), after the step and before its clock stops: the spin is
+    # part of every timed step
+    assert text.index("_spin_end") > text.index("loss, durations = one_step(i)") and text.index("_spin_end") < text.index("elapsed = time.perf_counter() - start")
 
 
 def _outcomes(effect, sd, comparisons=3, rounds=16, seed=0):

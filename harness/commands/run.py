@@ -34,7 +34,7 @@ import argparse
 import sys
 from pathlib import Path
 
-DEFAULT_OUT_DIR = Path("results/runs")
+from gembench.harness.store.results import RUNS_DIR as DEFAULT_OUT_DIR  # one name for the runs folder
 
 
 def configure(p: argparse.ArgumentParser) -> None:

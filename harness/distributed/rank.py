@@ -58,6 +58,7 @@ def per_rank_batch(global_batch: int, world_size: int) -> int:
 def main(args: RunConfig, env: dict) -> int:
     """Run this rank; rank 0 writes the result. Exit status: 0, 2 (usage), 1 (failure)."""
     from gembench.harness.store.reservation import HELD_ENV, OUTCOME_ENV, Reservation, write_or_fallback
+    from gembench.harness.store.results import RUNS_DIR
 
     rank = env["rank"]
     watchdog = reservation = None
@@ -74,7 +75,7 @@ def main(args: RunConfig, env: dict) -> int:
         if rank == 0:
             from gembench.harness.tables import distributed_report
 
-            out = args.out or Path("results/runs") / f"{result['id']}.json"
+            out = args.out or RUNS_DIR / f"{result['id']}.json"
             print(distributed_report(result), flush=True)  # the figures first: the write may fail
             try:
                 write_or_fallback(out, result)
