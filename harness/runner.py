@@ -164,8 +164,9 @@ def stack_result(setup: Setup, m: Measured, warmup: int, estimate: dict | None =
     }
 
 
-def document(setup: Setup, steps: int, warmup: int, main: dict, extra: dict | None = None) -> dict:
-    """The result document (schema in store/results.py) around one stack's measurements."""
+def one_process_result(setup: Setup, steps: int, warmup: int, main: dict, extra: dict | None = None) -> dict:
+    """The result document of a one-process run (store/document.py builds it) around one stack's
+    measurements."""
     cfg, dev, peak = setup.cfg, setup.device, setup.peak
     summary = main["summary"]
     peak_doc = peak_section(peak, dev)
@@ -266,7 +267,7 @@ def run_benchmark(config: str | ModelConfig, steps: int = 20, warmup: int = 3,
         on_prepared()
     m = measure_stack(setup, options, stack_name, steps, warmup, progress=progress, pace=pace, trace=trace)
     main, = summarized(setup, [m], warmup, setup.estimate)  # the estimate prepare() checked, not a second one
-    return with_costs(document(setup, steps, warmup, main), m.counters, m.profile)
+    return with_costs(one_process_result(setup, steps, warmup, main), m.counters, m.profile)
 
 
 def run_ab(config: str | ModelConfig, rounds: int = 6, steps_per_round: int = 3, warmup: int = 3,
@@ -337,7 +338,7 @@ def _run_ab(setup: Setup, names, opts, rounds, steps_per_round, warmup, seed, pr
           "round_step_s": per_round, "round_ratios": ratios,
           "mfu_ratio": center, "mfu_ratio_ci95": [lo, hi],
           "baseline": {k: results["baseline"][k] for k in ("options", "flops", "samples", "summary", "counters")}}
-    doc = with_costs(document(setup, steps, warmup, results["optimized"], {"ab": ab}), *costs["optimized"])
+    doc = with_costs(one_process_result(setup, steps, warmup, results["optimized"], {"ab": ab}), *costs["optimized"])
     doc["run"]["stack"] = "ab"
     doc["metrics"]["ab_mfu_ratio"] = center
     doc["metrics"]["baseline_mfu"] = results["baseline"]["summary"]["mfu"]

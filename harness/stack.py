@@ -46,7 +46,7 @@ class StackOptions:
     """How a model is run. Each field is one optimization that `gembench ablate` can flip."""
 
     fused_embeddings: bool = True  # fbgemm TBE, Adagrad fused into backward (row-sparse on CPU sequences)
-    jagged: bool = True  # jagged HSTU attention; False pads every sequence to the batch max
+    jagged: bool = True  # attention="jagged" (models/ops/hstu_attention.py); False: "padded", every sequence padded to the batch max
     bf16: bool = True  # autocast the dense arch to bf16 (weights and optimizer state stay fp32)
     fused_optimizer: bool = True  # one fused Adam kernel over all dense params, not a per-tensor loop
     compile: bool = True  # torch.compile the dense arch

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gembench.models.ops.hstu_attention import ATTENTION_KERNELS, hstu_attention
+from gembench.models.ops.hstu_attention import ATTENTIONS, hstu_attention
 
 Lengths = Union[Sequence[int], torch.Tensor]
 
@@ -84,8 +84,8 @@ class HSTULayer(nn.Module):
         super().__init__()
         if dim % heads:
             raise ValueError(f"dim {dim} is not divisible by heads {heads}")
-        if attention not in ATTENTION_KERNELS:
-            raise ValueError(f"attention must be one of {', '.join(ATTENTION_KERNELS)}, got {attention!r}")
+        if attention not in ATTENTIONS:
+            raise ValueError(f"attention must be one of {', '.join(ATTENTIONS)}, got {attention!r}")
         self.dim, self.heads, self.max_len, self.attention = dim, heads, max_len, attention
         self.in_norm = nn.LayerNorm(dim)
         self.uvqk = nn.Linear(dim, 4 * dim)
@@ -113,7 +113,7 @@ class HSTULayer(nn.Module):
         u, v, q, k = h.split(self.dim, dim=-1)
         shape = (T, self.heads, self.dim // self.heads)
         q, k, v = q.reshape(shape), k.reshape(shape), v.reshape(shape)
-        a = hstu_attention(q, k, v, self.rab, offsets, max_len, kernel=self.attention)
+        a = hstu_attention(q, k, v, self.rab, offsets, max_len, attention=self.attention)
         return x + self.out_proj(self.out_norm(a.reshape(T, self.dim)) * u)
 
 

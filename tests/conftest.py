@@ -16,3 +16,56 @@ REPO = Path(__file__).resolve().parents[1]
 def _small_peak_cache(tmp_path_factory):
     """Keep tests off the user's calibration cache; one fixed peak keeps runs fast and stable."""
     os.environ.setdefault("GEMBENCH_CACHE", str(tmp_path_factory.mktemp("cache")))
+
+
+# -- real runs made once per session, for tests that only read their result -------------------
+# (`pytest -n 2 --dist loadfile`: once per worker that needs one)
+
+def gembench_cli(*args, timeout=600):
+    """`python -m gembench ARGS` as a user runs it, library warnings off (PYTHONWARNINGS=ignore)."""
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "gembench", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory):
+    """`gembench run --config tiny --steps 5`, optimized stack: (process, result, its path)."""
+    import json
+
+    out = tmp_path_factory.mktemp("tiny-run") / "r.json"
+    proc = gembench_cli("run", "--config", "tiny", "--steps", "5", "--out", str(out), "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    return proc, json.loads(out.read_text()), out
+
+
+@pytest.fixture(scope="session")
+def skew_config(tmp_path_factory):
+    """tiny, but table t0 is hot: 64 IDs per example against 1 for every other table, and the
+    sequence is nearly empty, so t0's lookups are almost all of the embedding work."""
+    import re
+
+    from gembench.models.config import load_config
+
+    text = open(load_config("tiny").source).read()
+    skew = re.sub(r"pooling = \[[^\]]*\]", "pooling = [64, 1, 1, 1, 1, 1, 1, 1]",
+                  text.replace('pooling = "uniform"', 'pooling = "fixed"'))
+    skew = skew.replace("max_len = 32", "max_len = 2").replace("mean_len = 16", "mean_len = 1")
+    path = tmp_path_factory.mktemp("cfg") / "skew.toml"
+    path.write_text(skew.replace('name = "tiny"', 'name = "skew"'))
+    return path
+
+
+@pytest.fixture(scope="session")
+def table_wise(skew_config, tmp_path_factory):
+    """The skew config on 2 gloo ranks, table-wise, staged, traced: (process, result, its folder)."""
+    import json
+
+    d = tmp_path_factory.mktemp("tw")
+    proc = gembench_cli("run", "--config", str(skew_config), "--nproc", "2", "--steps", "3", "--warmup", "1",
+                        "--sharding", "table_wise", "--trace", str(d / "traces"), "--out", str(d / "r.json"),
+                        "--quiet", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc, json.loads((d / "r.json").read_text()), d

@@ -7,7 +7,6 @@ refusals.
 
 import json
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -20,36 +19,13 @@ from gembench.usage import UsageError
 from gembench.models.config import load_config
 from gembench.models.data import SyntheticData
 
-REPO_CONFIGS = load_config("tiny").source
-
-# tiny, but table t0 is hot: 64 IDs per example against 1 for every other table, and the
-# sequence is nearly empty, so t0's lookups are almost all of the embedding work.
-SKEW = re.sub(r"pooling = \[[^\]]*\]", "pooling = [64, 1, 1, 1, 1, 1, 1, 1]",
-              open(REPO_CONFIGS).read().replace('pooling = "uniform"', 'pooling = "fixed"'))
-SKEW = SKEW.replace("max_len = 32", "max_len = 2").replace("mean_len = 16", "mean_len = 1")
-SKEW = SKEW.replace('name = "tiny"', 'name = "skew"')
+# the skew config (tiny with one hot table) and its table-wise run are conftest's session fixtures:
+# tests/test_results.py reads the same run
 
 
 def gembench(*args, env=None, timeout=300):
     return subprocess.run([sys.executable, "-m", "gembench", *args], capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})})
-
-
-@pytest.fixture(scope="module")
-def skew_config(tmp_path_factory):
-    path = tmp_path_factory.mktemp("cfg") / "skew.toml"
-    path.write_text(SKEW)
-    return path
-
-
-@pytest.fixture(scope="module")
-def table_wise(skew_config, tmp_path_factory):
-    d = tmp_path_factory.mktemp("tw")
-    proc = gembench("run", "--config", str(skew_config), "--nproc", "2", "--steps", "3", "--warmup", "1",
-                    "--sharding", "table_wise", "--trace", str(d / "traces"), "--out", str(d / "r.json"),
-                    "--quiet")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc, json.loads((d / "r.json").read_text()), d
 
 
 @pytest.fixture(scope="module")

@@ -78,19 +78,27 @@ def test_differences_and_safe_paths():
 
 # -- the schema and the writers agree -------------------------------------------------------------
 
-REAL_RUNS = {  # few steps each: what matters is the document's shape, not the figures
-    "tiny": ["--config", "tiny", "--steps", "2", "--warmup", "1"],
-    "ab": ["--config", "tiny", "--ab", "--rounds", "2", "--steps", "2", "--warmup", "1"],
-    "distributed": ["--config", "tiny", "--nproc", "2", "--steps", "2", "--warmup", "1"],
-}
+AB_RUN = ["--config", "tiny", "--ab", "--rounds", "2", "--steps", "2", "--warmup", "1"]  # few steps: the shape matters
 
 
-@pytest.mark.parametrize("kind", REAL_RUNS)
-def test_schema_and_writer_agree_on_real_results(tmp_path, capsys, kind):
-    out = tmp_path / "r.json"
-    proc = subprocess.run([sys.executable, "-m", "gembench", "run", *REAL_RUNS[kind], "--quiet", "--out", str(out)],
+@pytest.fixture
+def real_result(request, tmp_path):
+    """The path of a real result of each kind: one process and N ranks are the session's shared
+    runs (conftest), --ab is made here."""
+    if request.param == "tiny":
+        return request.getfixturevalue("tiny_run")[2]
+    if request.param == "distributed":
+        return request.getfixturevalue("table_wise")[2] / "r.json"
+    out = tmp_path / "ab.json"
+    proc = subprocess.run([sys.executable, "-m", "gembench", "run", *AB_RUN, "--quiet", "--out", str(out)],
                           capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONWARNINGS": "ignore"})
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+@pytest.mark.parametrize("real_result", ["tiny", "ab", "distributed"], indirect=True)
+def test_schema_and_writer_agree_on_real_results(tmp_path, capsys, real_result):
+    out = real_result
     result = results.load_result(out)  # raises, naming the field, if the writer broke the schema
     # every top-level field the writer emits is described in the schema (typed when present)
     schema = json.loads((schema_dir() / "result-1.json").read_text())

@@ -16,16 +16,11 @@ def gembench(*args, cwd=None):
                           cwd=cwd, timeout=600, env={**os.environ, "PYTHONWARNINGS": "ignore"})
 
 
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("run") / "r.json"
-    proc = gembench("run", "--config", "tiny", "--steps", "5", "--out", str(out), "--quiet")
-    assert proc.returncode == 0, proc.stderr
-    return proc, json.loads(out.read_text())
+# tiny_run: conftest's session fixture (tests/test_results.py and test_memory_estimate.py read it too)
 
 
 def test_run_writes_an_honest_result(tiny_run):
-    proc, result = tiny_run
+    proc, result, _ = tiny_run
     s = result["summary"]
     assert 0 < s["mfu"] <= 1
     assert len(result["samples"]["step_s"]) == 5
@@ -57,7 +52,7 @@ def traced_run(tmp_path_factory):
 
 
 def test_run_counts_step_costs_and_prints_them(tiny_run, traced_run):
-    proc, result = tiny_run
+    proc, result, _ = tiny_run
     c = result["counters"]
     assert set(c) == {"aten_ops", "host_syncs", "h2d_bytes", "kernels", "graph_breaks", "recompiles", "source"}
     # the optimized step reads nothing back on the host (KJT layout carried by the batch, losses

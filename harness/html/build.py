@@ -13,7 +13,7 @@ import socket
 
 from gembench.harness.html import figures
 from gembench.harness.html.collect import Group, failed_metrics, overall, short
-from gembench.harness.html.page import badge, details, document, esc, figure, table
+from gembench.harness.html.page import badge, details, esc, figure, page, table
 from gembench.harness.store.results import field as get
 from gembench.harness.tables import LOAD_LABELS, largest_loss, pct, si
 
@@ -224,7 +224,7 @@ def render(groups: list[Group], skipped: list[tuple[str, str]], inputs: list[str
     body += [section(g) for g in groups]
     footer = ("gembench report: one self-contained file (inline SVG drawn by matplotlib, no scripts, no network). "
               "Regenerate with <span class=\"mono\">gembench report --out DIR</span>.")
-    return document("gembench report", meta, "\n".join(body), footer)
+    return page("gembench report", meta, "\n".join(body), footer)
 
 
 def render_compare(comparisons: list, title: str = "gembench compare") -> str:
@@ -248,4 +248,4 @@ def render_compare(comparisons: list, title: str = "gembench compare") -> str:
                                esc(_pct(r["change"])), esc(ci), esc(_num(p)), esc(r.get("method", "-")), badge(r["verdict"])])
         body.append(table(["metric", "A", "B", "change", level, "p (Holm)", "one value is", "verdict"], table_rows, raw=True))
     now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    return document(title, f"{len(comparisons)} comparison(s) · built {esc(now)}", "\n".join(body))
+    return page(title, f"{len(comparisons)} comparison(s) · built {esc(now)}", "\n".join(body))

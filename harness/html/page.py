@@ -1,6 +1,6 @@
 """The HTML skeleton every gembench page shares: one file, inline CSS, no scripts, no requests.
 
-`gembench report` and `gembench compare --format html` both build on document(); the look lives
+`gembench report` and `gembench compare --format html` both build on page(); the look lives
 in CSS here once. Everything interpolated goes through esc() (result files are data, not markup).
 """
 
@@ -76,7 +76,7 @@ def details(summary_html: str, inner_html: str) -> str:
     return f"<details><summary>{summary_html}</summary><div>{inner_html}</div></details>"
 
 
-def document(title: str, header_meta_html: str, body_html: str, footer_html: str = "") -> str:
+def page(title: str, header_meta_html: str, body_html: str, footer_html: str = "") -> str:
     """A whole page: no <script>, no external URL; the only resources are inline."""
     return (
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
