@@ -80,6 +80,7 @@ def stack_options(name: str, dtype: str | None = None) -> StackOptions:
 
 
 def stack_label(options: StackOptions) -> str:
+    """The stack's name where it is a named one, else the switches it has on."""
     for name, known in STACKS.items():
         if options == known:
             return name
@@ -196,6 +197,11 @@ def autocast_for(options: StackOptions, device: torch.device):
     return contextlib.nullcontext
 
 
+def pure_model(cfg: ModelConfig, options: StackOptions, device: torch.device) -> nn.Module:
+    """The pure model of ``cfg``, its HSTU attention the stack's (``jagged`` or padded)."""
+    return build_model(cfg, device, attention="jagged" if options.jagged else "padded")
+
+
 def on_ranks(options: StackOptions, pipeline: bool) -> StackOptions:
     """What a stack is on N ranks: TorchRec's sharded tables are always fbgemm's fused TBE (DMP has
     no plain-EmbeddingBag path), and overlap is the --pipeline choice; the rest is the stack's."""
@@ -207,7 +213,7 @@ def build_train_state(cfg: ModelConfig, options: StackOptions, device: torch.dev
     """Build the pure model from ``cfg`` with ``seed`` (same weights for every stack), then
     apply ``options`` to it."""
     torch.manual_seed(seed)
-    model = build_model(cfg, device, attention="jagged" if options.jagged else "padded")
+    model = pure_model(cfg, options, device)
     optimizers: list[torch.optim.Optimizer] = []
     if options.fused_embeddings:
         optimizers += fuse_embeddings(model, device)
