@@ -19,7 +19,7 @@ def _small_peak_cache(tmp_path_factory):
 
 
 # -- real runs made once per session, for tests that only read their result -------------------
-# (`pytest -n 2 --dist loadfile`: once per worker that needs one)
+# (`pytest -n 2 --dist loadgroup`: the files that read them share one worker, see below)
 
 def gembench_cli(*args, timeout=600):
     """`python -m gembench ARGS` as a user runs it, library warnings off (PYTHONWARNINGS=ignore)."""
@@ -69,3 +69,16 @@ def table_wise(skew_config, tmp_path_factory):
                         "--quiet", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc, json.loads((d / "r.json").read_text()), d
+
+
+SHARED_RUNS = {"tiny_run", "table_wise"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """For `pytest -n 2 --dist loadgroup` (the README's command): a test file goes to one worker
+    whole (its module fixtures, real runs, are made once), and the files that read the session's
+    shared runs go together, so each shared run is made once in the whole session."""
+    shared_files = {item.path for item in items if SHARED_RUNS & set(item.fixturenames)}
+    for item in items:
+        group = "shared-runs" if item.path in shared_files else item.path.name
+        item.add_marker(pytest.mark.xdist_group(group))
