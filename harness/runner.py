@@ -333,12 +333,13 @@ def _run_ab(setup: Setup, names, opts, rounds, steps_per_round, warmup, seed, pr
                                      trace if n == "optimized" else None)
         measured.append(Measured(n, opts[n], collected[n], memory, counts, profile))
     results = dict(zip(names, summarized(setup, measured, warmup, setup.estimate)))
-    costs = {m.name: (m.counters, m.profile) for m in measured}
+    optimized = measured[names.index("optimized")]
     ab = {"rounds": rounds, "steps_per_round": steps_per_round, "order": "ABBA",
           "round_step_s": per_round, "round_ratios": ratios,
           "mfu_ratio": center, "mfu_ratio_ci95": [lo, hi],
           "baseline": {k: results["baseline"][k] for k in ("options", "flops", "samples", "summary", "counters")}}
-    doc = with_costs(one_process_result(setup, steps, warmup, results["optimized"], {"ab": ab}), *costs["optimized"])
+    doc = with_costs(one_process_result(setup, steps, warmup, results["optimized"], {"ab": ab}),
+                     optimized.counters, optimized.profile)
     doc["run"]["stack"] = "ab"
     doc["metrics"]["ab_mfu_ratio"] = center
     doc["metrics"]["baseline_mfu"] = results["baseline"]["summary"]["mfu"]

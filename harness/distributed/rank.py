@@ -106,7 +106,7 @@ def main(args: RunConfig, env: dict) -> int:
 
 def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fault) -> dict:
     from gembench.harness.distributed.result import build_result
-    from gembench.harness.stack import apply_compile, autocast_for, on_ranks, pure_model, stack_options
+    from gembench.harness.stack import apply_compile, autocast_for, on_ranks, pure_model
 
     rank, world = env["rank"], env["world_size"]
     cfg = with_global_batch(load_config(args.config), args.batch, world)  # --batch
@@ -116,7 +116,7 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
     # The stack from harness/stack.py, as on one process: kernels, precision, compile, optimizer
     # and learning rates; embeddings are always fbgemm's fused TBE under DMP, and overlap is the
     # --pipeline switch (stack.on_ranks).
-    options = on_ranks(stack_options(args.stack, args.dtype), bool(args.pipeline))
+    options = on_ranks(args.options, args.pipeline)
     gem = pure_model(cfg, options, dev)
     model = gem
     if args.pipeline:  # embedding modules lifted out where the pipeline's tracer can find them
