@@ -174,7 +174,7 @@ def save_entry(entry: Entry) -> Path | None:
 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        return atomic_write(path, json.dumps(data, indent=1))
+        return atomic_write(path, json.dumps(data, indent=1), durable=False)  # a cache, as before
     except OSError:
         return None  # an unwritable cache only costs a measurement next time
 

@@ -90,9 +90,10 @@ def writable_folder(folder: Path, flag: str = "--out") -> Path:
     return folder
 
 
-def atomic_write(path: Path, text: str, replace: bool = True) -> Path:
+def atomic_write(path: Path, text: str, replace: bool = True, durable: bool = True) -> Path:
     """``text`` to ``path`` atomically: a reader sees the old file or the new one (or none), never
     half of one. ``replace=False`` never clobbers: FileExistsError if ``path`` exists by then.
+    ``durable=False`` skips the fsync, for a cache that costs only a re-measurement if lost.
     The one writer of gembench's files (results, pages, tables, the peak cache)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
@@ -100,7 +101,8 @@ def atomic_write(path: Path, text: str, replace: bool = True) -> Path:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
             fh.flush()
-            os.fsync(fh.fileno())
+            if durable:
+                os.fsync(fh.fileno())
         os.chmod(tmp, 0o644)  # mkstemp's 0600 would keep the file from everyone else
         if replace:
             os.replace(tmp, path)
