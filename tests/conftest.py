@@ -71,14 +71,32 @@ def table_wise(skew_config, tmp_path_factory):
     return proc, json.loads((d / "r.json").read_text()), d
 
 
-SHARED_RUNS = {"tiny_run", "table_wise"}
+SHARED_RUNS = {"tiny_run", "table_wise"}  # a file that reads one by request.getfixturevalue
+# says so with `pytestmark = pytest.mark.reads_shared_runs`
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "reads_shared_runs: the file reads a session's shared run "
+                            "through request.getfixturevalue (grouped with the others that do)")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into node ids
 def pytest_collection_modifyitems(config, items):
     """For `pytest -n 2 --dist loadgroup` (the README's command): a test file goes to one worker
     whole (its module fixtures, real runs, are made once), and the files that read the session's
     shared runs go together, so each shared run is made once in the whole session."""
-    shared_files = {item.path for item in items if SHARED_RUNS & set(item.fixturenames)}
+    shared_files = {item.path for item in items
+                    if SHARED_RUNS & set(item.fixturenames) or item.get_closest_marker("reads_shared_runs")}
     for item in items:
         group = "shared-runs" if item.path in shared_files else item.path.name
         item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session):
+    """Fail early if `--dist loadgroup` would silently ignore the groups (pytest 9 with
+    pytest-xdist 3.8 does: xdist writes a node id field pytest 9 no longer reads)."""
+    items, config = session.items, session.config
+    if getattr(config.option, "loadgroup", False) and items and "@" not in items[0].nodeid:
+        raise pytest.UsageError("pytest-xdist's --dist loadgroup ignores the test groups with this pytest; "
+                                "install the pinned one: pip install -c scripts/constraints.txt -e '.[test]'")

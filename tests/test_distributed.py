@@ -167,7 +167,8 @@ def test_planted_skew_table_wise_vs_row_wise(table_wise, row_wise):
 def test_a_failing_rank_ends_the_run_without_a_result(tmp_path, mode, message):
     out = tmp_path / "r.json"
     start = time.monotonic()
-    proc = gembench("run", "--config", "tiny", "--nproc", "2", "--steps", "3", "--warmup", "1",
+    # the baseline stack: no compile in the first step, which on a loaded machine can outlast --timeout
+    proc = gembench("run", "--config", "tiny", "--nproc", "2", "--steps", "3", "--warmup", "1", "--stack", "baseline",
                     "--timeout", "10", "--out", str(out), "--quiet",
                     env={"GEMBENCH_FAULT": f"1:2:{mode}"}, timeout=240)
     elapsed = time.monotonic() - start

@@ -13,6 +13,8 @@ from gembench.harness.commands.promote import promote
 from gembench.usage import UsageError
 from gembench.harness.store.schema import schema_dir
 
+pytestmark = pytest.mark.reads_shared_runs  # tiny_run / table_wise, by getfixturevalue
+
 
 def test_write_is_atomic_and_never_overwrites(tmp_path):
     path = tmp_path / "runs" / "r.json"
