@@ -33,6 +33,7 @@ class RunConfig:
     batch: int | None = None  # global batch override
     stack: str = "optimized"
     dtype: str | None = None  # overrides the stack's precision
+    switches: tuple[str, ...] = ()  # "name=value" stack switches over the stack (--set)
     device: str = "auto"
     seed: int = 0
     peak_tflops: float | None = None
@@ -55,16 +56,21 @@ class RunConfig:
     @classmethod
     def from_namespace(cls, ns) -> "RunConfig":
         """From `gembench run`'s parsed arguments (the only place a Namespace is read)."""
-        return cls(**{f.name: getattr(ns, f.name) for f in fields(cls) if hasattr(ns, f.name)})
+        values = {f.name: getattr(ns, f.name) for f in fields(cls) if hasattr(ns, f.name)}
+        values["switches"] = tuple(values.get("switches") or ())
+        return cls(**values)
 
     @property
     def options(self) -> StackOptions:
-        return stack_options(self.stack, self.dtype)
+        return stack_options(self.stack, self.dtype, self.switches)
 
     def check(self, distributed: bool) -> "RunConfig":
         """Every check that needs no model; ``distributed``: N ranks (--nproc, or under torchrun)."""
         check_counts(self.steps, self.warmup)
-        self.options  # an unknown stack or dtype is named here
+        options = self.options  # an unknown stack, dtype or switch is named here
+        if not distributed and options.dense_parallel != "ddp":
+            raise UsageError(f"dense_parallel={options.dense_parallel} shards the dense part over ranks: "
+                             f"add --nproc 2 or more (one process has one replica)")
         if distributed:
             if self.ab:
                 raise UsageError("--ab compares stacks in one process; it does not combine with --nproc")

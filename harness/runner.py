@@ -23,6 +23,7 @@ from gembench.harness.metrics import counters as C
 from gembench.harness.runconfig import check_counts
 from gembench.harness.metrics import trace as TR
 from gembench.harness.metrics.mfu import per_step_mfu, summarize, train_flops
+from gembench.harness.parallelize import recomputed_forward_flops
 from gembench.harness.store.document import result_document
 from gembench.harness.stack import STACKS, StackOptions, build_train_state
 from gembench.harness.regression.stats import paired_ratio_interval
@@ -134,7 +135,9 @@ def stack_result(setup: Setup, m: Measured, warmup: int, estimate: dict | None =
     per_block = step_flops(setup, warmup, steps)
     forward = [sum(b.values()) for b in per_block]
     peak = setup.peak.tflops_per_device
-    summary = summarize(samples.step_s, samples.stages, forward, setup.cfg.data.global_batch, peak)
+    recomputed = [recomputed_forward_flops(b, options.activation_checkpointing) for b in per_block]
+    summary = summarize(samples.step_s, samples.stages, forward, setup.cfg.data.global_batch, peak,
+                        recomputed_flops=recomputed)
     memory, memory_source, run_bytes, run_source = m.memory
     summary["peak_memory_bytes"] = memory
     summary["peak_memory_source"] = memory_source
@@ -150,6 +153,7 @@ def stack_result(setup: Setup, m: Measured, warmup: int, estimate: dict | None =
         "flops": {
             "forward_per_step": float(np.mean(forward)),
             "model_per_step": train_flops(float(np.mean(forward))),
+            "recomputed_per_step": float(np.mean(recomputed)),
             "per_block": {k: float(np.mean([b[k] for b in per_block])) for k in per_block[0]},
         },
         "samples": {

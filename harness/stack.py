@@ -10,7 +10,10 @@ Two named stacks bracket GEM's "doubled efficiency":
   optimized: bf16 autocast, torch.compile on the dense arch, fused table-batched embeddings
              (fbgemm TBE, optimizer fused into backward), jagged attention, fused Adam, and
              on several ranks TorchRec's sparse-dist pipeline.
-Every optimization is one field of StackOptions, so `gembench ablate` can flip it alone.
+Every optimization is one field of StackOptions, so `gembench ablate` can flip it alone. Two of
+GEM's dense-side techniques are choices rather than on/off (CHOICES): how the dense part is made
+data parallel over ranks (DDP, FSDP2 or HSDP, harness/parallelize.py) and which blocks are
+activation-checkpointed (none, each HSTU layer, every dense block).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from torch import nn
 from torchrec import EmbeddingBagCollection, EmbeddingCollection
 
 from gembench.usage import UsageError
+from gembench.harness.parallelize import apply_ac, apply_compile
 from gembench.harness.step import TrainState
 from gembench.models.config import ModelConfig
 from gembench.models.gem import build_model
@@ -51,6 +55,11 @@ class StackOptions:
     fused_optimizer: bool = True  # one fused Adam kernel over all dense params, not a per-tensor loop
     compile: bool = True  # torch.compile the dense arch
     pipeline: bool = True  # several ranks: TorchRec TrainPipelineSparseDist (input dist overlapped)
+    # several ranks: the dense part's data parallelism. ddp: replicas, gradients all-reduced;
+    # fsdp: FSDP2 fully_shard per dense block; hsdp: fsdp within a node, replicas across nodes
+    dense_parallel: str = "ddp"
+    # torch.utils.checkpoint (non-reentrant) around: none, each HSTU layer ("hstu"), every dense block ("all")
+    activation_checkpointing: str = "none"
 
     @property
     def dtype(self) -> str:
@@ -60,23 +69,47 @@ class StackOptions:
         return asdict(self)
 
     def describe(self) -> str:
-        on = [f.name for f in fields(self) if getattr(self, f.name)]
-        return ", ".join(on) or "nothing"
+        on = [name for name in OPTIMIZATIONS if getattr(self, name)]
+        chosen = [f"{name}={getattr(self, name)}" for name in CHOICES if getattr(self, name) != CHOICES[name][0]]
+        return ", ".join(on + chosen) or "nothing"
 
 
-OPTIMIZATIONS = tuple(f.name for f in fields(StackOptions))
+OPTIMIZATIONS = tuple(f.name for f in fields(StackOptions) if f.type in (bool, "bool"))  # on/off
+# the switches that choose among values, the first being the default
+CHOICES = {"dense_parallel": ("ddp", "fsdp", "hsdp"), "activation_checkpointing": ("none", "hstu", "all")}
 STACKS = {
     "baseline": StackOptions(**{name: False for name in OPTIMIZATIONS}),
     "optimized": StackOptions(),
 }
 
 
-def stack_options(name: str, dtype: str | None = None) -> StackOptions:
-    """The named stack, with ``dtype`` ("fp32"/"bf16") overriding its precision if given."""
+def stack_options(name: str, dtype: str | None = None, switches: tuple[str, ...] = ()) -> StackOptions:
+    """The named stack, with ``dtype`` ("fp32"/"bf16") overriding its precision if given, then
+    each ``switches`` entry ("name=value", as `--set` takes them) applied in order."""
     if name not in STACKS:
         raise UsageError(f"--stack must be one of {', '.join(STACKS)}, got {name!r}")
     options = STACKS[name]
-    return options if dtype is None else replace(options, bf16=dtype == "bf16")
+    options = options if dtype is None else replace(options, bf16=dtype == "bf16")
+    return with_switches(options, switches)
+
+
+def with_switches(options: StackOptions, switches) -> StackOptions:
+    """``options`` with "name=value" switches applied: on/off ones take true/false (on/off, 1/0)."""
+    for switch in switches:
+        name, sep, value = switch.partition("=")
+        name, value = name.strip().replace("-", "_"), value.strip().lower()
+        if not sep or name not in OPTIMIZATIONS + tuple(CHOICES):
+            raise UsageError(f"--set takes NAME=VALUE with NAME one of {', '.join(OPTIMIZATIONS + tuple(CHOICES))}; "
+                             f"got {switch!r}")
+        if name in CHOICES:
+            if value not in CHOICES[name]:
+                raise UsageError(f"--set {name} must be one of {', '.join(CHOICES[name])}, got {value!r}")
+            options = replace(options, **{name: value})
+        elif value in ("true", "on", "1", "false", "off", "0"):
+            options = replace(options, **{name: value in ("true", "on", "1")})
+        else:
+            raise UsageError(f"--set {name} is on or off (true/false), got {value!r}")
+    return options
 
 
 def stack_label(options: StackOptions) -> str:
@@ -183,13 +216,6 @@ def dense_optimizer(params, options: StackOptions) -> torch.optim.Optimizer:
     return torch.optim.Adam(params, lr=DENSE_LR, foreach=False)
 
 
-def apply_compile(model: nn.Module, options: StackOptions) -> None:
-    """torch.compile the dense arch (the model's ``dense`` module) in place when the stack says so."""
-    if options.compile:
-        # Jagged batches change T every step: compile for dynamic shapes once, not per batch.
-        model.dense = torch.compile(model.dense, dynamic=True)
-
-
 def autocast_for(options: StackOptions, device: torch.device):
     """A context factory: bf16 autocast of the step (weights and optimizer state stay fp32), or none."""
     if options.bf16:
@@ -212,8 +238,12 @@ def build_train_state(cfg: ModelConfig, options: StackOptions, device: torch.dev
                       seed: int = 0) -> TrainState:
     """Build the pure model from ``cfg`` with ``seed`` (same weights for every stack), then
     apply ``options`` to it."""
+    if options.dense_parallel != "ddp":
+        raise UsageError(f"dense_parallel={options.dense_parallel} shards the dense part over ranks: "
+                         f"run it with --nproc 2 or more (one process has one replica)")
     torch.manual_seed(seed)
     model = pure_model(cfg, options, device)
+    apply_ac(model, options.activation_checkpointing)
     optimizers: list[torch.optim.Optimizer] = []
     if options.fused_embeddings:
         optimizers += fuse_embeddings(model, device)

@@ -54,16 +54,18 @@ def basis_line(result: dict) -> str:
 
 def stage_table(result: dict) -> str:
     s = result["summary"]
+    # HFU (executed FLOPs, recomputed forwards included) from results that have it; else = MFU
     rows = [
         [name, ms(r["time_s"]), pct(r["share"]), si(r["flops"], "FLOP") if r["flops"] else "-",
-         f"{r['tflops']:.3f}" if r["flops"] else "-", pct(r["mfu"]) if r["flops"] else "-"]
+         f"{r['tflops']:.3f}" if r["flops"] else "-", pct(r["mfu"]) if r["flops"] else "-",
+         pct(r.get("hfu", r["mfu"])) if r.get("hfu", r["flops"]) else "-"]
         for name, r in s["stages"].items()
     ]
     step = s["step_time_s"]
     rows.append(["step (wall, p50)", ms(step["p50"]), "", si(result["flops"]["model_per_step"], "FLOP"),
-                 f"{s['tflops']:.3f}", pct(s["mfu"])])
-    return tabulate(rows, headers=["stage", "mean ms", "share", "model FLOPs", "TFLOP/s", "MFU"],
-                    colalign=("left", "right", "right", "right", "right", "right"))
+                 f"{s['tflops']:.3f}", pct(s["mfu"]), pct(s.get("hfu", s["mfu"]))])
+    return tabulate(rows, headers=["stage", "mean ms", "share", "model FLOPs", "TFLOP/s", "MFU", "HFU"],
+                    colalign=("left", "right", "right", "right", "right", "right", "right"))
 
 
 def totals_table(result: dict) -> str:
@@ -78,6 +80,8 @@ def totals_table(result: dict) -> str:
         ["achieved", f"{s['tflops']:.3f} TFLOP/s"],
         ["MFU", pct(s["mfu"]) + (f" of {result['peak']['basis_text']}" if "basis_text" in result["peak"] else "")
                 + (" (DIVERGED run: not a training figure)" if result.get("diverged") else "")],
+        *([["HFU", f"{pct(s['hfu'])} (executed FLOPs: the model's plus the checkpointed blocks' "
+                   f"recomputed forward)"]] if s.get("hfu") is not None else []),
         *([["MFU, host basis", f"{pct(s['mfu_host'])} of the host's peak at "
                                f"{result['peak']['host']['threads']} thread(s)"]]
           if "mfu_host" in s and result["run"]["nproc"] > 1 else []),

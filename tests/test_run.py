@@ -85,7 +85,7 @@ def test_a_default_run_shows_no_user_warning(traced_run):
 
 def test_run_bf16_with_peak_override(tmp_path):
     out = tmp_path / "b.json"
-    proc = gembench("run", "--config", "tiny", "--steps", "2", "--warmup", "1", "--dtype", "bf16",
+    proc = gembench("run", "--config", "tiny", "--steps", "2", "--warmup", "1", "--dtype", "bf16", "--set", "compile=off",
                     "--peak-tflops", "1.5", "--out", str(out), "--quiet")
     assert proc.returncode == 0, proc.stderr
     result = json.loads(out.read_text())

@@ -50,6 +50,10 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="training stack (default: optimized)")
     p.add_argument("--dtype", choices=("fp32", "bf16"), default=None,
                    help="override the stack's precision of the dense arch (optimized: bf16, baseline: fp32)")
+    p.add_argument("--set", dest="switches", action="append", default=[], metavar="NAME=VALUE",
+                   help="one stack switch, over --stack (repeatable): dense_parallel=ddp|fsdp|hsdp, "
+                        "activation_checkpointing=none|hstu|all, or an on/off one (compile=off, "
+                        "fused_optimizer=off, jagged=off, ...); recorded in the result's run.options")
     p.add_argument("--ab", action="store_true",
                    help="run baseline and optimized interleaved (ABBA rounds) and report their MFU ratio")
     p.add_argument("--rounds", type=int, default=6,

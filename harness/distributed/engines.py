@@ -31,6 +31,7 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from gembench.harness.distributed.plan import dense_parameters, sharded_modules
 from gembench.harness.stack import StackOptions, dense_optimizer
@@ -70,6 +71,9 @@ class StagedStep:
         self.modules = sharded_modules(self.model)
         self.dense = dense_parameters(dmp)
         self.optimizer = dense_optimizer(self.dense, options)
+        # FSDP2's parameters (DTensors) are reduce-scattered in the backward itself: only the
+        # replicated ones are left for the grad_sync stage's all-reduce
+        self.replicated = [p for p in self.dense if not isinstance(p, DTensor)]
 
     def __call__(self, batch, mark) -> torch.Tensor:
         """``mark(stage)`` is called at the end of every stage."""
@@ -104,13 +108,15 @@ class StagedStep:
     def sync_gradients(self) -> None:
         """Average dense gradients over ranks: one all-reduce of one flat buffer (as DDP's
         buckets, without its overlap)."""
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.dense]
+        if not self.replicated:
+            return
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.replicated]
         flat = torch.cat([g.reshape(-1) for g in grads])
         with span("grad_sync"):
             dist.all_reduce(flat)
         flat /= self.world_size
         offset = 0
-        for p, g in zip(self.dense, grads):
+        for p, g in zip(self.replicated, grads):
             n = g.numel()
             p.grad = flat[offset:offset + n].view_as(g)
             offset += n

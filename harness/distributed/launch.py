@@ -96,6 +96,7 @@ def check(args: RunConfig) -> None:
     from gembench.harness.distributed.plan import parse_sharding
     from gembench.harness.distributed.process_group import backend_for
     from gembench.harness.hardware import resolve_device
+    from gembench.harness.parallelize import HSDP_ONE_NODE
     from gembench.harness.store.results import check_writable
     from gembench.models.config import load_config, with_global_batch
     from gembench.models.sparse import pooled_tables, sequence_tables
@@ -111,6 +112,8 @@ def check(args: RunConfig) -> None:
     if odd:
         raise UsageError(f"--sharding: sequence table(s) {', '.join(odd)} can only be table_wise, row_wise "
                          f"or column_wise in TorchRec; add e.g. {odd[0]}=row_wise to the spec")
+    if args.options.dense_parallel == "hsdp":  # --nproc starts every rank on this one host
+        raise UsageError(HSDP_ONE_NODE)
     dev = resolve_device(args.device)
     backend_for(dev)
     if dev.type == "cuda" and torch.cuda.device_count() < args.nproc:

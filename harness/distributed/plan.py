@@ -135,16 +135,17 @@ def plan_sharding(model: nn.Module, forced: dict[str, str], env: dict, device: t
     return plan, recorder
 
 
-def shard(model: nn.Module, plan, device: torch.device, pipeline: bool) -> nn.Module:
-    """DMP over the model. Staged runs sync dense gradients themselves (a stage of their own);
-    the pipeline lets DMP wrap the dense part in DDP, which overlaps that sync with backward."""
+def shard(model: nn.Module, plan, device: torch.device, ddp: bool) -> nn.Module:
+    """DMP over the model. With ``ddp`` (the pipeline's default) DMP wraps the dense part in DDP,
+    which overlaps the gradient sync with the backward; otherwise the dense parameters stay plain:
+    staged runs sync them in a stage of their own, and FSDP2 (harness/parallelize.py) shards them."""
     from torchrec.distributed.model_parallel import DataParallelWrapper, DistributedModelParallel
 
     class NoWrap(DataParallelWrapper):
         def wrap(self, dmp, env, device) -> None:  # dense params stay plain: grad_sync stage syncs them
             pass
 
-    kwargs = {} if pipeline else {"data_parallel_wrapper": NoWrap()}
+    kwargs = {} if ddp else {"data_parallel_wrapper": NoWrap()}
     return DistributedModelParallel(model, device=device, plan=plan, sharders=sharders(), **kwargs)
 
 

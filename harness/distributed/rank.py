@@ -106,7 +106,8 @@ def main(args: RunConfig, env: dict) -> int:
 
 def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fault) -> dict:
     from gembench.harness.distributed.result import build_result
-    from gembench.harness.stack import apply_compile, autocast_for, on_ranks, pure_model
+    from gembench.harness.parallelize import apply_ac, apply_compile, apply_fsdp, dense_mesh, recomputed_forward_flops
+    from gembench.harness.stack import autocast_for, on_ranks, pure_model
 
     rank, world = env["rank"], env["world_size"]
     cfg = with_global_batch(load_config(args.config), args.batch, world)  # --batch
@@ -118,6 +119,7 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
     # --pipeline switch (stack.on_ranks).
     options = on_ranks(args.options, args.pipeline)
     gem = pure_model(cfg, options, dev)
+    apply_ac(gem, options.activation_checkpointing)
     model = gem
     if args.pipeline:  # embedding modules lifted out where the pipeline's tracer can find them
         model = E.TrainModule(gem)
@@ -125,7 +127,10 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
     forced = P.parse_sharding(args.sharding, P.table_names(model))
     plan, planned = P.plan_sharding(model, forced, env, dev, local_batch)
     watchdog.at("shard")
-    dmp = P.shard(model, plan, dev, args.pipeline)
+    dmp = P.shard(model, plan, dev, ddp=args.pipeline and options.dense_parallel == "ddp")
+    if options.dense_parallel != "ddp":  # FSDP2 on the dense blocks DMP left plain
+        mesh = dense_mesh(options.dense_parallel, world, env["local_world_size"], dev.type)
+        apply_fsdp(gem, mesh, options.bf16)
     apply_compile(gem, options)  # the dense arch, after DMP has taken the tables
     watchdog.at("data")
     data = SyntheticData(cfg, seed=args.seed, batch_size=local_batch, rank=rank)
@@ -141,6 +146,7 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
     # described once, before any step, from the host batches as generated
     per_block = [batch_forward_flops(cfg, b) for b in timed]
     described = {"forward_flops": [float(sum(b.values())) for b in per_block],
+                 "recomputed_flops": [recomputed_forward_flops(b, options.activation_checkpointing) for b in per_block],
                  "per_block": _mean_blocks(per_block), "embedding_bytes": embedding_bytes(cfg, timed[0]),
                  "hot": _hot_counts(cfg, timed)}
     autocast = autocast_for(options, dev)

@@ -52,7 +52,10 @@ def build_result(cfg, args: RunConfig, env: dict, records: list[dict], planned, 
     job_forward = [sum(r["forward_flops"][i] for r in records) for i in range(steps)]
     peaks = [r["peak_tflops"] for r in records]
     global_batch = cfg.data.global_batch
-    summary = summarize(step_s, crit_stages, job_forward, global_batch, sum(peaks) / world, world)
+    # records from before checkpointing existed have no recomputed FLOPs: none were recomputed
+    job_recomputed = [sum(r.get("recomputed_flops", [0.0] * steps)[i] for r in records) for i in range(steps)]
+    summary = summarize(step_s, crit_stages, job_forward, global_batch, sum(peaks) / world, world,
+                        recomputed_flops=job_recomputed)
     p50 = summary["step_time_s"]["p50"]
     summary["peak_memory_bytes"] = max(r["peak_memory_bytes"] for r in records)
     summary["peak_memory_source"] = records[0]["peak_memory_source"] + ", max over ranks"

@@ -187,9 +187,19 @@ def classify(family: str, context: Sequence[str]) -> str:
     kjt_all_to_all: IDs (lengths, values, splits) to the ranks owning their shards (input dist)
     embedding_all_to_all / embedding_reduce_scatter: looked-up embeddings back (output dist)
     embedding_grad_*: their gradients in the backward pass
-    dense_grad_all_reduce: data-parallel gradient averaging (explicit or DDP's buckets)
+    dense_grad_all_reduce: data-parallel gradient averaging (explicit, DDP's buckets, or HSDP's
+        replicas)
+    dense_param_all_gather / dense_grad_reduce_scatter: FSDP2's (inside its "FSDP::" spans):
+        a block's parameters gathered before its forward or backward, its gradients reduce-scattered
     """
     ctx = " ".join(context).lower()
+    if "fsdp::" in ctx:
+        if family == "all_gather":
+            return "dense_param_all_gather"
+        if family == "reduce_scatter":
+            return "dense_grad_reduce_scatter"
+        if family == "all_reduce":
+            return "dense_grad_all_reduce"
     backward = "backward" in ctx or "_bwd" in ctx
     if family == "all_to_all":
         if any(m in ctx for m in ("kjt", "splits", "input_dist", "sparse_data_dist")):

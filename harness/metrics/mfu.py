@@ -3,6 +3,9 @@
 MFU (PaLM, appendix B) = model FLOPs per step / step time / (peak FLOP/s x devices).
 Model FLOPs are the analytic training FLOPs (3 x forward of the dense parts, on the batch's real
 jagged lengths); recomputation, padding and embedding lookups are not model FLOPs.
+HFU (hardware FLOPs utilization, same paper) counts what was executed: the model FLOPs plus the
+forward FLOPs that activation checkpointing runs again in the backward. HFU - MFU is the
+recomputed share; without checkpointing the two are equal.
 """
 
 from __future__ import annotations
@@ -66,15 +69,22 @@ def distribution(xs) -> dict:
     }
 
 
+# the stage in which a checkpointed block's forward is run again
+RECOMPUTE_STAGE = "backward"
+
+
 def summarize(step_s, stages: dict, forward_flops: list[float], examples: int,
-              peak_tflops: float, devices: int = 1) -> dict:
-    """Step summary: step time, throughput, achieved TFLOP/s, MFU, and the same per stage.
+              peak_tflops: float, devices: int = 1, recomputed_flops: list[float] | None = None) -> dict:
+    """Step summary: step time, throughput, achieved TFLOP/s, MFU and HFU, and the same per stage.
 
     ``forward_flops`` holds each timed step's forward model FLOPs (they vary with the jagged
     lengths of its batch); a stage's FLOPs are its share of the training FLOPs.
+    ``recomputed_flops``: each step's forward FLOPs run again by activation checkpointing
+    (harness/parallelize.py recomputed_forward_flops), executed in the backward; none if absent.
     """
     step_s = np.asarray(step_s, dtype=float)
     fwd = np.asarray(forward_flops, dtype=float)
+    recomputed = np.zeros_like(fwd) if recomputed_flops is None else np.asarray(recomputed_flops, dtype=float)
     train = train_flops(fwd)
     step_mfu = train / step_s / (peak_tflops * 1e12 * devices)
     p50 = float(np.median(step_s))
@@ -86,6 +96,7 @@ def summarize(step_s, stages: dict, forward_flops: list[float], examples: int,
     for name, times in timed.items():
         t = float(times.mean())
         flops = float(fwd.mean()) * STAGE_FLOP_SHARE.get(name, 0.0)
+        executed = flops + (float(recomputed.mean()) if name == RECOMPUTE_STAGE else 0.0)
         stage_rows[name] = {
             "time_s": t,
             "p50_s": float(np.median(times)),
@@ -93,8 +104,10 @@ def summarize(step_s, stages: dict, forward_flops: list[float], examples: int,
             "flops": flops,
             "tflops": tflops(flops, t) if t > 0 else 0.0,
             "mfu": flops / t / (peak_tflops * 1e12 * devices) if t > 0 and flops else 0.0,
+            "hfu": executed / t / (peak_tflops * 1e12 * devices) if t > 0 and executed else 0.0,
         }
     mean_train = float(train.mean())
+    mean_executed = mean_train + float(recomputed.mean())
     return {
         "step_time_s": distribution(step_s),
         "stage_sum_s": total_stage_time,
@@ -104,5 +117,8 @@ def summarize(step_s, stages: dict, forward_flops: list[float], examples: int,
         "tflops": tflops(mean_train, p50),
         "mfu": mfu(mean_train, p50, peak_tflops, devices),
         "mfu_per_step": distribution(step_mfu),
+        # executed FLOPs: the model's plus the recomputed forwards (equal to mfu without checkpointing)
+        "executed_flops_per_step": mean_executed,
+        "hfu": mfu(mean_executed, p50, peak_tflops, devices),
         "stages": stage_rows,
     }

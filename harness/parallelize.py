@@ -1,0 +1,142 @@
+"""GEM's dense-side techniques, applied to a pure model from outside (as torchtitan's parallelize).
+
+    apply_ac(model, mode)                   activation checkpointing around blocks
+    apply_fsdp(model, mesh, bf16)           FSDP2 fully_shard per dense block and per dense root
+    apply_compile(model, options)           torch.compile of the dense half
+
+The model modules know nothing of these. What is a "dense block" is read off the model's
+structure (dense_blocks): each layer of a module that stacks them in ``.layers`` (HSTU's
+SequenceArch, Wukong's InteractionArch), every other module of the dense half whole; the sparse
+arch is TorchRec's, sharded by DistributedModelParallel, and never touched here.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from gembench.usage import UsageError
+
+
+def dense_roots(model: nn.Module, prefix: str = "") -> list[tuple[str, nn.Module]]:
+    """The model's top-level dense modules, in forward order: everything but the sparse arch.
+
+    A container holding the sparse arch (TorchRec's DLRM inside ReferenceDLRM) is looked into,
+    as is a ModuleDict (one module per sequence feature); modules without parameters (the
+    pipeline's slots) are left out.
+    """
+    out = []
+    for name, child in model.named_children():
+        path = f"{prefix}{name}"
+        if name == "sparse_arch" or not any(True for _ in child.parameters()):
+            continue
+        if isinstance(child, nn.ModuleDict) or any(n == "sparse_arch" for n, _ in child.named_children()):
+            out += dense_roots(child, f"{path}.")
+        else:
+            out.append((path, child))
+    return out
+
+
+def dense_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The dense blocks in forward order: each ``.layers`` entry of a root that stacks layers, or
+    the root itself (docs/design.md section 3: what "every dense block" means)."""
+    out = []
+    for path, root in dense_roots(model):
+        layers = getattr(root, "layers", None)
+        if isinstance(layers, nn.ModuleList) and len(layers):
+            out += [(f"{path}.layers.{i}", layer) for i, layer in enumerate(layers)]
+        else:
+            out.append((path, root))
+    return out
+
+
+def checkpointed(model: nn.Module, mode: str) -> list[tuple[str, nn.Module]]:
+    """The blocks ``mode`` checkpoints: none, each HSTU layer ("hstu"), every dense block ("all")."""
+    from gembench.models.hstu import HSTULayer
+
+    if mode == "none":
+        return []
+    if mode == "hstu":
+        return [(p, b) for p, b in dense_blocks(model) if isinstance(b, HSTULayer)]
+    if mode == "all":
+        return dense_blocks(model)
+    raise UsageError(f"activation_checkpointing must be none, hstu or all, got {mode!r}")
+
+
+# which of the analytic per-block FLOPs (models/flops.py forward_flops keys) a mode recomputes
+RECOMPUTED_BLOCKS = {"none": (), "hstu": ("sequence_arch",), "all": None}  # None: every block
+
+
+def recomputed_forward_flops(per_block: dict[str, float], mode: str) -> float:
+    """Forward FLOPs run again in the backward under ``mode``: the checkpointed blocks' forward."""
+    names = RECOMPUTED_BLOCKS[mode]
+    return float(sum(per_block.values()) if names is None else sum(per_block.get(n, 0.0) for n in names))
+
+
+def apply_ac(model: nn.Module, mode: str) -> int:
+    """Wrap the blocks of ``mode`` in torch's non-reentrant activation checkpointing, in place.
+
+    A checkpointed block keeps only its inputs for the backward and runs its forward again there:
+    activation memory for FLOPs (HFU - MFU = the recomputed share). Returns the blocks wrapped.
+    """
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+
+    blocks = checkpointed(model, mode)
+    for path, block in blocks:
+        parent_path, _, leaf = path.rpartition(".")
+        parent = model.get_submodule(parent_path) if parent_path else model
+        # preserve_rng_state off: no block draws random numbers (no dropout), and keeping the
+        # RNG state costs a copy per block per step. early_stop off: the whole forward is run
+        # again, so what is recomputed is the block's forward formula exactly (HFU); early stop
+        # would skip the ops after the last saved tensor (an HSTU layer's output projection).
+        wrapped = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT,
+                                     preserve_rng_state=False, early_stop=False)
+        if isinstance(parent, (nn.ModuleList, nn.ModuleDict)):
+            parent[int(leaf) if isinstance(parent, nn.ModuleList) else leaf] = wrapped
+        else:
+            setattr(parent, leaf, wrapped)
+    return len(blocks)
+
+
+HSDP_ONE_NODE = ("dense_parallel=hsdp replicates across nodes and shards within one: it needs "
+                 "torchrun --nnodes 2 or more; on one node use dense_parallel=fsdp")
+
+
+def dense_mesh(mode: str, world: int, local_world: int, device_type: str):
+    """The device mesh of the dense part: 1-D over all ranks (fsdp), or (nodes, ranks per node)
+    for hsdp, replicas across nodes and shards within one."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if mode == "fsdp":
+        return init_device_mesh(device_type, (world,), mesh_dim_names=("shard",))
+    if mode == "hsdp":
+        if world <= local_world:
+            raise UsageError(HSDP_ONE_NODE)
+        return init_device_mesh(device_type, (world // local_world, local_world),
+                                mesh_dim_names=("replicate", "shard"))
+    raise UsageError(f"dense_parallel must be ddp, fsdp or hsdp, got {mode!r}")
+
+
+def apply_fsdp(model: nn.Module, mesh, bf16: bool) -> int:
+    """FSDP2 ``fully_shard`` on each dense block, then on each dense root that holds blocks.
+
+    Parameters are sharded over the mesh's "shard" dimension (and replicated over "replicate"
+    for HSDP); with ``bf16`` they are all-gathered in bf16 and gradients reduced in fp32
+    (MixedPrecisionPolicy), as GEM's bf16 training does. The roots' own forward all-gathers
+    the leftover parameters and drives the blocks' prefetch. Returns the modules sharded.
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None, reduce_dtype=torch.float32)
+    blocks = dense_blocks(model)
+    roots = [(p, r) for p, r in dense_roots(model) if all(b is not r for _, b in blocks)]
+    for _, module in blocks + roots:
+        fully_shard(module, mesh=mesh, mp_policy=policy)
+    return len(blocks) + len(roots)
+
+
+def apply_compile(model: nn.Module, options) -> None:
+    """torch.compile the dense arch (the model's ``dense`` module) in place when the stack says so."""
+    if options.compile:
+        # Jagged batches change T every step: compile for dynamic shapes once, not per batch.
+        model.dense = torch.compile(model.dense, dynamic=True)

@@ -1,0 +1,156 @@
+"""GEM's dense-side techniques as stack switches (issue 19): activation checkpointing, FSDP2, HFU.
+
+The checkpointing tests run in this process on tiny in fp32 without compile (seconds); the FSDP
+ones run `gembench run --nproc 2` on gloo ranks, as a user would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from gembench.harness.metrics.mfu import summarize, train_flops
+from gembench.harness.parallelize import apply_ac, checkpointed, dense_blocks, recomputed_forward_flops
+from gembench.harness.runconfig import RunConfig
+from gembench.harness.stack import build_train_state, stack_options
+from gembench.harness.step import run_steps
+from gembench.models.config import load_config
+from gembench.models.data import SyntheticData
+from gembench.models.flops import batch_forward_flops
+from gembench.models.heads import multitask_loss
+from gembench.usage import UsageError
+
+CPU = torch.device("cpu")
+FP32 = ("compile=off",)  # with --dtype fp32: exact arithmetic to compare, no compile to wait for
+
+
+def _fp32(*switches):
+    return stack_options("optimized", "fp32", FP32 + switches)
+
+
+def _losses(options, steps: int = 5) -> list[float]:
+    cfg = load_config("tiny")
+    state = build_train_state(cfg, options, CPU)
+    data = SyntheticData(cfg, seed=0, batch_size=cfg.data.global_batch)
+    return run_steps(state, [data.batch(i) for i in range(steps)], steps, 0).loss
+
+
+def test_blocks_are_read_off_the_model():
+    cfg = load_config("tiny")
+    model = build_train_state(cfg, _fp32(), CPU).model
+    names = [p for p, _ in dense_blocks(model)]
+    layers = cfg.hstu.layers * len(cfg.sequences)
+    assert len([n for n in names if n.startswith("sequence_arch.")]) == layers
+    assert len([n for n in names if n.startswith("interaction_arch.layers.")]) == cfg.wukong.layers
+    assert {"dense_arch", "nonseq_summary", "over_arch"} <= set(names)
+    assert not any("sparse" in n for n in names)
+    assert len(checkpointed(model, "hstu")) == layers and checkpointed(model, "none") == []
+
+
+@pytest.mark.parametrize("mode", ["hstu", "all"])
+def test_checkpointing_changes_no_loss_in_fp32(mode):
+    off, on = _losses(_fp32()), _losses(_fp32(f"activation_checkpointing={mode}"))
+    assert len(off) == 5 and np.max(np.abs(np.subtract(off, on))) <= 1e-6, (off, on)
+
+
+def test_executed_flops_exceed_the_model_by_the_checkpointed_forward():
+    """Counted by torch's FlopCounterMode: a training step with each HSTU layer checkpointed
+    executes exactly the HSTU layers' forward once more than the same step without."""
+    cfg = load_config("tiny")
+    batch = SyntheticData(cfg, seed=0, batch_size=cfg.data.global_batch).batch(0)
+
+    def counted(mode: str, backward: bool = True) -> FlopCounterMode:
+        torch.manual_seed(0)
+        model = build_train_state(cfg, _fp32(), CPU).model
+        apply_ac(model, mode)
+        with FlopCounterMode(display=False) as counter:
+            loss = multitask_loss(model(batch), batch.labels)
+            if backward:
+                loss.backward()
+        return counter
+
+    plain, checkpointing = counted("none").get_total_flops(), counted("hstu").get_total_flops()
+    per_module = counted("none", backward=False).get_flop_counts()
+    hstu_forward = sum(sum(ops.values()) for name, ops in per_module.items()
+                       if re.fullmatch(r".*\.sequence_arch\.[^.]+", name))
+    assert hstu_forward > 0 and checkpointing - plain == hstu_forward
+    # the analytic side: the recomputed share is the sequence arch's forward, and HFU follows it
+    per_block = batch_forward_flops(cfg, batch)
+    recomputed = recomputed_forward_flops(per_block, "hstu")
+    assert recomputed == per_block["sequence_arch"] > 0
+    forward = sum(per_block.values())
+    s = summarize([0.1], {"backward": [0.05]}, [forward], 64, 1.0, recomputed_flops=[recomputed])
+    assert s["hfu"] / s["mfu"] == pytest.approx((train_flops(forward) + recomputed) / train_flops(forward))
+    assert s["stages"]["backward"]["hfu"] > s["stages"]["backward"]["mfu"]
+    assert summarize([0.1], {}, [forward], 64, 1.0)["hfu"] == summarize([0.1], {}, [forward], 64, 1.0)["mfu"]
+
+
+@pytest.mark.parametrize("switches, message", [
+    (("dense_parallel=zero3",), "--set dense_parallel must be one of ddp, fsdp, hsdp, got 'zero3'"),
+    (("activation_checkpointing=some",), "--set activation_checkpointing must be one of none, hstu, all"),
+    (("compile=maybe",), "--set compile is on or off"),
+    (("nothing=1",), "--set takes NAME=VALUE"),
+])
+def test_bad_switches_are_named(switches, message):
+    with pytest.raises(UsageError, match=re.escape(message)):
+        RunConfig(switches=switches).check(distributed=False)
+
+
+def test_fsdp_on_one_process_is_refused():
+    with pytest.raises(UsageError, match="add --nproc 2 or more"):
+        RunConfig(switches=("dense_parallel=fsdp",)).check(distributed=False)
+    RunConfig(switches=("dense_parallel=fsdp",)).check(distributed=True)
+
+
+def _gembench(*args):
+    return subprocess.run([sys.executable, "-m", "gembench", *args], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+
+
+def test_refusals_on_the_command_line_are_one_line_and_exit_2():
+    for args, message in [
+        (("--set", "dense_parallel=fsdp"), "add --nproc 2 or more"),
+        (("--nproc", "2", "--set", "dense_parallel=hsdp"), "needs torchrun --nnodes 2 or more"),
+    ]:
+        proc = _gembench("run", "--config", "tiny", "--steps", "1", *args)
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def _rank_run(tmp_path, name: str, *switches: str, dtype: str = "fp32") -> dict:
+    out = tmp_path / f"{name}.json"
+    args = ["run", "--config", "tiny", "--nproc", "2", "--steps", "5", "--warmup", "0", "--dtype", dtype,
+            "--out", str(out), "--quiet"]
+    for s in ("compile=off", *switches):
+        args += ["--set", s]
+    proc = _gembench(*args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_fsdp_trains_like_ddp_on_two_ranks(tmp_path):
+    ddp = _rank_run(tmp_path, "ddp")
+    fsdp = _rank_run(tmp_path, "fsdp", "dense_parallel=fsdp", "activation_checkpointing=hstu")
+    assert fsdp["run"]["options"]["dense_parallel"] == "fsdp"
+    assert fsdp["run"]["options"]["activation_checkpointing"] == "hstu"
+    for a, b in zip(ddp["ranks"], fsdp["ranks"]):
+        la, lb = a["samples"]["loss"], b["samples"]["loss"]
+        assert len(la) == 5 and np.max(np.abs(np.subtract(la, lb))) <= 1e-4, (la, lb)
+    s = fsdp["summary"]
+    assert s["hfu"] > s["mfu"] and ddp["summary"]["hfu"] == pytest.approx(ddp["summary"]["mfu"])
+    # the dense part's collectives, told apart from the embeddings': FSDP's gathers and
+    # reduce-scatters in place of the data-parallel all-reduce
+    assert {"dense_param_all_gather", "dense_grad_reduce_scatter"} <= set(fsdp["comm"]["by_kind"])
+    assert "dense_grad_all_reduce" not in fsdp["comm"]["by_kind"]
+    assert "dense_grad_all_reduce" in ddp["comm"]["by_kind"]
+    # what the sparse part sends does not change with the dense part's parallelism
+    assert {k: v["bytes"] for k, v in fsdp["comm"]["by_kind"].items() if not k.startswith("dense_")} == \
+        {k: v["bytes"] for k, v in ddp["comm"]["by_kind"].items() if not k.startswith("dense_")}
