@@ -137,6 +137,47 @@ def run_memory_bytes(device: torch.device, start: int) -> tuple[int, str]:
     return max(0, peak - start), "rise of the process's peak RSS over its RSS when the run began"
 
 
+class SavedForBackward:
+    """Around one training step's forward and backward: the activation memory it held, measured.
+
+    Counts the bytes of every distinct storage autograd saved for the backward
+    (torch.autograd.graph.saved_tensors_hooks, torch.compile's graphs included), parameters
+    excepted: what activation checkpointing trades for recompute. A checkpointed block's own
+    saves go through checkpointing's hooks and are not held, so only its inputs count here.
+    """
+
+    def __init__(self, params):
+        self.params = {ptr for ptr in map(_storage_ptr, params) if ptr is not None}
+        self.storages: dict[int, int] = {}
+
+    def _pack(self, t):
+        ptr = _storage_ptr(t)
+        if ptr is not None and ptr not in self.params:
+            self.storages[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    def __enter__(self) -> "SavedForBackward":
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._hooks.__exit__(*exc)
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.storages.values())
+
+
+def _storage_ptr(t) -> int | None:
+    """Where ``t``'s storage starts; None for tensors without one of their own: DTensor, sparse and
+    fake tensors, and FSDP2's unsharded parameters between gathers (storage freed to size 0)."""
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError, AttributeError):
+        return None
+
+
 def memory_fields(estimate: dict, measured: int, source: str) -> dict:
     """Estimate and measured peak side by side, for every result's summary."""
     return {"peak_memory_estimate_bytes": estimate["total"], "peak_memory_run_bytes": measured,

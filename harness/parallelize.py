@@ -135,6 +135,24 @@ def apply_fsdp(model: nn.Module, mesh, bf16: bool) -> int:
     return len(blocks) + len(roots)
 
 
+def dense_state_bytes(params, optimizer) -> dict[str, int]:
+    """This rank's dense training state, measured from its tensors: the parameters as stored
+    (FSDP: the local shard), their gradients (the same shapes, held from the backward to the
+    optimizer step) and the optimizer's state for them (Adam's m and v)."""
+    from torch.distributed.tensor import DTensor
+
+    def nbytes(t) -> int:
+        t = t.to_local() if isinstance(t, DTensor) else t
+        return t.numel() * t.element_size()
+
+    ids = {id(p) for p in params}
+    state = getattr(optimizer, "state", {})
+    opt = sum(nbytes(v) for p, st in state.items() if id(p) in ids
+              for v in st.values() if torch.is_tensor(v) and v.dim() > 0)
+    weights = sum(nbytes(p) for p in params)
+    return {"params": weights, "grads": weights, "optimizer": opt, "total": 2 * weights + opt}
+
+
 def apply_compile(model: nn.Module, options) -> None:
     """torch.compile the dense arch (the model's ``dense`` module) in place when the stack says so."""
     if options.compile:

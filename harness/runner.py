@@ -17,8 +17,8 @@ import torch
 from gembench.harness.env import fingerprint
 from gembench.usage import UsageError
 from gembench.harness.hardware import Peak, memory_available, peak_basis, recheck_peak, reference_peak, resolve_device
-from gembench.harness.memory import (FIT_SHARE, check_fits, fit_hint, memory_fields, peak_memory_bytes,
-                                     reset_peak_memory, run_memory_bytes)
+from gembench.harness.memory import (FIT_SHARE, SavedForBackward, check_fits, fit_hint, memory_fields,
+                                     peak_memory_bytes, reset_peak_memory, run_memory_bytes)
 from gembench.harness.metrics import counters as C
 from gembench.harness.runconfig import check_counts
 from gembench.harness.metrics import trace as TR
@@ -91,6 +91,7 @@ class Measured:
     memory: tuple  # (peak bytes, its source, the run's rise, its source), right after the timed steps
     counters: dict | None = None  # step_costs: on extra steps after the timed ones
     profile: dict | None = None
+    activation_bytes: int | None = None  # saved for backward in the counted step (memory.SavedForBackward)
 
 
 def memory_now(setup: Setup, start_bytes: int) -> tuple:
@@ -111,8 +112,8 @@ def measure_stack(setup: Setup, options: StackOptions, name: str, steps: int, wa
         samples = run_steps(state, setup.batches, steps, warmup, progress=progress, pace=pace)
     memory = memory_now(setup, start)
     with out_of_memory_guard(setup, [options]):
-        counts, profile = step_costs(setup, state, warmup + steps, since, options.compile, trace)
-    return Measured(name, options, samples, memory, counts, profile)
+        counts, profile, saved = step_costs(setup, state, warmup + steps, since, options.compile, trace)
+    return Measured(name, options, samples, memory, counts, profile, saved)
 
 
 def summarized(setup: Setup, measured: list[Measured], warmup: int, estimate: dict | None = None) -> list[dict]:
@@ -144,6 +145,8 @@ def stack_result(setup: Setup, m: Measured, warmup: int, estimate: dict | None =
     estimate = estimate or memory_estimate(setup.cfg, setup.cfg.data.global_batch, setup.counts, options,
                                            setup.device.type)
     summary.update(memory_fields(estimate, run_bytes, run_source))
+    if m.activation_bytes is not None:
+        summary["activation_bytes"] = m.activation_bytes
     summary["embedding_bytes_per_step"] = embedding_bytes(setup.cfg, setup.batches[warmup % len(setup.batches)])
     diverged = divergence(samples.loss, samples.task_loss, first_step=warmup)
     return {
@@ -220,11 +223,12 @@ def step_costs(setup: Setup, state, index: int, compiled_since: dict, compiles: 
     host-to-device bytes; with ``trace_dir`` its trace is kept as trace_dir/trace.json). Not one
     step: the counting dispatch mode re-dispatches every op, which the profiler records twice.
 
-    Returns (counters, profile): profile = {trace, ranked, top} for the report, or None.
+    Returns (counters, profile, activation bytes): profile = {trace, ranked, top} for the report,
+    or None; the bytes the counted step saved for its backward (memory.SavedForBackward).
     ``compiles``: whether this stack uses torch.compile (its compile counts are the run's).
     """
     batch = setup.batches[index % len(setup.batches)]
-    with C.StepCounter(setup.device, state.optimizers) as counted:
+    with C.StepCounter(setup.device, state.optimizers) as counted, SavedForBackward(state.model.parameters()) as saved:
         train_step(state, batch, NoClock())
     if setup.device.type == "cuda":
         torch.cuda.synchronize(setup.device)
@@ -242,7 +246,7 @@ def step_costs(setup: Setup, state, index: int, compiled_since: dict, compiles: 
     if path is not None:
         what, rows = TR.top_rows(events, setup.device)
         profile = {"trace": str(path), "ranked": what, "top": rows}
-    return counts, profile
+    return counts, profile, saved.bytes
 
 
 def with_costs(result: dict, counts: dict, profile: dict | None = None) -> dict:
@@ -333,9 +337,9 @@ def _run_ab(setup: Setup, names, opts, rounds, steps_per_round, warmup, seed, pr
     memory = memory_now(setup, start)
     measured = []
     for n in names:  # only the optimized stack compiles, so the run's compile counts are its own
-        counts, profile = step_costs(setup, states[n], warmup + steps, since, opts[n].compile,
-                                     trace if n == "optimized" else None)
-        measured.append(Measured(n, opts[n], collected[n], memory, counts, profile))
+        counts, profile, saved = step_costs(setup, states[n], warmup + steps, since, opts[n].compile,
+                                            trace if n == "optimized" else None)
+        measured.append(Measured(n, opts[n], collected[n], memory, counts, profile, saved))
     results = dict(zip(names, summarized(setup, measured, warmup, setup.estimate)))
     optimized = measured[names.index("optimized")]
     ab = {"rounds": rounds, "steps_per_round": steps_per_round, "order": "ABBA",

@@ -86,6 +86,11 @@ def totals_table(result: dict) -> str:
                                f"{result['peak']['host']['threads']} thread(s)"]]
           if "mfu_host" in s and result["run"]["nproc"] > 1 else []),
         ["peak memory", f"{s['peak_memory_bytes'] / 2**20:,.0f} MiB ({s['peak_memory_source']})"],
+        *([["activation memory", f"{s['activation_bytes'] / 2**20:,.1f} MiB saved for backward in one step "
+                                 f"(parameters excepted{', largest rank' if result['run']['nproc'] > 1 else ''})"]]
+          if s.get("activation_bytes") is not None else []),
+        *([["dense state", f"{s['dense_state_bytes'] / 2**20:,.1f} MiB per rank (weights, gradients, optimizer "
+                           f"state; largest rank)"]] if s.get("dense_state_bytes") is not None else []),
         *([["memory, estimate vs run", f"{s['peak_memory_estimate_bytes'] / 2**20:,.0f} MiB estimated, "
                                        f"{s['peak_memory_run_bytes'] / 2**20:,.0f} MiB measured "
                                        f"({s['peak_memory_run_source']})"]]

@@ -9,9 +9,18 @@ peak, at the same model FLOPs, so a ratio of MFUs is a ratio of throughputs.
 Each variant's cost counters (aten ops, host syncs, ...; see `gembench run`) go into --out.
 
 `pipeline` only acts on several ranks (gembench run --nproc N); on one process it is skipped.
+After the two tables, the choices (activation_checkpointing=hstu / all) are measured one at a
+time on the optimized stack, with MFU, HFU and the activation memory each step saved.
+
+With --nproc N, GEM's dense-side switches are measured on N torchrun ranks instead, each variant
+one `gembench run --nproc N --set ...` (so exactly what a user would run): DDP against FSDP2,
+activation checkpointing, compile and the pipeline, with step time, MFU, HFU, peak memory,
+activation memory and dense state per rank, and the dense part's communication. The issue's
+goals (FSDP's dense state, checkpointing's activation memory) are printed beside the figures.
 
 examples:
   gembench ablate --config small
+  gembench ablate --config small --nproc 2
   gembench ablate --config tiny --steps 5 --warmup 2 --out ablation.json
   gembench ablate --config medium --device cuda --batch 256   # a batch every variant fits
 """
@@ -35,6 +44,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--peak-tflops", type=float, default=None, help="override the reference peak")
     p.add_argument("--out", type=Path, default=None, help="also write every variant's figures as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument("--nproc", type=int, default=None, metavar="N",
+                   help="measure the dense-side switches (ddp/fsdp, activation checkpointing, compile, "
+                        "pipeline) on N torchrun ranks, one `gembench run --nproc N` per variant")
 
 
 def variants(single_process: bool):
@@ -50,11 +62,25 @@ def variants(single_process: bool):
     return added, removed
 
 
+def choices(single_process: bool):
+    """(label, options): the optimized stack with each other value of a choice switch (one process:
+    activation checkpointing only; dense_parallel needs ranks)."""
+    from gembench.harness.stack import CHOICES, STACKS
+
+    return [(f"{name}={value}", replace(STACKS["optimized"], **{name: value}))
+            for name, values in CHOICES.items() if not (single_process and name == "dense_parallel")
+            for value in values[1:]]
+
+
 def main(args: argparse.Namespace) -> int:
     from gembench.harness.store.reservation import Reservation
 
     reservation = Reservation.take(args.out) if args.out is not None else None  # before any work
     try:
+        if args.nproc is not None:
+            from gembench.harness.commands.ablate_ranks import ablate_ranks
+
+            return ablate_ranks(args)
         return _ablate(args)
     finally:
         if reservation is not None:
@@ -74,6 +100,7 @@ def _ablate(args: argparse.Namespace) -> int:
     from gembench.models.flops import memory_estimate, parameter_counts
 
     added, removed = variants(single_process=True)
+    chosen = choices(single_process=True)
     # Variants run one at a time, and each must fit: the memory check takes the hungriest.
     cfg = with_global_batch(load_config(args.config), args.batch)
     counts, device_type = parameter_counts(cfg), resolve_device(args.device).type
@@ -81,7 +108,7 @@ def _ablate(args: argparse.Namespace) -> int:
                     key=lambda o: memory_estimate(cfg, cfg.data.global_batch, counts, o, device_type)["total"])
     setup = prepare(cfg, args.steps, args.warmup, args.device, args.seed, args.peak_tflops, stacks=[hungriest])
     runs = {}  # options -> Measured: "+ compile" is the optimized stack, measured once
-    todo = added + removed
+    todo = added + removed + chosen
     for i, (label, options) in enumerate(todo):
         key = tuple(sorted(options.to_dict().items()))
         if key not in runs:
@@ -115,11 +142,24 @@ def _ablate(args: argparse.Namespace) -> int:
     base, opt = measured[added[0][0]]["summary"], measured[full]["summary"]
     print(f"\noptimized/baseline MFU: {opt['mfu'] / base['mfu']:.2f}x "
           f"({pct(base['mfu'])} -> {pct(opt['mfu'])}); pipeline: only with --nproc > 1")
+
+    def act(label):
+        return measured[label]["summary"].get("activation_bytes") or 0
+
+    rows = [[label, f"{1e3 * measured[label]['summary']['step_time_s']['p50']:.1f}",
+             pct(measured[label]["summary"]["mfu"]), pct(measured[label]["summary"]["hfu"]),
+             f"{act(label) / 2**20:,.1f}", f"{act(label) / act(full) - 1:+.0%}" if act(full) else "-"]
+            for label in [full] + [label for label, _ in chosen]]
+    print()
+    print(tabulate(rows, headers=["optimized stack, choosing", "step ms", "MFU", "HFU", "activation MiB",
+                                  "activation vs full"], colalign=("left", "right", "right", "right", "right", "right")))
+    print("(HFU - MFU: the recomputed forward's share; activation MiB: saved for backward in one step;"
+          " dense_parallel: only with --nproc > 1)")
     if args.out is not None:
         doc = {"schema": "gembench.ablation/1", "config": setup.cfg.name, "config_hash": setup.cfg.hash,
                "peak": {"tflops_per_device": setup.peak.tflops_per_device, "source": setup.peak.source},
                "variants": {label: {k: measured[label][k] for k in ("options", "summary", "counters")}
-                            for label, _ in added + removed}}
+                            for label, _ in added + removed + chosen}}
         write_or_fallback(args.out, json.loads(json.dumps(doc)))
         print(f"\nablation: {args.out}")
     return 0

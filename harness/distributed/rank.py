@@ -34,7 +34,7 @@ from gembench.harness.metrics.mfu import summarize
 from gembench.harness.metrics import counters as C
 from gembench.harness.metrics import trace as TR
 from gembench.harness.metrics.imbalance import hot_share
-from gembench.harness.memory import peak_memory_bytes
+from gembench.harness.memory import SavedForBackward, peak_memory_bytes
 from gembench.harness.runner import MAX_DISTINCT_BATCHES
 from gembench.harness.step import StageClock, timed_steps
 from gembench.models.config import load_config, with_global_batch
@@ -106,7 +106,8 @@ def main(args: RunConfig, env: dict) -> int:
 
 def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fault) -> dict:
     from gembench.harness.distributed.result import build_result
-    from gembench.harness.parallelize import apply_ac, apply_compile, apply_fsdp, dense_mesh, recomputed_forward_flops
+    from gembench.harness.parallelize import (apply_ac, apply_compile, apply_fsdp, dense_mesh, dense_state_bytes,
+                                              recomputed_forward_flops)
     from gembench.harness.stack import autocast_for, on_ranks, pure_model
 
     rank, world = env["rank"], env["world_size"]
@@ -163,7 +164,8 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
         engine = E.StagedStep(dmp, dev, world, options)
         engine_step, stages = _staged_step(engine, batches, watchdog, fault, rank), E.STAGES
     counted = C.StepCounter(dev, [engine.optimizer])
-    samples, prof = _steps(engine_step, stages, total, args, dev, counted, autocast, show)
+    saved = SavedForBackward(dmp.parameters())  # around the counted step, with the counters
+    samples, prof = _steps(engine_step, stages, total, args, dev, counted, saved, autocast, show)
 
     watchdog.at("analysis")
     events = TR.trace_events(prof, None if args.trace is None else Path(args.trace) / f"rank{rank}.json")
@@ -176,6 +178,7 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
     if not args.pipeline:
         loads["lookup_s"] = float(np.mean(samples.stages["embedding_lookup"]))
     memory, memory_source = peak_memory_bytes(dev)
+    dense_state = dense_state_bytes(P.dense_parameters(dmp), engine.optimizer)
     record = {
         "rank": rank, "host": socket.gethostname(), "device": str(dev), "device_name": device_name(dev),
         "local_rank": env["local_rank"], "peak_tflops": peak.tflops_per_device, "peak_source": peak.source,
@@ -186,7 +189,8 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
         **described, "loads": loads,
         "comm": {k: v for k, v in comm_stats.items() if k != "calls"},
         "comm_calls": comm_stats["calls"],
-        "peak_memory_bytes": memory, "peak_memory_source": memory_source,
+        "peak_memory_bytes": memory, "peak_memory_source": memory_source, "dense_state_bytes": dense_state,
+        "activation_bytes": saved.bytes,
         "counters": counts,
     }
     watchdog.at("gather")
@@ -243,7 +247,8 @@ def _recheck_peak(peak, records: list[dict], host: str) -> None:
                      peak_provisional=new.provisional, peak_calibration=new.calibration)
 
 
-def _steps(engine_step, stages, total: int, args: RunConfig, dev: torch.device, counted, autocast, show: bool):
+def _steps(engine_step, stages, total: int, args: RunConfig, dev: torch.device, counted, saved, autocast,
+           show: bool):
     """This rank's steps in the one step loop (step.timed_steps): warm-up, the timed steps, then
     COUNTED_STEPS under the cost counters and PROFILED_STEPS under torch.profiler. Each step is
     one STEP_SPAN range (the communication analysis finds the steps by it).
@@ -255,7 +260,8 @@ def _steps(engine_step, stages, total: int, args: RunConfig, dev: torch.device, 
         if i == first_profiled:
             prof.__enter__()  # left at the loop's end: the profiled steps are the last ones
         counting = counted if i == counting_step else contextlib.nullcontext()
-        with counting, torch.autograd.profiler.record_function(STEP_SPAN), autocast():
+        saving = saved if i == counting_step else contextlib.nullcontext()
+        with counting, saving, torch.autograd.profiler.record_function(STEP_SPAN), autocast():
             return engine_step(i)
 
     samples = timed_steps(one_step, total, range(args.warmup, args.warmup + args.steps), dev, stages,

@@ -58,6 +58,10 @@ def build_result(cfg, args: RunConfig, env: dict, records: list[dict], planned, 
                         recomputed_flops=job_recomputed)
     p50 = summary["step_time_s"]["p50"]
     summary["peak_memory_bytes"] = max(r["peak_memory_bytes"] for r in records)
+    if all(r.get("activation_bytes") is not None for r in records):  # saved for backward, largest rank
+        summary["activation_bytes"] = max(r["activation_bytes"] for r in records)
+    if all(r.get("dense_state_bytes") for r in records):  # the largest rank's dense weights, grads, optimizer state
+        summary["dense_state_bytes"] = max(r["dense_state_bytes"]["total"] for r in records)
     summary["peak_memory_source"] = records[0]["peak_memory_source"] + ", max over ranks"
     summary["embedding_bytes_per_step"] = {
         k: sum(r["embedding_bytes"][k] for r in records) for k in records[0]["embedding_bytes"]}
@@ -91,6 +95,7 @@ def build_result(cfg, args: RunConfig, env: dict, records: list[dict], planned, 
             "mfu": mfu(train, p50, r["peak_tflops"]),
             "loads": r["loads"], "comm": r["comm"],
             "peak_memory_bytes": r["peak_memory_bytes"],
+            "dense_state_bytes": r.get("dense_state_bytes"),
             "counters": r["counters"],
         })
 
