@@ -5,9 +5,8 @@
     apply_compile(model, options)           torch.compile of the dense half
 
 The model modules know nothing of these. What is a "dense block" is read off the model's
-structure (dense_blocks): each layer of a module that stacks them in ``.layers`` (HSTU's
-SequenceArch, Wukong's InteractionArch), every other module of the dense half whole; the sparse
-arch is TorchRec's, sharded by DistributedModelParallel, and never touched here.
+structure (models/blocks.py); the sparse arch is TorchRec's, sharded by
+DistributedModelParallel, and never touched here.
 """
 
 from __future__ import annotations
@@ -15,39 +14,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from gembench.models.blocks import dense_blocks, dense_roots
 from gembench.usage import UsageError
-
-
-def dense_roots(model: nn.Module, prefix: str = "") -> list[tuple[str, nn.Module]]:
-    """The model's top-level dense modules, in forward order: everything but the sparse arch.
-
-    A container holding the sparse arch (TorchRec's DLRM inside ReferenceDLRM) is looked into,
-    as is a ModuleDict (one module per sequence feature); modules without parameters (the
-    pipeline's slots) are left out.
-    """
-    out = []
-    for name, child in model.named_children():
-        path = f"{prefix}{name}"
-        if name == "sparse_arch" or not any(True for _ in child.parameters()):
-            continue
-        if isinstance(child, nn.ModuleDict) or any(n == "sparse_arch" for n, _ in child.named_children()):
-            out += dense_roots(child, f"{path}.")
-        else:
-            out.append((path, child))
-    return out
-
-
-def dense_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The dense blocks in forward order: each ``.layers`` entry of a root that stacks layers, or
-    the root itself (docs/design.md section 3: what "every dense block" means)."""
-    out = []
-    for path, root in dense_roots(model):
-        layers = getattr(root, "layers", None)
-        if isinstance(layers, nn.ModuleList) and len(layers):
-            out += [(f"{path}.layers.{i}", layer) for i, layer in enumerate(layers)]
-        else:
-            out.append((path, root))
-    return out
 
 
 def checkpointed(model: nn.Module, mode: str) -> list[tuple[str, nn.Module]]:
@@ -115,6 +83,11 @@ def dense_mesh(mode: str, world: int, local_world: int, device_type: str):
         return init_device_mesh(device_type, (world // local_world, local_world),
                                 mesh_dim_names=("replicate", "shard"))
     raise UsageError(f"dense_parallel must be ddp, fsdp or hsdp, got {mode!r}")
+
+
+def dense_shards(mode: str, world: int, local_world: int) -> int:
+    """Ranks one dense parameter is split over: none under ddp, all under fsdp, a node's under hsdp."""
+    return {"ddp": 1, "fsdp": world, "hsdp": local_world}[mode]
 
 
 def apply_fsdp(model: nn.Module, mesh, bf16: bool) -> int:

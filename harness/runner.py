@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gembench.harness import nvtx
 from gembench.harness.env import fingerprint
 from gembench.usage import UsageError
 from gembench.harness.hardware import Peak, memory_available, peak_basis, recheck_peak, reference_peak, resolve_device
@@ -105,6 +106,7 @@ def measure_stack(setup: Setup, options: StackOptions, name: str, steps: int, wa
     take the memory, then count the step's costs (and with ``trace``, keep the profiled one).
     `gembench run` and `gembench ablate` (one variant each) go through here; --ab takes turns
     between two stacks (run_ab) and then follows the same summary, peak check and counters."""
+    nvtx.enable_from_env(setup.device)  # gembench run --nsys: ranges for Nsight Systems
     start = reset_peak_memory(setup.device)
     since = C.fresh_compile_state()  # this stack's compile counts are its own
     with out_of_memory_guard(setup, [options]):

@@ -28,6 +28,7 @@ from torch import nn
 from torchrec import EmbeddingBagCollection, EmbeddingCollection
 
 from gembench.usage import UsageError
+from gembench.harness import nvtx
 from gembench.harness.parallelize import apply_ac, apply_compile
 from gembench.harness.step import TrainState
 from gembench.models.config import ModelConfig
@@ -244,6 +245,7 @@ def build_train_state(cfg: ModelConfig, options: StackOptions, device: torch.dev
     torch.manual_seed(seed)
     model = pure_model(cfg, options, device)
     apply_ac(model, options.activation_checkpointing)
+    nvtx.apply_block_ranges(model)  # only when NVTX ranges are on (gembench run --nsys)
     optimizers: list[torch.optim.Optimizer] = []
     if options.fused_embeddings:
         optimizers += fuse_embeddings(model, device)

@@ -8,12 +8,14 @@ so timing adds no stall inside the step; on CPU ops are synchronous and a clock 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass, field
 
 import torch
 
+from gembench.harness import nvtx
 from gembench.models.heads import task_losses
 
 STAGES = ("data", "sparse_forward", "dense_forward", "loss", "backward", "optimizer")
@@ -22,11 +24,13 @@ STAGES = ("data", "sparse_forward", "dense_forward", "loss", "backward", "optimi
 class StageClock:
     """Boundary timestamps of one step; ``durations()`` gives seconds per stage."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, stages=STAGES):
         self.cuda = device.type == "cuda"
         self.marks: list[tuple[str, object]] = []
+        self.ranges = nvtx.StageRanges(stages)  # NVTX ranges by stage, when on (harness/nvtx.py)
 
     def mark(self, name: str) -> None:
+        self.ranges.mark(name)
         if self.cuda:
             event = torch.cuda.Event(enable_timing=True)
             event.record()
@@ -159,14 +163,19 @@ def timed_steps(one_step, total: int, kept: range, device: torch.device, stages=
     samples = StepSamples(stages={s: [] for s in stages})
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     losses = []
+    capture = contextlib.ExitStack()  # nsys's capture range: the kept steps (harness/nvtx.py)
     for i in range(total):
         if pace is not None and i in kept:
             pace(i - kept.start)
         sync()
+        if i == kept.start:
+            capture.enter_context(nvtx.captured())
         start = time.perf_counter()
         loss, durations = one_step(i)
         sync()
         elapsed = time.perf_counter() - start
+        if i == kept.stop - 1:
+            capture.close()
         if i in kept:
             samples.step_s.append(elapsed)
             losses.append(loss)
@@ -174,6 +183,7 @@ def timed_steps(one_step, total: int, kept: range, device: torch.device, stages=
                 samples.stages[stage].append(seconds)
         if progress is not None:
             progress(i + 1, total, elapsed)
+    capture.close()
     if pace is not None:
         pace.done()
     if losses:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from gembench.models.blocks import largest_block_params
 from gembench.models.config import ModelConfig
 from gembench.models.cross import nonseq_summary_flops, summary_flops
 from gembench.models.data import SEQUENCE_SIGMA, truncated_lognormal
@@ -94,7 +95,8 @@ def parameter_counts(cfg: ModelConfig) -> dict[str, int]:
     embedding = sum(p.numel() for n, p in model.named_parameters() if is_embedding_parameter(n))
     dense = sum(p.numel() for p in model.parameters()) - embedding
     rows = sum(cfg.sparse.rows) + sum(s.rows for s in cfg.sequences)
-    return {"embedding_rows": rows, "embedding_params": embedding, "dense_params": dense}
+    return {"embedding_rows": rows, "embedding_params": embedding, "dense_params": dense,
+            "largest_block_params": largest_block_params(model)}
 
 
 # Training memory (see memory_estimate). Bytes per element of each kind of state.
@@ -124,21 +126,29 @@ def embedding_param_split(cfg: ModelConfig) -> tuple[int, int]:
 
 
 def memory_estimate(cfg: ModelConfig, batch_size: int, counts: dict | None = None, stack=None,
-                    device_type: str = "cuda") -> dict[str, float]:
-    """Training memory of one process, in bytes, for the stack that will run: its peak.
+                    device_type: str = "cuda", shards: int = 1, embedding_share: float = 1.0) -> dict[str, float]:
+    """Training memory of one process (or one rank), in bytes, for the stack that will run: its peak.
 
-    ``stack`` is any object with the StackOptions fields fused_embeddings, jagged, bf16, compile
-    (None: the optimized stack). The figures, each a sum of tensors counted from the code:
+    ``stack`` is any object with the StackOptions fields fused_embeddings, jagged, bf16, compile,
+    activation_checkpointing (None: the optimized stack). On ranks, ``batch_size`` is the rank's,
+    ``embedding_share`` the share of the tables this rank holds, and ``shards`` the FSDP shard
+    group of the dense part (1: every rank holds all of it). The figures, each a sum of tensors
+    counted from the code:
 
     - embeddings: fp32 tables + exact Adagrad state (4 + 4 B per element), + a dense fp32
       gradient of every table without fused embeddings (+4 B). Fused tables are built next to the
       plain ones and loaded from them, so while the stack is built both exist: ``build`` is that
       moment's total, before any activation exists.
-    - dense: weight, gradient, Adam m and v (16 B per parameter), + a bf16 autocast copy.
+    - dense: weight, gradient, Adam m and v (16 B per parameter), + a bf16 autocast copy. Under
+      FSDP (``shards`` > 1) those 16 B are divided by the shard group, and the largest block is
+      held unsharded twice (it and the next one, prefetched) in the gather dtype, plus its fp32
+      gradient before the reduce-scatter.
     - activations: tensors saved for backward, bf16 or fp32 as the stack computes them:
       HSTU_SAVED_BYTES per token, width and layer over E[n] + 1 tokens per sequence; padded
       attention adds its (B, H, N, N) scores and SiLU (both saved) and padded Q, K, V per layer,
-      N = max_len + 1; Wukong and the MLPs a few widths per example.
+      N = max_len + 1; Wukong and the MLPs a few widths per example. A checkpointed block keeps
+      only its input (4 B per token and width for an HSTU layer, its widest input for the others)
+      and one block's activations live again during its recompute.
     - transient: the largest short-lived block on top of them: the attention scores of one layer's
       backward (padded: 3 x (B, H, N, N); jagged: tiles of ATTENTION_TILE sequences).
     - runtime: on CPU, what the process grows by besides tensors (CPU_RUNTIME_BYTES).
@@ -159,7 +169,16 @@ def memory_estimate(cfg: ModelConfig, batch_size: int, counts: dict | None = Non
     else:
         emb = (pooled + sequence) * (4 + 4 + ADAGRAD_BYTES)
         build = emb
-    dense = counts["dense_params"] * (4 + 4 + ADAM_BYTES + (2 if dtype == "bf16" else 0))
+    cast = 2 if dtype == "bf16" else 0
+    if shards > 1:
+        gathered = counts.get("largest_block_params", 0) * (2 * (2 if dtype == "bf16" else 4) + 4)
+        dense = counts["dense_params"] * (4 + 4 + ADAM_BYTES) / shards + gathered
+    else:
+        dense = counts["dense_params"] * (4 + 4 + ADAM_BYTES + cast)
+    if embedding_share < 1.0:  # a rank builds every plain table, then DMP keeps its shards (fused)
+        emb *= embedding_share
+        build = (pooled + sequence) * 4 + emb
+    checkpointing = getattr(stack, "activation_checkpointing", "none")
     acts = transient = 0.0
     if cfg.kind == "gem":
         lengths = expected_lengths(cfg, samples=4096)
@@ -168,7 +187,11 @@ def memory_estimate(cfg: ModelConfig, batch_size: int, counts: dict | None = Non
             n = lengths[s.name].astype(np.float64) + 1  # with the CLS token
             tokens = n.mean() * batch_size
             acts += SEQUENCE_INPUT_BYTES * h.dim * tokens
-            acts += h.layers * HSTU_SAVED_BYTES[dtype] * h.dim * tokens
+            if checkpointing == "none":
+                acts += h.layers * HSTU_SAVED_BYTES[dtype] * h.dim * tokens
+            else:  # each layer keeps its fp32 input; one layer's saves live again in its recompute
+                acts += h.layers * 4 * h.dim * tokens
+                transient = max(transient, HSTU_SAVED_BYTES[dtype] * h.dim * tokens)
             if jagged:
                 # Inside the op, per tile: scores and SiLU (forward), their gradients (backward).
                 tile = min(batch_size, ATTENTION_TILE)
@@ -181,7 +204,11 @@ def memory_estimate(cfg: ModelConfig, batch_size: int, counts: dict | None = Non
                 transient = max(transient, 3 * square * act)
         w = cfg.wukong
         widest = max([cfg.sparse.dim * interaction_tokens(cfg), *w.mlp, *cfg.over.mlp])
-        acts += (w.layers + len(cfg.over.mlp) + 2) * 4 * widest * batch_size * act
+        blocks = w.layers + len(cfg.over.mlp) + 2
+        if checkpointing == "all":  # inputs kept, one block's activations live again at a time
+            acts += blocks * widest * batch_size * 4 + 4 * widest * batch_size * act
+        else:
+            acts += blocks * 4 * widest * batch_size * act
     else:
         widest = max([*cfg.dense.mlp, *cfg.over.mlp, (len(cfg.sparse.rows) + 1) * cfg.sparse.dim])
         acts += (len(cfg.dense.mlp) + len(cfg.over.mlp) + 8) * widest * batch_size * act

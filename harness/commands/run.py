@@ -65,6 +65,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--peak-tflops", type=float, default=None,
                    help="peak TFLOP/s per device to measure MFU against (default: datasheet on GPU, "
                         "measured bf16 GEMM on CPU)")
+    p.add_argument("--nsys", type=Path, default=None, metavar="OUT",
+                   help="profile the timed steps with NVIDIA Nsight Systems into OUT.nsys-rep: NVTX "
+                        "ranges per step, stage and dense block (CUDA only; nsys on PATH)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.add_argument("--verbose", action="store_true",
                    help="show third-party messages kept off the terminal by default (TorchRec planner "
@@ -101,11 +104,51 @@ def configure(p: argparse.ArgumentParser) -> None:
                        help="timed steps per turn with --pace (default: 20)")
 
 
+NSYS = ["nsys", "profile", "--capture-range=cudaProfilerApi", "--capture-range-end=stop",
+        "-t", "cuda,nvtx,osrt", "--force-overwrite=false"]
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def under_nsys(args: argparse.Namespace) -> int:
+    """`gembench run ... --nsys OUT`: this same command under nsys, with NVTX ranges on."""
+    import os
+    import shutil
+    import subprocess
+
+    from gembench.harness.nvtx import ENV
+    from gembench.usage import UsageError
+
+    if args.device == "cpu" or not cuda_available():
+        raise UsageError("--nsys profiles CUDA work and this run has no CUDA device; on CPU use --trace DIR "
+                         "(torch.profiler, Perfetto)")
+    if shutil.which("nsys") is None:
+        raise UsageError("nsys (NVIDIA Nsight Systems) is not on PATH: install it (https://developer.nvidia.com/"
+                         "nsight-systems, or the CUDA toolkit's nsight-systems package), or drop --nsys")
+    argv, skip = [], False
+    for a in sys.argv[1:]:  # the same command without --nsys
+        if skip:
+            skip = False
+        elif a == "--nsys":
+            skip = True
+        elif not a.startswith("--nsys="):
+            argv.append(a)
+    cmd = [*NSYS, "-o", str(args.nsys), sys.executable, "-m", "gembench", *argv]
+    print("gembench run: " + " ".join(cmd), file=sys.stderr, flush=True)
+    return subprocess.call(cmd, env={**os.environ, ENV: "1"})
+
+
 def main(args: argparse.Namespace) -> int:
     import os
 
     from gembench.harness.runconfig import RunConfig
 
+    if getattr(args, "nsys", None) is not None:
+        return under_nsys(args)
     run = RunConfig.from_namespace(args)
     distributed = run.nproc is not None or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
     run.check(distributed)  # fail before minutes of work, not after: every path it will write too

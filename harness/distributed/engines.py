@@ -33,6 +33,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from gembench.harness import nvtx
 from gembench.harness.distributed.plan import dense_parameters, sharded_modules
 from gembench.harness.stack import StackOptions, dense_optimizer
 from gembench.models.heads import multitask_loss
@@ -242,7 +243,8 @@ class PipelineStep:
             self.sync()
             start = time.perf_counter()
             try:
-                return fn(*args, **kwargs)
+                with nvtx.span(phase):
+                    return fn(*args, **kwargs)
             finally:
                 self.sync()
                 self.times[phase] = self.times.get(phase, 0.0) + time.perf_counter() - start

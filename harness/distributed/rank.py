@@ -19,6 +19,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from gembench.harness import nvtx
 from gembench.harness.distributed import noise
 from gembench.harness.distributed import engines as E
 from gembench.harness.distributed import loads as L
@@ -34,12 +35,13 @@ from gembench.harness.metrics.mfu import summarize
 from gembench.harness.metrics import counters as C
 from gembench.harness.metrics import trace as TR
 from gembench.harness.metrics.imbalance import hot_share
-from gembench.harness.memory import SavedForBackward, peak_memory_bytes
+from gembench.harness.memory import (SavedForBackward, memory_fields, peak_memory_bytes, reset_peak_memory,
+                                     run_memory_bytes)
 from gembench.harness.runner import MAX_DISTINCT_BATCHES
 from gembench.harness.step import StageClock, timed_steps
 from gembench.models.config import load_config, with_global_batch
 from gembench.models.data import SyntheticData
-from gembench.models.flops import batch_forward_flops, embedding_bytes
+from gembench.models.flops import batch_forward_flops, embedding_bytes, memory_estimate, parameter_counts
 
 COUNTED_STEPS = 1  # an extra step after the timed ones, its cost counters taken (no profiler:
 # the counting dispatch mode re-dispatches every op, which the profiler would record twice)
@@ -106,14 +108,15 @@ def main(args: RunConfig, env: dict) -> int:
 
 def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fault) -> dict:
     from gembench.harness.distributed.result import build_result
-    from gembench.harness.parallelize import (apply_ac, apply_compile, apply_fsdp, dense_mesh, dense_state_bytes,
-                                              recomputed_forward_flops)
+    from gembench.harness.parallelize import (apply_ac, apply_compile, apply_fsdp, dense_mesh, dense_shards,
+                                              dense_state_bytes, recomputed_forward_flops)
     from gembench.harness.stack import autocast_for, on_ranks, pure_model
 
     rank, world = env["rank"], env["world_size"]
     cfg = with_global_batch(load_config(args.config), args.batch, world)  # --batch
     local_batch = per_rank_batch(cfg.data.global_batch, world)
     watchdog.at("build")
+    start_bytes = reset_peak_memory(dev)  # the rank's floor: what was loaded before the run
     torch.manual_seed(args.seed)  # same seed on every rank: identical replicated weights
     # The stack from harness/stack.py, as on one process: kernels, precision, compile, optimizer
     # and learning rates; embeddings are always fbgemm's fused TBE under DMP, and overlap is the
@@ -121,6 +124,8 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
     options = on_ranks(args.options, args.pipeline)
     gem = pure_model(cfg, options, dev)
     apply_ac(gem, options.activation_checkpointing)
+    nvtx.enable_from_env(dev)  # gembench run --nsys: ranges for Nsight Systems
+    nvtx.apply_block_ranges(gem)
     model = gem
     if args.pipeline:  # embedding modules lifted out where the pipeline's tracer can find them
         model = E.TrainModule(gem)
@@ -178,6 +183,11 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
     if not args.pipeline:
         loads["lookup_s"] = float(np.mean(samples.stages["embedding_lookup"]))
     memory, memory_source = peak_memory_bytes(dev)
+    run_bytes, run_source = run_memory_bytes(dev, start_bytes)
+    storage = planned.storage
+    estimate = memory_estimate(cfg, local_batch, parameter_counts(cfg), options, dev.type,
+                               shards=dense_shards(options.dense_parallel, world, env["local_world_size"]),
+                               embedding_share=storage[rank] / sum(storage) if sum(storage) else 1.0 / world)
     dense_state = dense_state_bytes(P.dense_parameters(dmp), engine.optimizer)
     record = {
         "rank": rank, "host": socket.gethostname(), "device": str(dev), "device_name": device_name(dev),
@@ -190,6 +200,7 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
         "comm": {k: v for k, v in comm_stats.items() if k != "calls"},
         "comm_calls": comm_stats["calls"],
         "peak_memory_bytes": memory, "peak_memory_source": memory_source, "dense_state_bytes": dense_state,
+        **memory_fields(estimate, run_bytes, run_source),
         "activation_bytes": saved.bytes,
         "counters": counts,
     }
@@ -274,7 +285,7 @@ def _staged_step(engine: E.StagedStep, batches, watchdog, fault, rank: int):
     """The staged engine as one step of the loop: a stage clock, and at every stage boundary the
     watchdog told where this rank is (and an injected fault, if any, fired)."""
     def engine_step(i: int):
-        clock = StageClock(engine.device)
+        clock = StageClock(engine.device, E.STAGES)
 
         def mark(stage):
             clock.mark(stage)
@@ -296,7 +307,8 @@ def _pipelined_step(engine: E.PipelineStep, feed, watchdog, fault, rank: int):
         watchdog.at("forward", i)
         if fault:
             fault.trigger(rank, i, "forward")
-        return engine(feed)
+        with nvtx.span("step"):
+            return engine(feed)
     return engine_step
 
 

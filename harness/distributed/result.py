@@ -58,6 +58,11 @@ def build_result(cfg, args: RunConfig, env: dict, records: list[dict], planned, 
                         recomputed_flops=job_recomputed)
     p50 = summary["step_time_s"]["p50"]
     summary["peak_memory_bytes"] = max(r["peak_memory_bytes"] for r in records)
+    if all(r.get("peak_memory_run_bytes") for r in records):  # the rank whose run rose most
+        worst = max(records, key=lambda r: r["peak_memory_run_bytes"])
+        summary.update({k: worst[k] for k in ("peak_memory_estimate_bytes", "peak_memory_run_bytes",
+                                              "peak_memory_run_source", "memory_estimate_ratio")})
+        summary["peak_memory_run_source"] += ", the rank that rose most"
     if all(r.get("activation_bytes") is not None for r in records):  # saved for backward, largest rank
         summary["activation_bytes"] = max(r["activation_bytes"] for r in records)
     if all(r.get("dense_state_bytes") for r in records):  # the largest rank's dense weights, grads, optimizer state
@@ -96,6 +101,8 @@ def build_result(cfg, args: RunConfig, env: dict, records: list[dict], planned, 
             "loads": r["loads"], "comm": r["comm"],
             "peak_memory_bytes": r["peak_memory_bytes"],
             "dense_state_bytes": r.get("dense_state_bytes"),
+            **{k: r[k] for k in ("peak_memory_estimate_bytes", "peak_memory_run_bytes", "memory_estimate_ratio")
+               if k in r},
             "counters": r["counters"],
         })
 
