@@ -125,9 +125,9 @@ def test_refusals_on_the_command_line_are_one_line_and_exit_2():
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
-def _rank_run(tmp_path, name: str, *switches: str, dtype: str = "fp32") -> dict:
+def _rank_run(tmp_path, name: str, *switches: str, config: str = "tiny", dtype: str = "fp32") -> dict:
     out = tmp_path / f"{name}.json"
-    args = ["run", "--config", "tiny", "--nproc", "2", "--steps", "5", "--warmup", "0", "--dtype", dtype,
+    args = ["run", "--config", config, "--nproc", "2", "--steps", "5", "--warmup", "0", "--dtype", dtype,
             "--out", str(out), "--quiet"]
     for s in ("compile=off", *switches):
         args += ["--set", s]
@@ -136,21 +136,71 @@ def _rank_run(tmp_path, name: str, *switches: str, dtype: str = "fp32") -> dict:
     return json.loads(out.read_text())
 
 
-def test_fsdp_trains_like_ddp_on_two_ranks(tmp_path):
-    ddp = _rank_run(tmp_path, "ddp")
-    fsdp = _rank_run(tmp_path, "fsdp", "dense_parallel=fsdp", "activation_checkpointing=hstu")
-    assert fsdp["run"]["options"]["dense_parallel"] == "fsdp"
-    assert fsdp["run"]["options"]["activation_checkpointing"] == "hstu"
-    for a, b in zip(ddp["ranks"], fsdp["ranks"]):
-        la, lb = a["samples"]["loss"], b["samples"]["loss"]
-        assert len(la) == 5 and np.max(np.abs(np.subtract(la, lb))) <= 1e-4, (la, lb)
-    s = fsdp["summary"]
-    assert s["hfu"] > s["mfu"] and ddp["summary"]["hfu"] == pytest.approx(ddp["summary"]["mfu"])
-    # the dense part's collectives, told apart from the embeddings': FSDP's gathers and
-    # reduce-scatters in place of the data-parallel all-reduce
-    assert {"dense_param_all_gather", "dense_grad_reduce_scatter"} <= set(fsdp["comm"]["by_kind"])
-    assert "dense_grad_all_reduce" not in fsdp["comm"]["by_kind"]
-    assert "dense_grad_all_reduce" in ddp["comm"]["by_kind"]
+VARIANTS = {"ddp": (), "fsdp": ("dense_parallel=fsdp",), "ddp+hstu": ("activation_checkpointing=hstu",),
+            "fsdp+hstu": ("dense_parallel=fsdp", "activation_checkpointing=hstu")}
+
+
+@pytest.fixture(scope="module")
+def tiny_ranks(tmp_path_factory):
+    """tiny on 2 gloo ranks, fp32, 5 steps, for ddp/fsdp x none/hstu checkpointing."""
+    tmp = tmp_path_factory.mktemp("ranks")
+    return {name: _rank_run(tmp, name, *switches) for name, switches in VARIANTS.items()}
+
+
+def _max_loss_gap(a: dict, b: dict) -> float:
+    gaps = [np.max(np.abs(np.subtract(x["samples"]["loss"], y["samples"]["loss"])))
+            for x, y in zip(a["ranks"], b["ranks"])]
+    assert all(len(x["samples"]["loss"]) == 5 for x in a["ranks"])
+    return float(max(gaps))
+
+
+def test_fsdp_trains_like_ddp_and_checkpointing_changes_nothing_on_two_ranks(tiny_ranks):
+    r = tiny_ranks
+    assert r["fsdp+hstu"]["run"]["options"]["dense_parallel"] == "fsdp"
+    assert r["fsdp+hstu"]["run"]["options"]["activation_checkpointing"] == "hstu"
+    print({pair: _max_loss_gap(r[pair[0]], r[pair[1]]) for pair in
+           [("ddp", "fsdp"), ("ddp+hstu", "fsdp+hstu"), ("ddp", "ddp+hstu"), ("fsdp", "fsdp+hstu")]})
+    assert _max_loss_gap(r["ddp"], r["fsdp"]) <= 1e-4
+    assert _max_loss_gap(r["ddp+hstu"], r["fsdp+hstu"]) <= 1e-4
+    assert _max_loss_gap(r["ddp"], r["ddp+hstu"]) <= 1e-6
+    assert _max_loss_gap(r["fsdp"], r["fsdp+hstu"]) <= 1e-6
+    for name in ("ddp+hstu", "fsdp+hstu"):
+        s = r[name]["summary"]
+        assert s["hfu"] > s["mfu"] and s["activation_bytes"] < r[name.split("+")[0]]["summary"]["activation_bytes"]
+    assert r["ddp"]["summary"]["hfu"] == pytest.approx(r["ddp"]["summary"]["mfu"])
+    # FSDP holds half the dense state on each of 2 ranks (weights, gradients, Adam state)
+    assert r["fsdp"]["summary"]["dense_state_bytes"] < 0.6 * r["ddp"]["summary"]["dense_state_bytes"]
+
+
+def test_the_dense_part_communicates_by_its_own_kinds(tiny_ranks):
+    ddp, fsdp = tiny_ranks["ddp"]["comm"]["by_kind"], tiny_ranks["fsdp"]["comm"]["by_kind"]
+    # FSDP's gathers and reduce-scatters in place of the data-parallel all-reduce
+    assert {"dense_param_all_gather", "dense_grad_reduce_scatter"} <= set(fsdp)
+    assert "dense_grad_all_reduce" not in fsdp and "dense_grad_all_reduce" in ddp
     # what the sparse part sends does not change with the dense part's parallelism
-    assert {k: v["bytes"] for k, v in fsdp["comm"]["by_kind"].items() if not k.startswith("dense_")} == \
-        {k: v["bytes"] for k, v in ddp["comm"]["by_kind"].items() if not k.startswith("dense_")}
+    assert {k: v["bytes"] for k, v in fsdp.items() if not k.startswith("dense_")} == \
+        {k: v["bytes"] for k, v in ddp.items() if not k.startswith("dense_")}
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_every_rank_records_its_memory_estimate_within_0_7_to_1_5(tiny_ranks, name):
+    for rank in tiny_ranks[name]["ranks"]:
+        print(f"{name} rank {rank['rank']}: estimate {rank['peak_memory_estimate_bytes'] / 2**20:.0f} MiB, "
+              f"measured {rank['peak_memory_run_bytes'] / 2**20:.0f} MiB")
+        assert 0.7 <= rank["memory_estimate_ratio"] <= 1.5
+
+
+@pytest.mark.parametrize("name", ["ddp", "fsdp+hstu"])
+def test_small_rank_memory_estimate_within_0_7_to_1_5(tmp_path, name):
+    """small, where tensors outweigh the runtime: the two ends of the switches (the grid of four,
+    tiny and small, is in the closing note of issue 19; each small run takes half a minute)."""
+    out = tmp_path / "r.json"
+    args = ["run", "--config", "small", "--nproc", "2", "--steps", "1", "--warmup", "1", "--out", str(out), "--quiet"]
+    for s in ("compile=off", *VARIANTS[name]):
+        args += ["--set", s]
+    proc = _gembench(*args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for rank in json.loads(out.read_text())["ranks"]:
+        print(f"small {name} rank {rank['rank']}: estimate {rank['peak_memory_estimate_bytes'] / 2**20:.0f} MiB, "
+              f"measured {rank['peak_memory_run_bytes'] / 2**20:.0f} MiB")
+        assert 0.7 <= rank["memory_estimate_ratio"] <= 1.5

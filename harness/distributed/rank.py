@@ -115,6 +115,9 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
     rank, world = env["rank"], env["world_size"]
     cfg = with_global_batch(load_config(args.config), args.batch, world)  # --batch
     local_batch = per_rank_batch(cfg.data.global_batch, world)
+    # the peaks first: calibrating one (large GEMMs) must not count as the run's memory
+    watchdog.at("peak")
+    peak, host_peak = _peaks(dev, args, env)
     watchdog.at("build")
     start_bytes = reset_peak_memory(dev)  # the rank's floor: what was loaded before the run
     torch.manual_seed(args.seed)  # same seed on every rank: identical replicated weights
@@ -142,8 +145,6 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
     data = SyntheticData(cfg, seed=args.seed, batch_size=local_batch, rank=rank)
     total = args.warmup + args.steps + COUNTED_STEPS + PROFILED_STEPS
     batches = [data.batch(i) for i in range(min(total, MAX_DISTINCT_BATCHES))]
-    watchdog.at("peak")
-    peak, host_peak = _peaks(dev, args, env)
 
     timed = [batches[i % len(batches)] for i in range(args.warmup, args.warmup + args.steps)]
     watchdog.at("load count")
@@ -170,7 +171,12 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
         engine_step, stages = _staged_step(engine, batches, watchdog, fault, rank), E.STAGES
     counted = C.StepCounter(dev, [engine.optimizer])
     saved = SavedForBackward(dmp.parameters())  # around the counted step, with the counters
-    samples, prof = _steps(engine_step, stages, total, args, dev, counted, saved, autocast, show)
+    memory = {}  # taken when the timed steps end, before the counted and profiled ones add theirs
+
+    def timed_end():
+        memory.update(peak=peak_memory_bytes(dev), run=run_memory_bytes(dev, start_bytes))
+
+    samples, prof = _steps(engine_step, stages, total, args, dev, counted, saved, autocast, show, timed_end)
 
     watchdog.at("analysis")
     events = TR.trace_events(prof, None if args.trace is None else Path(args.trace) / f"rank{rank}.json")
@@ -182,8 +188,7 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
     counts = C.counters(counted, events, C.compile_counts(since), window=first)
     if not args.pipeline:
         loads["lookup_s"] = float(np.mean(samples.stages["embedding_lookup"]))
-    memory, memory_source = peak_memory_bytes(dev)
-    run_bytes, run_source = run_memory_bytes(dev, start_bytes)
+    (memory, memory_source), (run_bytes, run_source) = memory["peak"], memory["run"]
     storage = planned.storage
     estimate = memory_estimate(cfg, local_batch, parameter_counts(cfg), options, dev.type,
                                shards=dense_shards(options.dense_parallel, world, env["local_world_size"]),
@@ -259,7 +264,7 @@ def _recheck_peak(peak, records: list[dict], host: str) -> None:
 
 
 def _steps(engine_step, stages, total: int, args: RunConfig, dev: torch.device, counted, saved, autocast,
-           show: bool):
+           show: bool, timed_end):
     """This rank's steps in the one step loop (step.timed_steps): warm-up, the timed steps, then
     COUNTED_STEPS under the cost counters and PROFILED_STEPS under torch.profiler. Each step is
     one STEP_SPAN range (the communication analysis finds the steps by it).
@@ -268,6 +273,8 @@ def _steps(engine_step, stages, total: int, args: RunConfig, dev: torch.device, 
     first_profiled, counting_step = total - PROFILED_STEPS, args.warmup + args.steps
 
     def one_step(i: int):
+        if i == counting_step:
+            timed_end()  # the memory of the run as timed, as on one process (runner.memory_now)
         if i == first_profiled:
             prof.__enter__()  # left at the loop's end: the profiled steps are the last ones
         counting = counted if i == counting_step else contextlib.nullcontext()
