@@ -39,6 +39,7 @@ class RunConfig:
     peak_tflops: float | None = None
     out: Path | None = None
     trace: Path | None = None
+    nsys: Path | None = None  # rerun under Nsight Systems into this report (harness/nvtx.py)
     quiet: bool = False
     verbose: bool = False
     # several ranks

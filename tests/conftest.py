@@ -32,11 +32,17 @@ def gembench_cli(*args, timeout=600):
 
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory):
-    """`gembench run --config tiny --steps 5`, optimized stack: (process, result, its path)."""
+    """`gembench run --config tiny --steps 5 --trace DIR`, optimized stack, as a user runs it
+    (library warnings not silenced): (process, result, its path); the trace is in path.parent/"tr"."""
     import json
+    import subprocess
+    import sys
 
     out = tmp_path_factory.mktemp("tiny-run") / "r.json"
-    proc = gembench_cli("run", "--config", "tiny", "--steps", "5", "--out", str(out), "--quiet")
+    proc = subprocess.run([sys.executable, "-m", "gembench", "run", "--config", "tiny", "--steps", "5",
+                           "--trace", str(out.parent / "tr"), "--out", str(out), "--quiet"],
+                          capture_output=True, text=True, timeout=600,
+                          env={k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"})
     assert proc.returncode == 0, proc.stderr
     return proc, json.loads(out.read_text()), out
 

@@ -136,13 +136,14 @@ def _rank_run(tmp_path, name: str, *switches: str, config: str = "tiny", dtype: 
     return json.loads(out.read_text())
 
 
-VARIANTS = {"ddp": (), "fsdp": ("dense_parallel=fsdp",), "ddp+hstu": ("activation_checkpointing=hstu",),
-            "fsdp+hstu": ("dense_parallel=fsdp", "activation_checkpointing=hstu")}
+# ddp + hstu is left to one process (checkpointing is the same there) and to
+# benchmarks/rank_memory.py, which prints all four cells: each cell here is a 2-rank run
+VARIANTS = {"ddp": (), "fsdp": ("dense_parallel=fsdp",), "fsdp+hstu": ("dense_parallel=fsdp", "activation_checkpointing=hstu")}
 
 
 @pytest.fixture(scope="module")
 def tiny_ranks(tmp_path_factory):
-    """tiny on 2 gloo ranks, fp32, 5 steps, for ddp/fsdp x none/hstu checkpointing."""
+    """tiny on 2 gloo ranks, fp32, 5 steps: ddp, fsdp, fsdp with each HSTU layer checkpointed."""
     tmp = tmp_path_factory.mktemp("ranks")
     return {name: _rank_run(tmp, name, *switches) for name, switches in VARIANTS.items()}
 
@@ -158,15 +159,11 @@ def test_fsdp_trains_like_ddp_and_checkpointing_changes_nothing_on_two_ranks(tin
     r = tiny_ranks
     assert r["fsdp+hstu"]["run"]["options"]["dense_parallel"] == "fsdp"
     assert r["fsdp+hstu"]["run"]["options"]["activation_checkpointing"] == "hstu"
-    print({pair: _max_loss_gap(r[pair[0]], r[pair[1]]) for pair in
-           [("ddp", "fsdp"), ("ddp+hstu", "fsdp+hstu"), ("ddp", "ddp+hstu"), ("fsdp", "fsdp+hstu")]})
+    print({pair: _max_loss_gap(r[pair[0]], r[pair[1]]) for pair in [("ddp", "fsdp"), ("fsdp", "fsdp+hstu")]})
     assert _max_loss_gap(r["ddp"], r["fsdp"]) <= 1e-4
-    assert _max_loss_gap(r["ddp+hstu"], r["fsdp+hstu"]) <= 1e-4
-    assert _max_loss_gap(r["ddp"], r["ddp+hstu"]) <= 1e-6
     assert _max_loss_gap(r["fsdp"], r["fsdp+hstu"]) <= 1e-6
-    for name in ("ddp+hstu", "fsdp+hstu"):
-        s = r[name]["summary"]
-        assert s["hfu"] > s["mfu"] and s["activation_bytes"] < r[name.split("+")[0]]["summary"]["activation_bytes"]
+    s = r["fsdp+hstu"]["summary"]
+    assert s["hfu"] > s["mfu"] and s["activation_bytes"] < r["fsdp"]["summary"]["activation_bytes"]
     assert r["ddp"]["summary"]["hfu"] == pytest.approx(r["ddp"]["summary"]["mfu"])
     # FSDP holds half the dense state on each of 2 ranks (weights, gradients, Adam state)
     assert r["fsdp"]["summary"]["dense_state_bytes"] < 0.6 * r["ddp"]["summary"]["dense_state_bytes"]
@@ -190,10 +187,11 @@ def test_every_rank_records_its_memory_estimate_within_0_7_to_1_5(tiny_ranks, na
         assert 0.7 <= rank["memory_estimate_ratio"] <= 1.5
 
 
-@pytest.mark.parametrize("name", ["ddp", "fsdp+hstu"])
+@pytest.mark.parametrize("name", ["fsdp+hstu"])
 def test_small_rank_memory_estimate_within_0_7_to_1_5(tmp_path, name):
-    """small, where tensors outweigh the runtime: the two ends of the switches (the grid of four,
-    tiny and small, is in the closing note of issue 19; each small run takes half a minute)."""
+    """small, where tensors outweigh the runtime, with both new terms of the estimate (sharded dense
+    state, checkpointed activations); ddp's is the one-process estimate's (test_memory_estimate.py).
+    The grid of four, tiny and small, is printed by benchmarks/rank_memory.py."""
     out = tmp_path / "r.json"
     args = ["run", "--config", "small", "--nproc", "2", "--steps", "1", "--warmup", "1", "--out", str(out), "--quiet"]
     for s in ("compile=off", *VARIANTS[name]):

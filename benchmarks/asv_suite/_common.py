@@ -1,7 +1,8 @@
 """Shared by the asv modules: which configs to run and one harness run per config per commit.
 
 The configs come from GEMBENCH_ASV_CONFIGS (comma-separated, default "tiny": seconds on two CPU
-cores; "tiny,small" for a nightly job; "medium" on a GPU). Steps from GEMBENCH_ASV_STEPS.
+cores; "tiny,small" for a nightly job; "medium" on a GPU). Steps from GEMBENCH_ASV_STEPS, stack
+switches over the optimized stack from GEMBENCH_ASV_SET ("dense_parallel=fsdp,compile=off").
 Imbalance and communication exist only between ranks: those classes run `gembench run --nproc
 GEMBENCH_ASV_NPROC` (default 2) as torchrun ranks. Only the metrics dict of each result is kept:
 asv pickles what setup_cache returns.
@@ -16,6 +17,9 @@ import tempfile
 CONFIGS = [c for c in os.environ.get("GEMBENCH_ASV_CONFIGS", "tiny").split(",") if c]
 STEPS = int(os.environ.get("GEMBENCH_ASV_STEPS", "20"))
 NPROC = int(os.environ.get("GEMBENCH_ASV_NPROC", "2"))
+# stack switches over the optimized stack, as `gembench run --set` takes them (comma-separated;
+# default none). The repository's own test of the suite turns compile off to save its minute.
+SWITCHES = [s for s in os.environ.get("GEMBENCH_ASV_SET", "").split(",") if s]
 
 
 def run_configs(nproc: int = 1) -> dict:
@@ -26,7 +30,12 @@ def run_configs(nproc: int = 1) -> dict:
         from gembench.harness.runner import run_benchmark
     except ImportError:  # a commit from before the harness API: nothing to track there
         return {c: None for c in CONFIGS}
-    return {c: dict(run_benchmark(c, steps=STEPS, warmup=3)["metrics"]) for c in CONFIGS}
+    kwargs = {}
+    if SWITCHES:  # only then: older commits' run_benchmark may not know stack switches
+        from gembench.harness.stack import STACKS, with_switches
+
+        kwargs["options"] = with_switches(STACKS["optimized"], SWITCHES)
+    return {c: dict(run_benchmark(c, steps=STEPS, warmup=3, **kwargs)["metrics"]) for c in CONFIGS}
 
 
 def run_ranks(config: str, nproc: int) -> dict | None:
@@ -34,7 +43,7 @@ def run_ranks(config: str, nproc: int) -> dict | None:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "r.json")
         cmd = [sys.executable, "-m", "gembench", "run", "--config", config, "--nproc", str(nproc),
-               "--steps", str(STEPS), "--out", out, "--quiet"]
+               "--steps", str(STEPS), "--out", out, "--quiet", *[a for s in SWITCHES for a in ("--set", s)]]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0 or not os.path.exists(out):
             print(proc.stderr[-2000:], file=sys.stderr)  # asv --show-stderr shows why

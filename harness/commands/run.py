@@ -114,7 +114,7 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def under_nsys(args: argparse.Namespace) -> int:
+def under_nsys(args) -> int:
     """`gembench run ... --nsys OUT`: this same command under nsys, with NVTX ranges on."""
     import os
     import shutil
@@ -147,11 +147,11 @@ def main(args: argparse.Namespace) -> int:
 
     from gembench.harness.runconfig import RunConfig
 
-    if getattr(args, "nsys", None) is not None:
-        return under_nsys(args)
     run = RunConfig.from_namespace(args)
     distributed = run.nproc is not None or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
     run.check(distributed)  # fail before minutes of work, not after: every path it will write too
+    if run.nsys is not None:
+        return under_nsys(run)
     if distributed:
         from gembench.harness.distributed.launch import main as distributed_main  # torchrun ranks
 
