@@ -187,6 +187,29 @@ def test_every_rank_records_its_memory_estimate_within_0_7_to_1_5(tiny_ranks, na
         assert 0.7 <= rank["memory_estimate_ratio"] <= 1.5
 
 
+def test_hsdp_replicates_across_two_torchrun_nodes(tmp_path):
+    """Two torchrun agents on this host as two nodes of one rank each (c10d rendezvous, as
+    multi-node jobs start): HSDP's mesh is (2 nodes, 1 rank), so the dense part is replicated
+    across the nodes and all-reduced, and the run ends in one result from rank 0."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "h.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "hsdp-test",
+           "-m", "gembench", "run", "--config", "tiny", "--steps", "2", "--warmup", "1", "--dtype", "fp32",
+           "--set", "compile=off", "--set", "dense_parallel=hsdp", "--out", str(out), "--quiet"]
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    nodes = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
+    errors = [node.communicate(timeout=300)[1] for node in nodes]
+    assert all(node.returncode == 0 for node in nodes), errors[0][-2000:] + errors[1][-2000:]
+    r = json.loads(out.read_text())
+    assert r["run"]["nproc"] == 2 and r["run"]["options"]["dense_parallel"] == "hsdp"
+    assert "dense_grad_all_reduce" in r["comm"]["by_kind"]  # replicas across the nodes
+
+
 @pytest.mark.parametrize("name", ["fsdp+hstu"])
 def test_small_rank_memory_estimate_within_0_7_to_1_5(tmp_path, name):
     """small, where tensors outweigh the runtime, with both new terms of the estimate (sharded dense

@@ -54,7 +54,33 @@ def describe(cfg) -> dict:
             name: memory_estimate(cfg, cfg.data.global_batch, counts, options, "cuda")
             for name, options in STACKS.items()
         },
+        # the optimized stack with each switch of GEM's dense side (harness/parallelize.py);
+        # per rank of SWITCH_RANKS for the data-parallel ones: the batch, the tables and (fsdp)
+        # the dense state split over them
+        "memory_estimate_bytes_by_switch": {
+            label: memory_estimate(cfg, batch, counts, options, "cuda", shards=shards, embedding_share=share)
+            for label, options, batch, shards, share in _switch_cells(cfg)
+        },
     }
+
+
+SWITCH_RANKS = 8  # one node of GPUs
+
+
+def _switch_cells(cfg):
+    from dataclasses import replace
+
+    from gembench.harness.stack import STACKS
+
+    opt, n, batch = STACKS["optimized"], SWITCH_RANKS, cfg.data.global_batch
+    return [
+        ("activation_checkpointing=hstu", replace(opt, activation_checkpointing="hstu"), batch, 1, 1.0),
+        ("activation_checkpointing=all", replace(opt, activation_checkpointing="all"), batch, 1, 1.0),
+        (f"ddp, per rank of {n}", opt, max(1, batch // n), 1, 1 / n),
+        (f"fsdp, per rank of {n}", replace(opt, dense_parallel="fsdp"), max(1, batch // n), n, 1 / n),
+        (f"fsdp + hstu, per rank of {n}", replace(opt, dense_parallel="fsdp", activation_checkpointing="hstu"),
+         max(1, batch // n), n, 1 / n),
+    ]
 
 
 def main(args: argparse.Namespace) -> int:
@@ -88,4 +114,9 @@ def main(args: argparse.Namespace) -> int:
     rows = [[k, *(f"{by_stack[name][k] / 2**30:,.2f}" for name in by_stack)] for k in by_stack["optimized"]]
     print("\n" + tabulate(rows, headers=["peak training memory, GiB (estimate, one CUDA device)", *by_stack],
                           colalign=("left", "right", "right")))
+    by_switch = d["memory_estimate_bytes_by_switch"]
+    keys = ["embeddings", "dense", "activations", "transient", "build", "total"]  # total = max(build, the rest)
+    rows = [[label, *(f"{cells[k] / 2**30:,.3f}" for k in keys)] for label, cells in by_switch.items()]
+    print("\n" + tabulate(rows, headers=["optimized stack with (GiB, estimate)", *keys],
+                          colalign=("left",) + ("right",) * len(keys)))
     return 0
