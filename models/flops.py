@@ -114,6 +114,10 @@ SEQUENCE_INPUT_BYTES = 8
 # `gembench run --config tiny` (torch 2.13, 2-core x86), where tensors are a few MiB. On CUDA the
 # measured peak is torch.cuda.max_memory_allocated, tensors only: no runtime term.
 CPU_RUNTIME_BYTES = {"eager": 16 * 2**20, "compile": 280 * 2**20}
+# The same for one torchrun rank (1 thread, after the rank has set up its process group and its
+# peak): compile grows it less than it grows one process, measured with benchmarks/rank_memory.py
+# on tiny (2 gloo ranks: a 185-204 MiB rise around 12 MiB of tensors); eager, as one process.
+CPU_RUNTIME_BYTES_RANK = {"eager": 16 * 2**20, "compile": 180 * 2**20}
 # Sequences per tile of the jagged attention op (hstu.TILE_MAX): its transient scores are per tile.
 ATTENTION_TILE = 64
 
@@ -126,13 +130,15 @@ def embedding_param_split(cfg: ModelConfig) -> tuple[int, int]:
 
 
 def memory_estimate(cfg: ModelConfig, batch_size: int, counts: dict | None = None, stack=None,
-                    device_type: str = "cuda", shards: int = 1, embedding_share: float = 1.0) -> dict[str, float]:
+                    device_type: str = "cuda", shards: int = 1, embedding_share: float = 1.0,
+                    on_rank: bool = False) -> dict[str, float]:
     """Training memory of one process (or one rank), in bytes, for the stack that will run: its peak.
 
     ``stack`` is any object with the StackOptions fields fused_embeddings, jagged, bf16, compile,
     activation_checkpointing (None: the optimized stack). On ranks, ``batch_size`` is the rank's,
-    ``embedding_share`` the share of the tables this rank holds, and ``shards`` the FSDP shard
-    group of the dense part (1: every rank holds all of it). The figures, each a sum of tensors
+    ``embedding_share`` the share of the tables this rank holds, ``shards`` the FSDP shard
+    group of the dense part (1: every rank holds all of it), and ``on_rank`` picks the rank's
+    runtime term. The figures, each a sum of tensors
     counted from the code:
 
     - embeddings: fp32 tables + exact Adagrad state (4 + 4 B per element), + a dense fp32
@@ -151,7 +157,8 @@ def memory_estimate(cfg: ModelConfig, batch_size: int, counts: dict | None = Non
       and one block's activations live again during its recompute.
     - transient: the largest short-lived block on top of them: the attention scores of one layer's
       backward (padded: 3 x (B, H, N, N); jagged: tiles of ATTENTION_TILE sequences).
-    - runtime: on CPU, what the process grows by besides tensors (CPU_RUNTIME_BYTES).
+    - runtime: on CPU, what the process grows by besides tensors (CPU_RUNTIME_BYTES, or
+      CPU_RUNTIME_BYTES_RANK on a rank).
 
     total = max(build, embeddings + dense + activations + transient) + runtime.
     """
@@ -214,7 +221,8 @@ def memory_estimate(cfg: ModelConfig, batch_size: int, counts: dict | None = Non
         acts += (len(cfg.dense.mlp) + len(cfg.over.mlp) + 8) * widest * batch_size * act
     runtime = 0.0
     if device_type != "cuda":
-        runtime = CPU_RUNTIME_BYTES["compile" if getattr(stack, "compile", True) else "eager"]
+        table = CPU_RUNTIME_BYTES_RANK if on_rank else CPU_RUNTIME_BYTES
+        runtime = table["compile" if getattr(stack, "compile", True) else "eager"]
     steady = emb + dense + acts + transient
     return {"embeddings": float(emb), "dense": float(dense), "activations": float(acts),
             "transient": float(transient), "build": float(build), "runtime": float(runtime),

@@ -225,3 +225,24 @@ def test_small_rank_memory_estimate_within_0_7_to_1_5(tmp_path, name):
         print(f"small {name} rank {rank['rank']}: estimate {rank['peak_memory_estimate_bytes'] / 2**20:.0f} MiB, "
               f"measured {rank['peak_memory_run_bytes'] / 2**20:.0f} MiB")
         assert 0.7 <= rank["memory_estimate_ratio"] <= 1.5
+
+
+def test_ablate_on_ranks_prints_the_goals_against_what_was_measured():
+    from gembench.harness.commands.ablate_ranks import RANK_VARIANTS, REFERENCE, goals
+    from gembench.harness.stack import with_switches, STACKS
+
+    for _, switches, flags in RANK_VARIANTS:  # every variant is a valid command line
+        with_switches(STACKS["optimized"], switches)
+        assert set(flags) <= {"--pipeline"}
+
+    def result(step, state, act, mfu, hfu):
+        return {"summary": {"step_time_s": {"p50": step}, "dense_state_bytes": state, "activation_bytes": act,
+                            "mfu": mfu, "hfu": hfu}}
+
+    lines = goals({REFERENCE: result(1.0, 100, 100, 0.10, 0.10),
+                   "dense_parallel=fsdp": result(1.05, 50, 90, 0.095, 0.095),
+                   "activation_checkpointing=hstu": result(1.2, 100, 40, 0.08, 0.10)})
+    assert lines[0].startswith("goal FSDP: dense state per rank 0.50x DDP's (goal <= 0.60: met); "
+                               "step time +5.0% vs DDP (goal within 10%: met)")
+    assert lines[1].startswith("goal checkpointing hstu: activation memory 60% lower (goal >= 30%: met); "
+                               "HFU - MFU = 2.00 points (the recomputed share, 25.0% of the model FLOPs)")

@@ -192,7 +192,8 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
     storage = planned.storage
     estimate = memory_estimate(cfg, local_batch, parameter_counts(cfg), options, dev.type,
                                shards=dense_shards(options.dense_parallel, world, env["local_world_size"]),
-                               embedding_share=storage[rank] / sum(storage) if sum(storage) else 1.0 / world)
+                               embedding_share=storage[rank] / sum(storage) if sum(storage) else 1.0 / world,
+                               on_rank=True)
     dense_state = dense_state_bytes(P.dense_parameters(dmp), engine.optimizer)
     record = {
         "rank": rank, "host": socket.gethostname(), "device": str(dev), "device_name": device_name(dev),
