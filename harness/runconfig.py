@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from gembench.harness.stack import StackOptions, stack_options
+from gembench.harness.stack import StackOptions, check_one_process, stack_options
 from gembench.harness.store.results import writable_folder
 from gembench.usage import UsageError
 
@@ -69,9 +69,8 @@ class RunConfig:
         """Every check that needs no model; ``distributed``: N ranks (--nproc, or under torchrun)."""
         check_counts(self.steps, self.warmup)
         options = self.options  # an unknown stack, dtype or switch is named here
-        if not distributed and options.dense_parallel != "ddp":
-            raise UsageError(f"dense_parallel={options.dense_parallel} shards the dense part over ranks: "
-                             f"add --nproc 2 or more (one process has one replica)")
+        if not distributed:
+            check_one_process(options)
         if distributed:
             if self.ab:
                 raise UsageError("--ab compares stacks in one process; it does not combine with --nproc")

@@ -119,6 +119,13 @@ def with_switches(options: StackOptions, switches) -> StackOptions:
     return options
 
 
+def check_one_process(options: StackOptions) -> None:
+    """Refuse what only ranks can run: a sharded dense part needs more than one replica."""
+    if options.dense_parallel != "ddp":
+        raise UsageError(f"dense_parallel={options.dense_parallel} shards the dense part over ranks: "
+                         f"add --nproc 2 or more (one process has one replica)")
+
+
 def stack_label(options: StackOptions) -> str:
     """The stack's name where it is a named one, else the switches it has on."""
     for name, known in STACKS.items():
@@ -245,9 +252,7 @@ def build_train_state(cfg: ModelConfig, options: StackOptions, device: torch.dev
                       seed: int = 0) -> TrainState:
     """Build the pure model from ``cfg`` with ``seed`` (same weights for every stack), then
     apply ``options`` to it."""
-    if options.dense_parallel != "ddp":
-        raise UsageError(f"dense_parallel={options.dense_parallel} shards the dense part over ranks: "
-                         f"run it with --nproc 2 or more (one process has one replica)")
+    check_one_process(options)
     torch.manual_seed(seed)
     model = pure_model(cfg, options, device)
     apply_ac(model, options.activation_checkpointing)
