@@ -171,10 +171,10 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
         engine_step, stages = _staged_step(engine, batches, watchdog, fault, rank), E.STAGES
     counted = C.StepCounter(dev, [engine.optimizer])
     saved = SavedForBackward(dmp.parameters())  # around the counted step, with the counters
-    memory = {}  # taken when the timed steps end, before the counted and profiled ones add theirs
+    at_timed_end = {}  # the memory when the timed steps end, before the counted and profiled ones add theirs
 
     def timed_end():
-        memory.update(peak=peak_memory_bytes(dev), run=run_memory_bytes(dev, start_bytes))
+        at_timed_end.update(peak=peak_memory_bytes(dev), run=run_memory_bytes(dev, start_bytes))
 
     samples, prof = _steps(engine_step, stages, total, args, dev, counted, saved, autocast, show, timed_end)
 
@@ -188,7 +188,7 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
     counts = C.counters(counted, events, C.compile_counts(since), window=first)
     if not args.pipeline:
         loads["lookup_s"] = float(np.mean(samples.stages["embedding_lookup"]))
-    (memory, memory_source), (run_bytes, run_source) = memory["peak"], memory["run"]
+    (memory, memory_source), (run_bytes, run_source) = at_timed_end["peak"], at_timed_end["run"]
     storage = planned.storage
     estimate = memory_estimate(cfg, local_batch, parameter_counts(cfg), options, dev.type,
                                shards=dense_shards(options.dense_parallel, world, env["local_world_size"]),

@@ -52,8 +52,7 @@ def build_result(cfg, args: RunConfig, env: dict, records: list[dict], planned, 
     job_forward = [sum(r["forward_flops"][i] for r in records) for i in range(steps)]
     peaks = [r["peak_tflops"] for r in records]
     global_batch = cfg.data.global_batch
-    # records from before checkpointing existed have no recomputed FLOPs: none were recomputed
-    job_recomputed = [sum(r.get("recomputed_flops", [0.0] * steps)[i] for r in records) for i in range(steps)]
+    job_recomputed = [sum(r["recomputed_flops"][i] for r in records) for i in range(steps)]
     summary = summarize(step_s, crit_stages, job_forward, global_batch, sum(peaks) / world, world,
                         recomputed_flops=job_recomputed)
     p50 = summary["step_time_s"]["p50"]
@@ -63,10 +62,9 @@ def build_result(cfg, args: RunConfig, env: dict, records: list[dict], planned, 
         summary.update({k: worst[k] for k in ("peak_memory_estimate_bytes", "peak_memory_run_bytes",
                                               "peak_memory_run_source", "memory_estimate_ratio")})
         summary["peak_memory_run_source"] += ", the rank that rose most"
-    if all(r.get("activation_bytes") is not None for r in records):  # saved for backward, largest rank
-        summary["activation_bytes"] = max(r["activation_bytes"] for r in records)
-    if all(r.get("dense_state_bytes") for r in records):  # the largest rank's dense weights, grads, optimizer state
-        summary["dense_state_bytes"] = max(r["dense_state_bytes"]["total"] for r in records)
+    summary["activation_bytes"] = max(r["activation_bytes"] for r in records)  # saved for backward, largest rank
+    # the largest rank's dense weights, gradients and optimizer state
+    summary["dense_state_bytes"] = max(r["dense_state_bytes"]["total"] for r in records)
     summary["peak_memory_source"] = records[0]["peak_memory_source"] + ", max over ranks"
     summary["embedding_bytes_per_step"] = {
         k: sum(r["embedding_bytes"][k] for r in records) for k in records[0]["embedding_bytes"]}
@@ -100,9 +98,8 @@ def build_result(cfg, args: RunConfig, env: dict, records: list[dict], planned, 
             "mfu": mfu(train, p50, r["peak_tflops"]),
             "loads": r["loads"], "comm": r["comm"],
             "peak_memory_bytes": r["peak_memory_bytes"],
-            "dense_state_bytes": r.get("dense_state_bytes"),
-            **{k: r[k] for k in ("peak_memory_estimate_bytes", "peak_memory_run_bytes", "memory_estimate_ratio")
-               if k in r},
+            "dense_state_bytes": r["dense_state_bytes"],
+            **{k: r[k] for k in ("peak_memory_estimate_bytes", "peak_memory_run_bytes", "memory_estimate_ratio")},
             "counters": r["counters"],
         })
 

@@ -103,8 +103,8 @@ def summarize(step_s, stages: dict, forward_flops: list[float], examples: int,
             "share": t / total_stage_time if total_stage_time else math.nan,
             "flops": flops,
             "tflops": tflops(flops, t) if t > 0 else 0.0,
-            "mfu": flops / t / (peak_tflops * 1e12 * devices) if t > 0 and flops else 0.0,
-            "hfu": executed / t / (peak_tflops * 1e12 * devices) if t > 0 and executed else 0.0,
+            "mfu": mfu(flops, t, peak_tflops, devices) if t > 0 and flops else 0.0,
+            "hfu": mfu(executed, t, peak_tflops, devices) if t > 0 and executed else 0.0,
         }
     mean_train = float(train.mean())
     mean_executed = mean_train + float(recomputed.mean())
