@@ -110,14 +110,17 @@ HSTU_SAVED_BYTES = {"fp32": 52, "bf16": 38}
 # The sequence's embedding output and its copy with the CLS token prepended (fp32), per token and width.
 SEQUENCE_INPUT_BYTES = 8
 # What a CPU process's resident set grows by in a run besides tensors: lazily loaded kernels and
-# allocator arenas (eager), and torch.compile's FX graphs and generated code. Measured with
-# `gembench run --config tiny` (torch 2.13, 2-core x86), where tensors are a few MiB. On CUDA the
-# measured peak is torch.cuda.max_memory_allocated, tensors only: no runtime term.
-CPU_RUNTIME_BYTES = {"eager": 16 * 2**20, "compile": 280 * 2**20}
+# allocator arenas (eager fp32), those plus oneDNN's bf16 kernels and their reordered weights under
+# bf16 autocast (eager bf16), and torch.compile's FX graphs and generated code (compile, bf16).
+# Measured with `gembench run --config tiny` (torch 2.13, 2-core x86), where tensors are a few MiB:
+# eager bf16 rose 126 MiB over 17 MiB of tensors, eager fp32 34 MiB over 18. On CUDA the measured
+# peak is torch.cuda.max_memory_allocated, tensors only: no runtime term.
+CPU_RUNTIME_BYTES = {"eager fp32": 16 * 2**20, "eager bf16": 112 * 2**20, "compile": 280 * 2**20}
 # The same for one torchrun rank (1 thread, after the rank has set up its process group and its
 # peak): compile grows it less than it grows one process, measured with benchmarks/rank_memory.py
-# on tiny (2 gloo ranks: a 185-204 MiB rise around 12 MiB of tensors); eager, as one process.
-CPU_RUNTIME_BYTES_RANK = {"eager": 16 * 2**20, "compile": 180 * 2**20}
+# on tiny (2 gloo ranks: a 185-204 MiB rise around 12 MiB of tensors); eager as one process
+# (eager bf16 on ranks: 98-111 MiB on tiny, 120-160 MiB on small over the tensors' estimate).
+CPU_RUNTIME_BYTES_RANK = {"eager fp32": 16 * 2**20, "eager bf16": 112 * 2**20, "compile": 180 * 2**20}
 # Sequences per tile of the jagged attention op (hstu.TILE_MAX): its transient scores are per tile.
 ATTENTION_TILE = 64
 
@@ -222,7 +225,7 @@ def memory_estimate(cfg: ModelConfig, batch_size: int, counts: dict | None = Non
     runtime = 0.0
     if device_type != "cuda":
         table = CPU_RUNTIME_BYTES_RANK if on_rank else CPU_RUNTIME_BYTES
-        runtime = table["compile" if getattr(stack, "compile", True) else "eager"]
+        runtime = table["compile" if getattr(stack, "compile", True) else f"eager {dtype}"]
     steady = emb + dense + acts + transient
     return {"embeddings": float(emb), "dense": float(dense), "activations": float(acts),
             "transient": float(transient), "build": float(build), "runtime": float(runtime),

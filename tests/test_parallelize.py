@@ -136,16 +136,21 @@ def _rank_run(tmp_path, name: str, *switches: str, config: str = "tiny", dtype: 
     return json.loads(out.read_text())
 
 
-# ddp + hstu is left to one process (checkpointing is the same there) and to
-# benchmarks/rank_memory.py, which prints all four cells: each cell here is a 2-rank run
-VARIANTS = {"ddp": (), "fsdp": ("dense_parallel=fsdp",), "fsdp+hstu": ("dense_parallel=fsdp", "activation_checkpointing=hstu")}
+# the four cells the memory estimate is held on, ddp/fsdp x none/hstu, in fp32 without compile
+VARIANTS = {"ddp": (), "ddp+hstu": ("activation_checkpointing=hstu",), "fsdp": ("dense_parallel=fsdp",),
+            "fsdp+hstu": ("dense_parallel=fsdp", "activation_checkpointing=hstu")}
+# and FSDP's parity under the bf16 stack (bf16 parameters all-gathered, fp32 reduction)
+BF16_VARIANTS = {"ddp bf16": (), "fsdp bf16": ("dense_parallel=fsdp",)}
 
 
 @pytest.fixture(scope="module")
 def tiny_ranks(tmp_path_factory):
-    """tiny on 2 gloo ranks, fp32, 5 steps: ddp, fsdp, fsdp with each HSTU layer checkpointed."""
+    """tiny on 2 gloo ranks, 5 steps: the four fp32 cells, then ddp and fsdp in bf16."""
     tmp = tmp_path_factory.mktemp("ranks")
-    return {name: _rank_run(tmp, name, *switches) for name, switches in VARIANTS.items()}
+    runs = {name: _rank_run(tmp, name.replace("+", "_"), *switches) for name, switches in VARIANTS.items()}
+    runs |= {name: _rank_run(tmp, name.replace(" ", "_"), *switches, dtype="bf16")
+             for name, switches in BF16_VARIANTS.items()}
+    return runs
 
 
 def _max_loss_gap(a: dict, b: dict) -> float:
@@ -165,8 +170,22 @@ def test_fsdp_trains_like_ddp_and_checkpointing_changes_nothing_on_two_ranks(tin
     s = r["fsdp+hstu"]["summary"]
     assert s["hfu"] > s["mfu"] and s["activation_bytes"] < r["fsdp"]["summary"]["activation_bytes"]
     assert r["ddp"]["summary"]["hfu"] == pytest.approx(r["ddp"]["summary"]["mfu"])
+    assert _max_loss_gap(r["ddp"], r["ddp+hstu"]) <= 1e-6
     # FSDP holds half the dense state on each of 2 ranks (weights, gradients, Adam state)
     assert r["fsdp"]["summary"]["dense_state_bytes"] < 0.6 * r["ddp"]["summary"]["dense_state_bytes"]
+
+
+def test_fsdp_trains_like_ddp_under_the_bf16_stack(tiny_ranks):
+    """bf16 rounding differs between the two (FSDP casts the gathered weights, DDP's autocast casts
+    per op), so the tolerance is the one every bf16 stack comparison uses (test_stacks.py)."""
+    from tests.test_stacks import BF16_LOSS_RTOL
+
+    ddp, fsdp = tiny_ranks["ddp bf16"], tiny_ranks["fsdp bf16"]
+    assert fsdp["run"]["options"]["bf16"] and fsdp["run"]["options"]["dense_parallel"] == "fsdp"
+    for a, b in zip(ddp["ranks"], fsdp["ranks"]):
+        print(f"rank {a['rank']}: ddp {np.round(a['samples']['loss'], 5)}, fsdp {np.round(b['samples']['loss'], 5)}")
+        assert b["samples"]["loss"] == pytest.approx(a["samples"]["loss"], rel=BF16_LOSS_RTOL)
+    assert _max_loss_gap(ddp, fsdp) > 0  # the two really took different bf16 paths
 
 
 def test_the_dense_part_communicates_by_its_own_kinds(tiny_ranks):
@@ -210,11 +229,11 @@ def test_hsdp_replicates_across_two_torchrun_nodes(tmp_path):
     assert "dense_grad_all_reduce" in r["comm"]["by_kind"]  # replicas across the nodes
 
 
-@pytest.mark.parametrize("name", ["fsdp+hstu"])
+@pytest.mark.parametrize("name", list(VARIANTS))
 def test_small_rank_memory_estimate_within_0_7_to_1_5(tmp_path, name):
-    """small, where tensors outweigh the runtime, with both new terms of the estimate (sharded dense
-    state, checkpointed activations); ddp's is the one-process estimate's (test_memory_estimate.py).
-    The grid of four, tiny and small, is printed by benchmarks/rank_memory.py."""
+    """small, where tensors outweigh the runtime: the estimate's sharded dense state and
+    checkpointed activations against what each rank measured. benchmarks/rank_memory.py prints
+    the same grid with the figures."""
     out = tmp_path / "r.json"
     args = ["run", "--config", "small", "--nproc", "2", "--steps", "1", "--warmup", "1", "--out", str(out), "--quiet"]
     for s in ("compile=off", *VARIANTS[name]):
