@@ -198,6 +198,23 @@ def test_the_dense_part_communicates_by_its_own_kinds(tiny_ranks):
         {k: v["bytes"] for k, v in ddp.items() if not k.startswith("dense_")}
 
 
+def test_the_report_figures_the_dense_collectives(tiny_ranks, tmp_path, capsys):
+    from tests.synthetic import run_cli
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / "fsdp.json").write_text(json.dumps(tiny_ranks["fsdp"]))
+    code, _, err = run_cli(["report", str(runs), "--out", str(tmp_path / "rep")], capsys)
+    assert code == 0, err
+    page = (tmp_path / "rep" / "index.html").read_text()
+    caption = re.search(r"Communication per collective.*?</figcaption>", page, re.S).group(0)
+    for kind in ("dense_param_all_gather", "dense_grad_reduce_scatter", "embedding_all_to_all"):
+        assert kind in caption
+    # exposure is recorded per kind, so the figure splits each bar, the dense kinds' included
+    assert "predates per-collective exposure" not in caption
+    assert all("exposed_s" in v for v in tiny_ranks["fsdp"]["comm"]["by_kind"].values())
+
+
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_every_rank_records_its_memory_estimate_within_0_7_to_1_5(tiny_ranks, name):
     for rank in tiny_ranks[name]["ranks"]:

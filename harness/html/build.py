@@ -130,7 +130,9 @@ def distributed_figures(g: Group) -> str:
         figures.comm_split(comm["by_kind"], comm["exposure"]),
         caption(g, [r], "Communication per collective, exposed vs overlapped with compute")
         + f" From {comm['profiled_steps']} profiled steps per rank (torch.profiler); exposed communication "
-        f"{pct(comm['exposed_comm_fraction'])} of the step, mean of ranks."
+        f"{pct(comm['exposed_comm_fraction'])} of the step, mean of ranks. Per kind, ms per step: "
+        + ", ".join(f"{esc(k)} {1e3 * v['time_s']:.1f}" for k, v in
+                    sorted(comm["by_kind"].items(), key=lambda kv: -kv[1]["time_s"])) + "."
         + ("" if per_kind else " This result predates per-collective exposure: only the per-rank split is known.")))
     return "".join(out)
 
