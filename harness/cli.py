@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "continuous": ("gembench.harness.commands.continuous", "run two commits side by side (ABBA), paired verdict per metric (exit 0/1/2/4)"),
     "promote": ("gembench.harness.commands.promote", "make runs the committed baseline for their config and hardware"),
     "peak": ("gembench.harness.commands.peak", "show, re-measure (--recalibrate) or forget (--clear) the CPU peaks"),
+    "project": ("gembench.harness.commands.project", "MFU, imbalance and exposed comm at 8 to 4,096 GPUs: planner + cost model"),
     "report": ("gembench.harness.commands.report", "one self-contained HTML page: MFU across commits, stages, ranks, comm"),
 }
 
@@ -38,6 +39,7 @@ examples:
   gembench continuous HEAD~1 HEAD       # two commits in alternating processes: catches a 5% slowdown
   gembench promote r.json               # make a run the baseline of its config and hardware
   gembench peak --recalibrate           # CPU peaks: best of several quiet GEMM rounds
+  gembench project --config xl --cluster h100   # 8 to 4,096 GPUs, from TorchRec's planner
   gembench report --out report/         # HTML page of results/runs and the baselines
   gembench <command> --help             # every flag of a command
 """

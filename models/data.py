@@ -165,3 +165,16 @@ def _kjt(keys: list[str], lengths: list[np.ndarray], values: list[np.ndarray]) -
         length_per_key=per_key,
         offset_per_key=[0, *np.cumsum(per_key).tolist()],
     )
+
+
+def expected_ids_per_example(cfg: ModelConfig, samples: int = 65536) -> dict[str, float]:
+    """Mean IDs one example looks up per table (``table_t0``..., ``table_<sequence>``), from the
+    same pooling and length distributions the batches are drawn from, for the planner and the
+    projection's lookup and communication volumes."""
+    from gembench.models.flops import expected_lengths
+
+    data = SyntheticData(cfg, seed=0, batch_size=samples)
+    rng = np.random.default_rng(0)
+    out = {f"table_t{t}": float(data.pooling_factors(rng, t).mean()) for t in range(len(cfg.sparse.rows))}
+    out |= {f"table_{name}": float(n.mean()) for name, n in expected_lengths(cfg, samples).items()}
+    return out

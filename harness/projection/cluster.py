@@ -1,0 +1,145 @@
+"""Clusters a projection is priced on: GPUs per node, peak, HBM, and the two kinds of link.
+
+A cluster is data: a preset below (every figure sourced in docs/design.md section 8) or a TOML
+file of the same fields, which is what `gembench project --calibrate` writes for this host.
+
+    name = "h100"
+    gpus_per_node = 8
+    peak_tflops = 989.4          # dense bf16 per GPU
+    hbm_gib = 80                 # HBM per GPU
+    hbm_GBps = 3350              # HBM bandwidth per GPU
+    efficiency = 0.5             # dense compute at this share of the peak, when no --from result
+    lookup_efficiency = 0.5      # embedding rows read at this share of the HBM bandwidth
+    [intra]                      # within a node (NVLink): per GPU, per direction, bus bandwidth
+    latency_us = 10
+    bandwidth_GBps = 360
+    [inter]                      # across nodes (one NIC per GPU)
+    latency_us = 25
+    bandwidth_GBps = 45
+    [collectives.all_to_all]     # optional: a measured intra-node link per collective family
+    latency_us = 60
+    bandwidth_GBps = 1.2
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from gembench.usage import UsageError, read_toml
+
+FAMILIES = ("all_to_all", "all_reduce", "reduce_scatter", "all_gather")
+
+
+@dataclass(frozen=True)
+class Link:
+    """alpha-beta: a collective of B bus bytes takes latency_s + B / bandwidth_Bps."""
+
+    latency_s: float
+    bandwidth_Bps: float
+
+
+@dataclass(frozen=True)
+class Cluster:
+    name: str
+    gpus_per_node: int
+    peak_tflops: float
+    hbm_bytes: float
+    hbm_Bps: float
+    intra: Link
+    inter: Link
+    efficiency: float = 0.5
+    lookup_efficiency: float = 0.5
+    collectives: dict[str, Link] = field(default_factory=dict)  # intra-node, per family, if measured
+    source: str = "preset"
+
+    def link(self, family: str, across_nodes: bool) -> Link:
+        if across_nodes:
+            return self.inter
+        return self.collectives.get(family, self.intra)
+
+    def hash(self) -> str:
+        content = {k: v for k, v in asdict(self).items() if k != "source"}
+        return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:12]
+
+    def describe(self) -> str:
+        return (f"{self.name}: {self.gpus_per_node} GPUs/node, {self.peak_tflops:g} TFLOP/s, "
+                f"{self.hbm_bytes / 2**30:.0f} GiB HBM at {self.hbm_Bps / 1e9:,.0f} GB/s, "
+                f"intra {self.intra.bandwidth_Bps / 1e9:,.1f} GB/s + {self.intra.latency_s * 1e6:.0f} us, "
+                f"inter {self.inter.bandwidth_Bps / 1e9:,.1f} GB/s + {self.inter.latency_s * 1e6:.0f} us "
+                f"({self.source})")
+
+
+def _preset(name, gpus, peak, hbm_gib, hbm_GBps, nvlink_GBps, nic_Gbps) -> Cluster:
+    # Bus bandwidths as nccl-tests would read them: ~80% of the per-direction link rate
+    # (docs/design.md section 8); latencies of NCCL's small messages within and across nodes.
+    return Cluster(name=name, gpus_per_node=gpus, peak_tflops=peak, hbm_bytes=hbm_gib * 2**30,
+                   hbm_Bps=hbm_GBps * 1e9, intra=Link(10e-6, 0.8 * nvlink_GBps * 1e9),
+                   inter=Link(25e-6, 0.9 * nic_Gbps / 8 * 1e9), source="preset")
+
+
+# name -> GPUs/node, dense bf16 TFLOP/s, HBM GiB, HBM GB/s, NVLink GB/s per direction, NIC Gb/s per GPU
+PRESETS = {
+    "h100": _preset("h100", 8, 989.4, 80, 3350, 450, 400),
+    "h200": _preset("h200", 8, 989.4, 141, 4800, 450, 400),
+    "b200": _preset("b200", 8, 2250.0, 180, 8000, 900, 400),
+}
+
+REQUIRED = ("name", "gpus_per_node", "peak_tflops", "hbm_gib", "hbm_GBps", "intra", "inter")
+
+
+def _link(data: dict, where: str, path: Path) -> Link:
+    if not isinstance(data, dict):
+        raise UsageError(f"{path}: [{where}] must be a table with latency_us and bandwidth_GBps")
+    for key in ("latency_us", "bandwidth_GBps"):
+        if key not in data:
+            raise UsageError(f"{path}: [{where}] has no {key}; add it (see `gembench project --help`)")
+        if not isinstance(data[key], (int, float)) or data[key] < 0 or (key == "bandwidth_GBps" and data[key] == 0):
+            raise UsageError(f"{path}: [{where}] {key} must be a positive number, got {data[key]!r}")
+    return Link(data["latency_us"] * 1e-6, data["bandwidth_GBps"] * 1e9)
+
+
+def read_cluster(path: Path) -> Cluster:
+    data = read_toml(path, f"cluster file {path} does not exist; name a preset ({', '.join(PRESETS)}) or a TOML file")
+    for key in REQUIRED:
+        if key not in data:
+            raise UsageError(f"{path}: field {key!r} is missing; a cluster file needs {', '.join(REQUIRED)}")
+    for key in ("gpus_per_node", "peak_tflops", "hbm_gib", "hbm_GBps"):
+        if not isinstance(data[key], (int, float)) or data[key] <= 0:
+            raise UsageError(f"{path}: {key} must be a positive number, got {data[key]!r}")
+    extra = data.get("collectives", {})
+    unknown = set(extra) - set(FAMILIES)
+    if unknown:
+        raise UsageError(f"{path}: [collectives] knows {', '.join(FAMILIES)}, not {', '.join(sorted(unknown))}")
+    return Cluster(
+        name=str(data["name"]), gpus_per_node=int(data["gpus_per_node"]), peak_tflops=float(data["peak_tflops"]),
+        hbm_bytes=float(data["hbm_gib"]) * 2**30, hbm_Bps=float(data["hbm_GBps"]) * 1e9,
+        intra=_link(data["intra"], "intra", path), inter=_link(data["inter"], "inter", path),
+        efficiency=float(data.get("efficiency", 0.5)), lookup_efficiency=float(data.get("lookup_efficiency", 0.5)),
+        collectives={f: _link(v, f"collectives.{f}", path) for f, v in extra.items()}, source=str(path))
+
+
+def load_cluster(spec: str) -> Cluster:
+    """A preset by name, or a TOML file by path."""
+    if spec in PRESETS:
+        return PRESETS[spec]
+    path = Path(spec)
+    if path.suffix != ".toml" and not path.exists():
+        raise UsageError(f"--cluster: no preset {spec!r}; pick one of {', '.join(PRESETS)} or give a .toml file")
+    return read_cluster(path)
+
+
+def to_toml(c: Cluster, comment: str = "") -> str:
+    def link(t: Link) -> str:
+        return f"latency_us = {t.latency_s * 1e6:.3f}\nbandwidth_GBps = {t.bandwidth_Bps / 1e9:.6g}\n"
+
+    lines = [f"# {line}" for line in comment.splitlines()] if comment else []
+    lines += [f'name = "{c.name}"', f"gpus_per_node = {c.gpus_per_node}", f"peak_tflops = {c.peak_tflops:.6g}",
+              f"hbm_gib = {c.hbm_bytes / 2**30:.6g}", f"hbm_GBps = {c.hbm_Bps / 1e9:.6g}",
+              f"efficiency = {c.efficiency:g}", f"lookup_efficiency = {c.lookup_efficiency:g}", "",
+              "[intra]", link(c.intra), "[inter]", link(c.inter)]
+    for family, t in c.collectives.items():
+        lines += [f"[collectives.{family}]", link(t)]
+    return "\n".join(lines)

@@ -1,0 +1,229 @@
+"""The projection's one cost model: a training step of a config on W GPUs of a cluster, per stage.
+
+Every constant and assumption is written in docs/design.md section 8. In short:
+
+- Volumes from the plan (harness/projection/offline_plan.py, or a measured run's own plan) and
+  the config's mean IDs per example (models.data.expected_ids_per_example). IDs are hashed over
+  rows (models.data.zipf_ids), so a row-wise shard reads its share of rows' share of lookups.
+- Compute per stage from a measured result (seconds per example per stage on that device,
+  scaled to the per-rank batch) or, without one, from FLOPs at the cluster's efficiency.
+- Embedding lookups: bytes read over HBM bandwidth (or the measured result's seconds per byte);
+  the fused optimizer's update in the backward reads and writes each row: UPDATE_PER_LOOKUP.
+- Collectives alpha-beta with nccl-tests' bus factors (harness.metrics.comm.bus_factor),
+  hierarchical across nodes: `collective_time`.
+- Overlap as the stack schedules it: ``staged`` (gembench's measured ranks: every stage on the
+  critical path) or ``pipelined`` (TorchRec's TrainPipelineSparseDist: the next batch's
+  input_dist under this batch's dense compute; DDP's bucketed all-reduce under the backward,
+  the last bucket exposed).
+The slowest rank sets every synchronized stage: lookups and all-to-alls take the max over ranks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from gembench.harness.metrics.comm import bus_factor
+from gembench.harness.metrics.mfu import STAGE_FLOP_SHARE, mfu, train_flops
+from gembench.harness.projection.cluster import Cluster
+from gembench.models.config import ModelConfig
+from gembench.models.flops import ADAM_BYTES, forward_flops_per_example, memory_estimate, parameter_counts
+
+STAGES = ("input_dist", "embedding_lookup", "output_dist", "dense_forward", "backward", "grad_sync", "optimizer")
+COMM_STAGES = ("input_dist", "output_dist", "grad_sync")
+ID_BYTES = 8  # int64 IDs in the KJT all-to-all (TorchRec's default index dtype)
+LENGTH_BYTES = 4  # one int32 length per example and feature
+EMB_BYTES = 4  # fp32 embedding rows and pooled outputs (TorchRec's default, no quantized comms)
+UPDATE_PER_LOOKUP = 2.0  # fused row-wise Adagrad: read and write each looked-up row once more
+DDP_BUCKET_BYTES = 25 * 2**20  # DDP's default bucket: the last one cannot overlap the backward
+ADAM_STEP_BYTES = 4 + 4 + ADAM_BYTES + 4 + ADAM_BYTES  # read p, g, m, v; write p, m, v (fp32)
+
+
+def collective_time(cluster: Cluster, family: str, nbytes: float, ranks: int) -> float:
+    """Seconds for one collective over ``ranks`` GPUs of ``nbytes`` (nccl-tests' sizes: the send
+    buffer of an all-to-all, the full buffer of the others). Within a node: latency + bus bytes /
+    the intra link. Across N nodes of G GPUs, each GPU on its own NIC:
+      all_to_all: (N-1)/N of the buffer leaves the node at the NIC rate, under the NVLink part;
+      all_reduce: reduce-scatter in the node, all-reduce of 1/G across nodes, all-gather in the node;
+      reduce_scatter / all_gather: the in-node step and 1/G of the buffer across the nodes."""
+    if ranks <= 1 or nbytes <= 0:
+        return 0.0
+    g = min(ranks, cluster.gpus_per_node)
+    nodes = math.ceil(ranks / g)
+    intra = cluster.link(family, across_nodes=False)
+    if nodes == 1:
+        return intra.latency_s + nbytes * bus_factor(family, g) / intra.bandwidth_Bps
+    inter = cluster.inter
+    if family == "all_to_all":
+        leaving = nbytes * (nodes - 1) / nodes / inter.bandwidth_Bps
+        staying = nbytes * (g - 1) / (g * nodes) / intra.bandwidth_Bps
+        return inter.latency_s + max(leaving, staying)
+    in_node = nbytes * bus_factor(family, g) / intra.bandwidth_Bps
+    across = (nbytes / g) * bus_factor(family, nodes) / inter.bandwidth_Bps
+    if family == "all_reduce":  # in_node already counts both halves (2(g-1)/g)
+        return 2 * intra.latency_s + inter.latency_s + in_node + across
+    return intra.latency_s + inter.latency_s + in_node + across
+
+
+@dataclass(frozen=True)
+class Compute:
+    """Seconds per example per dense stage on one device, the optimizer's seconds per step, and
+    the lookup's seconds per byte; from a measured result or from the cluster's datasheet."""
+
+    per_example: dict[str, float]  # dense_forward, backward (dense part only)
+    optimizer_s: float
+    lookup_s_per_byte: float
+    source: str
+
+
+def datasheet_compute(cfg: ModelConfig, cluster: Cluster, shards: int = 1, counts: dict | None = None) -> Compute:
+    fwd = sum(forward_flops_per_example(cfg).values())
+    rate = cluster.peak_tflops * 1e12 * cluster.efficiency
+    per = {stage: fwd * STAGE_FLOP_SHARE[stage] / rate for stage in ("dense_forward", "backward")}
+    dense = (counts or parameter_counts(cfg))["dense_params"] / shards
+    return Compute(per, dense * ADAM_STEP_BYTES / cluster.hbm_Bps,
+                   1.0 / (cluster.hbm_Bps * cluster.lookup_efficiency),
+                   f"datasheet: {cluster.peak_tflops:g} TFLOP/s x {cluster.efficiency:g}, "
+                   f"HBM {cluster.hbm_Bps / 1e9:,.0f} GB/s x {cluster.lookup_efficiency:g}")
+
+
+def measured_compute(result: dict) -> Compute:
+    """From a measured result (one process or one rank): its stages per example. The lookup's rate
+    is its forward lookup time over the bytes it read; the backward loses the embedding update it
+    contains (UPDATE_PER_LOOKUP x the lookup time), which the projection adds back per rank."""
+    ranks = result.get("ranks") or []
+    if ranks:
+        r = ranks[0]
+        stages, batch = r["stage_means_s"], r["per_rank_batch"]
+        read = (r.get("loads") or {}).get("bytes_read")
+    else:
+        stages = {k: v["time_s"] for k, v in result["summary"]["stages"].items()}
+        batch = result["run"].get("per_rank_batch") or result["run"].get("global_batch") or result["config"]["data"]["global_batch"]
+        read = (result["summary"].get("embedding_bytes_per_step") or {}).get("read")
+    lookup = stages.get("embedding_lookup", 0.0)
+    rate = lookup / read if read else 0.0
+    backward = max(stages.get("backward", 0.0) - UPDATE_PER_LOOKUP * lookup, 0.0)
+    return Compute({"dense_forward": stages.get("dense_forward", 0.0) / batch, "backward": backward / batch},
+                   stages.get("optimizer", 0.0), rate,
+                   f"measured: {result.get('id', '?')} on {result['env'].get('device_name', '?')}, "
+                   f"{batch} examples per rank")
+
+
+def _rows_share(table: dict, shard: int, rows: int) -> float:
+    return table["shard_sizes"][shard][0] / rows
+
+
+def volumes(cfg: ModelConfig, tables: dict[str, dict], ids: dict[str, float], world: int, batch: int) -> dict:
+    """Per rank: bytes looked up, and bytes sent and received by each communication of the step.
+
+    ``batch`` is the per-rank batch; the global batch is world x batch. Returns arrays of W.
+    """
+    gb = world * batch
+    sequences = {f"table_{s.name}" for s in cfg.sequences}
+    lookup = np.zeros(world)
+    kjt_send, kjt_recv = np.zeros(world), np.zeros(world)
+    a2a_send, a2a_recv = np.zeros(world), np.zeros(world)  # pooled TW/CW and sequence outputs
+    rs_bytes = []  # (group size, bytes) per row-wise pooled table: reduce-scatter forward
+    for name, t in tables.items():
+        n_ids = ids.get(name, 0.0)
+        kind = t["sharding"]
+        rows = sum(s[0] for s in t["shard_sizes"]) if kind in ("row_wise", "table_row_wise") else t["shard_sizes"][0][0]
+        dim_total = sum(s[1] for s in t["shard_sizes"]) if kind == "column_wise" else t["shard_sizes"][0][1]
+        sequence = name in sequences
+        if kind == "data_parallel":
+            lookup += batch * n_ids * dim_total * EMB_BYTES
+            continue
+        id_bytes = n_ids * ID_BYTES + LENGTH_BYTES
+        # every rank sends its examples' IDs once per shard that needs them
+        copies = len(t["ranks"]) if kind == "column_wise" else 1
+        kjt_send += batch * id_bytes * copies
+        for i, rank in enumerate(t["ranks"]):
+            cols = t["shard_sizes"][i][1]
+            share = _rows_share(t, i, rows) if kind in ("row_wise", "table_row_wise") else 1.0
+            looked = gb * n_ids * share
+            lookup[rank] += looked * cols * EMB_BYTES
+            kjt_recv[rank] += gb * id_bytes * share
+            if sequence:  # unpooled rows go back to their examples' ranks
+                a2a_send[rank] += looked * cols * EMB_BYTES
+            elif kind in ("table_wise", "column_wise"):
+                a2a_send[rank] += gb * cols * EMB_BYTES
+        if sequence:
+            a2a_recv += batch * n_ids * dim_total * EMB_BYTES
+        elif kind in ("table_wise", "column_wise"):
+            a2a_recv += batch * dim_total * EMB_BYTES
+        else:
+            rs_bytes.append((len(t["ranks"]), gb * dim_total * EMB_BYTES))
+    return {"lookup": lookup, "kjt_send": kjt_send, "kjt_recv": kjt_recv, "a2a_send": a2a_send,
+            "a2a_recv": a2a_recv, "reduce_scatter": rs_bytes}
+
+
+def embedding_bytes_per_rank(tables: dict[str, dict], world: int) -> np.ndarray:
+    """Weights and row-wise Adagrad state held by each rank, from the plan's shard sizes."""
+    held = np.zeros(world)
+    for t in tables.values():
+        ranks = t["ranks"] if t["sharding"] != "data_parallel" else range(world)
+        for i, rank in enumerate(ranks):
+            rows, cols = t["shard_sizes"][min(i, len(t["shard_sizes"]) - 1)]
+            held[rank] += rows * cols * EMB_BYTES + rows * 4
+    return held
+
+
+def project(cfg: ModelConfig, tables: dict[str, dict], ids: dict[str, float], world: int, batch: int,
+            cluster: Cluster, compute: Compute, schedule: str = "pipelined", stack=None,
+            counts: dict | None = None) -> dict:
+    """One projected step: stages (time and exposed time), step, MFU, imbalance, memory."""
+    counts = counts or parameter_counts(cfg)
+    v = volumes(cfg, tables, ids, world, batch)
+    a2a = lambda send, recv: collective_time(cluster, "all_to_all", float(max(send.max(), recv.max())), world)  # noqa: E731
+    input_dist = a2a(v["kjt_send"], v["kjt_recv"])
+    pooled_out = a2a(v["a2a_send"], v["a2a_recv"])
+    rs = sum(collective_time(cluster, "reduce_scatter", b, n) for n, b in v["reduce_scatter"])
+    output_dist = pooled_out + rs
+    lookup_rank = v["lookup"] * compute.lookup_s_per_byte
+    lookup = float(lookup_rank.max())
+    dense_fwd = compute.per_example["dense_forward"] * batch
+    dense_bwd = compute.per_example["backward"] * batch
+    # backward: the dense part, the embeddings' gradients back (the reverse of output_dist: an
+    # all-to-all, and an all-gather for row-wise pooled tables), then the fused update
+    ag = sum(collective_time(cluster, "all_gather", b, n) for n, b in v["reduce_scatter"])
+    grad_comm = pooled_out + ag
+    backward = dense_bwd + grad_comm + UPDATE_PER_LOOKUP * lookup
+    dense_grad = counts["dense_params"] * 4
+    sync = collective_time(cluster, "all_reduce", dense_grad, world)
+    stages = {"input_dist": input_dist, "embedding_lookup": lookup, "output_dist": output_dist,
+              "dense_forward": dense_fwd, "backward": backward, "grad_sync": sync, "optimizer": compute.optimizer_s}
+    exposed = dict(stages)
+    if schedule == "pipelined":
+        exposed["input_dist"] = max(0.0, input_dist - (dense_fwd + dense_bwd))
+        last_bucket = collective_time(cluster, "all_reduce", min(dense_grad, DDP_BUCKET_BYTES), world)
+        exposed["grad_sync"] = max(last_bucket, sync - dense_bwd) if world > 1 else 0.0
+    step = sum(exposed.values())
+    comm_exposed = exposed["input_dist"] + exposed["output_dist"] + grad_comm + exposed["grad_sync"]
+    fwd = sum(forward_flops_per_example(cfg).values())
+    shares = v["lookup"] / v["lookup"].mean() if v["lookup"].mean() > 0 else np.ones(world)
+    emb_held = embedding_bytes_per_rank(tables, world)
+    dense_mem = memory_estimate(cfg, batch, counts=counts, stack=stack, device_type="cuda")
+    memory = float(emb_held.max() + dense_mem["dense"] + dense_mem["activations"] + dense_mem["transient"])
+    return {
+        "world": world, "nodes": math.ceil(world / cluster.gpus_per_node), "per_rank_batch": batch,
+        "global_batch": world * batch, "schedule": schedule,
+        "stages": {k: {"time_s": stages[k], "exposed_s": exposed[k]} for k in STAGES},
+        "step_time_s": step, "examples_per_s": world * batch / step if step else 0.0,
+        "mfu": mfu(train_flops(fwd * world * batch), step, cluster.peak_tflops, world),
+        "imbalance": {"max_mean": float(shares.max()), "lookup_bytes_max": float(v["lookup"].max()),
+                      "lookup_bytes_mean": float(v["lookup"].mean())},
+        "exposed_comm_s": comm_exposed, "exposed_comm_fraction": comm_exposed / step if step else 0.0,
+        "memory": {"per_gpu_bytes": memory, "embeddings_bytes": float(emb_held.max()),
+                   "dense_bytes": float(dense_mem["dense"]),
+                   "activations_bytes": float(dense_mem["activations"] + dense_mem["transient"]),
+                   "hbm_bytes": cluster.hbm_bytes, "fits": memory <= cluster.hbm_bytes},
+    }
+
+
+def sharding_counts(tables: dict[str, dict]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for t in tables.values():
+        counts[t["sharding"]] = counts.get(t["sharding"], 0) + 1
+    return dict(sorted(counts.items()))

@@ -1,0 +1,64 @@
+"""The projection as a document (gembench.projection/1) and as the tables a person reads."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from tabulate import tabulate
+
+from gembench.harness.env import git_state
+from gembench.harness.projection.cluster import Cluster
+from gembench.harness.projection.cost import STAGES, Compute
+from gembench.models.config import ModelConfig
+
+SHORT = {"table_wise": "TW", "row_wise": "RW", "column_wise": "CW", "table_row_wise": "TWRW",
+         "data_parallel": "DP"}
+
+
+def projection_document(cfg: ModelConfig, cluster: Cluster, rows: list[dict], schedule: str, compute: Compute,
+                        id: str, created: str) -> dict:
+    commit, dirty = git_state()
+    c = asdict(cluster)
+    return {"schema": "gembench.projection/1", "id": id, "created": created,
+            "config": {"name": cfg.name, "hash": cfg.hash, "global_batch": cfg.data.global_batch},
+            "cluster": c | {"hash": cluster.hash()}, "schedule": schedule,
+            "compute": {"source": compute.source, "per_example_s": compute.per_example,
+                        "optimizer_s": compute.optimizer_s, "lookup_s_per_byte": compute.lookup_s_per_byte},
+            "env": {"git_commit": commit, "git_dirty": dirty}, "rows": rows}
+
+
+def plan_text(shardings: dict[str, int]) -> str:
+    return " ".join(f"{SHORT.get(k, k)} {n}" for k, n in sorted(shardings.items(), key=lambda kv: -kv[1]))
+
+
+def print_projection(doc: dict) -> None:
+    c = doc["cluster"]
+    print(f"gembench project {doc['config']['name']} (global batch {doc['config']['global_batch']:,}) on "
+          f"{c['name']}: {c['gpus_per_node']} GPUs/node, peak {c['peak_tflops']:g} TFLOP/s per GPU (dense bf16), "
+          f"{c['hbm_bytes'] / 2**30:.0f} GiB HBM; schedule {doc['schedule']}; commit {doc['env']['git_commit'][:10]}")
+    print(f"compute: {doc['compute']['source']}\n")
+    head = ["GPUs", "nodes", "batch/GPU", "plan", "step ms", "MFU", "imbalance", "exposed comm",
+            "memory GiB/GPU", "examples/s", "plan s"]
+    table, stages = [], []
+    for r in doc["rows"]:
+        p = r["plan"]
+        plan_s = f"{p['seconds']:.1f}" + (" (cached)" if p["cached"] else "")
+        if not p["fits"]:
+            table.append([r["world"], r["nodes"], r["per_rank_batch"], "no plan fits", "", "", "", "", "", "", plan_s])
+            continue
+        m = r["memory"]
+        table.append([r["world"], r["nodes"], f"{r['per_rank_batch']:,}", plan_text(p["shardings"]),
+                      f"{1e3 * r['step_time_s']:,.1f}", f"{100 * r['mfu']:.1f}%", f"{r['imbalance']['max_mean']:.2f}",
+                      f"{100 * r['exposed_comm_fraction']:.1f}%",
+                      f"{m['per_gpu_bytes'] / 2**30:,.1f}" + ("" if m["fits"] else " (over)"),
+                      f"{r['examples_per_s']:,.0f}", plan_s])
+        stages.append([r["world"]] + [f"{1e3 * r['stages'][s]['exposed_s']:,.2f}" for s in STAGES])
+    print(tabulate(table, headers=head, disable_numparse=True, colalign=["right"] * 3 + ["left"] + ["right"] * 7))
+    if stages:
+        print("\ncritical path per stage, ms (what the schedule cannot hide):")
+        print(tabulate(stages, headers=["GPUs", *STAGES], disable_numparse=True))
+    for r in doc["rows"]:
+        if not r["plan"]["fits"]:
+            print(f"\n{r['world']} GPUs: TorchRec's planner found no plan: {r['plan']['error']}")
+    print("\n(imbalance: max/mean of per-GPU embedding lookup bytes from the plan; exposed comm: share of "
+          "the step; memory: the largest GPU's embedding shards + dense state + activations)")
