@@ -43,6 +43,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--schedule", choices=("pipelined", "staged"), default="pipelined",
                    help="pipelined: TorchRec's sparse-dist pipeline and DDP overlap (default); "
                         "staged: every stage on the critical path, as gembench's measured ranks run")
+    p.add_argument("--set", dest="switches", action="append", default=[], metavar="NAME=VALUE",
+                   help="a switch of the optimized stack, as `gembench run --set` takes it: "
+                        "activation_checkpointing=hstu|all, dense_parallel=fsdp (memory, recompute, gradient sync)")
     p.add_argument("--no-cache", action="store_true", help="plan again instead of reading the plan cache")
     p.add_argument("--out", metavar="FILE", help="projection JSON (gembench.projection/1); with --calibrate "
                    "the cluster TOML; never overwritten")
@@ -83,7 +86,10 @@ def project_command(args) -> int:
     from gembench.harness.store.results import check_writable, write_result
     from gembench.models.config import load_config, with_global_batch
 
+    from gembench.harness.stack import stack_options
+
     cluster = load_cluster(args.cluster)
+    stack = stack_options("optimized", None, tuple(args.switches))
     worlds = _worlds(args.gpus)
     cfg = with_global_batch(load_config(args.config), args.batch)
     for w in worlds:
@@ -106,8 +112,8 @@ def project_command(args) -> int:
     if args.out:
         check_writable(args.out)
     progress = (lambda msg: print(msg, file=sys.stderr, flush=True)) if not args.quiet else (lambda msg: None)
-    rows, compute = sweep(cfg, worlds, cluster, result, args.sharding, args.schedule, not args.no_cache, progress)
-    doc = projection_document(cfg, cluster, rows, args.schedule, compute,
+    rows, compute = sweep(cfg, worlds, cluster, result, args.sharding, args.schedule, not args.no_cache, progress, stack)
+    doc = projection_document(cfg, cluster, rows, args.schedule, compute, stack,
                               id=uuid.uuid4().hex[:12], created=datetime.datetime.now(datetime.timezone.utc).isoformat())
     print_projection(doc)
     if args.out:

@@ -27,6 +27,7 @@ import numpy as np
 
 from gembench.harness.metrics.comm import bus_factor
 from gembench.harness.metrics.mfu import STAGE_FLOP_SHARE, mfu, train_flops
+from gembench.harness.parallelize import recomputed_forward_flops
 from gembench.harness.projection.cluster import Cluster
 from gembench.models.config import ModelConfig
 from gembench.models.flops import ADAM_BYTES, forward_flops_per_example, memory_estimate, parameter_counts
@@ -69,8 +70,9 @@ def collective_time(cluster: Cluster, family: str, nbytes: float, ranks: int) ->
 
 @dataclass(frozen=True)
 class Compute:
-    """Seconds per example per dense stage on one device, the optimizer's seconds per step, and
-    the lookup's seconds per byte; from a measured result or from the cluster's datasheet."""
+    """Seconds per example per dense stage on one device, the optimizer's seconds per step over
+    all the dense parameters (FSDP divides it by the shards), and the lookup's seconds per byte;
+    from a measured result or from the cluster's datasheet."""
 
     per_example: dict[str, float]  # dense_forward, backward (dense part only)
     optimizer_s: float
@@ -78,11 +80,11 @@ class Compute:
     source: str
 
 
-def datasheet_compute(cfg: ModelConfig, cluster: Cluster, shards: int = 1, counts: dict | None = None) -> Compute:
+def datasheet_compute(cfg: ModelConfig, cluster: Cluster, counts: dict | None = None) -> Compute:
     fwd = sum(forward_flops_per_example(cfg).values())
     rate = cluster.peak_tflops * 1e12 * cluster.efficiency
     per = {stage: fwd * STAGE_FLOP_SHARE[stage] / rate for stage in ("dense_forward", "backward")}
-    dense = (counts or parameter_counts(cfg))["dense_params"] / shards
+    dense = (counts or parameter_counts(cfg))["dense_params"]
     return Compute(per, dense * ADAM_STEP_BYTES / cluster.hbm_Bps,
                    1.0 / (cluster.hbm_Bps * cluster.lookup_efficiency),
                    f"datasheet: {cluster.peak_tflops:g} TFLOP/s x {cluster.efficiency:g}, "
@@ -104,9 +106,11 @@ def measured_compute(result: dict) -> Compute:
         read = (result["summary"].get("embedding_bytes_per_step") or {}).get("read")
     lookup = stages.get("embedding_lookup", 0.0)
     rate = lookup / read if read else 0.0
+    options = result["run"].get("options") or {}
+    shards = (result["run"].get("nproc") or 1) if options.get("dense_parallel") == "fsdp" else 1
     backward = max(stages.get("backward", 0.0) - UPDATE_PER_LOOKUP * lookup, 0.0)
     return Compute({"dense_forward": stages.get("dense_forward", 0.0) / batch, "backward": backward / batch},
-                   stages.get("optimizer", 0.0), rate,
+                   stages.get("optimizer", 0.0) * shards, rate,
                    f"measured: {result.get('id', '?')} on {result['env'].get('device_name', '?')}, "
                    f"{batch} examples per rank")
 
@@ -175,6 +179,7 @@ def project(cfg: ModelConfig, tables: dict[str, dict], ids: dict[str, float], wo
             counts: dict | None = None) -> dict:
     """One projected step: stages (time and exposed time), step, MFU, imbalance, memory."""
     counts = counts or parameter_counts(cfg)
+    fsdp = getattr(stack, "dense_parallel", "ddp") == "fsdp"
     v = volumes(cfg, tables, ids, world, batch)
     a2a = lambda send, recv: collective_time(cluster, "all_to_all", float(max(send.max(), recv.max())), world)  # noqa: E731
     input_dist = a2a(v["kjt_send"], v["kjt_recv"])
@@ -190,21 +195,36 @@ def project(cfg: ModelConfig, tables: dict[str, dict], ids: dict[str, float], wo
     ag = sum(collective_time(cluster, "all_gather", b, n) for n, b in v["reduce_scatter"])
     grad_comm = pooled_out + ag
     backward = dense_bwd + grad_comm + UPDATE_PER_LOOKUP * lookup
+    # checkpointed blocks run their forward again in the backward (HFU counts it, MFU does not)
+    fwd_blocks = forward_flops_per_example(cfg)
+    ac = getattr(stack, "activation_checkpointing", "none")
+    recompute = dense_fwd * recomputed_forward_flops(fwd_blocks, ac) / sum(fwd_blocks.values())
+    backward += recompute
     dense_grad = counts["dense_params"] * 4
-    sync = collective_time(cluster, "all_reduce", dense_grad, world)
+    if fsdp:  # fp32 gradients reduce-scattered; parameters all-gathered (bf16) for forward and backward
+        gather = counts["dense_params"] * (2 if getattr(stack, "bf16", True) else 4)
+        sync = collective_time(cluster, "reduce_scatter", dense_grad, world) \
+            + 2 * collective_time(cluster, "all_gather", gather, world)
+    else:
+        sync = collective_time(cluster, "all_reduce", dense_grad, world)
     stages = {"input_dist": input_dist, "embedding_lookup": lookup, "output_dist": output_dist,
-              "dense_forward": dense_fwd, "backward": backward, "grad_sync": sync, "optimizer": compute.optimizer_s}
+              "dense_forward": dense_fwd, "backward": backward, "grad_sync": sync, "optimizer": compute.optimizer_s / (world if fsdp else 1)}
     exposed = dict(stages)
     if schedule == "pipelined":
         exposed["input_dist"] = max(0.0, input_dist - (dense_fwd + dense_bwd))
-        last_bucket = collective_time(cluster, "all_reduce", min(dense_grad, DDP_BUCKET_BYTES), world)
-        exposed["grad_sync"] = max(last_bucket, sync - dense_bwd) if world > 1 else 0.0
+        if fsdp:  # one block's gather ahead of the forward, the rest prefetched under compute
+            first = collective_time(cluster, "all_gather", counts.get("largest_block_params", 0) * 2, world)
+            exposed["grad_sync"] = max(first, sync - dense_fwd - dense_bwd) if world > 1 else 0.0
+        else:
+            last_bucket = collective_time(cluster, "all_reduce", min(dense_grad, DDP_BUCKET_BYTES), world)
+            exposed["grad_sync"] = max(last_bucket, sync - dense_bwd) if world > 1 else 0.0
     step = sum(exposed.values())
     comm_exposed = exposed["input_dist"] + exposed["output_dist"] + grad_comm + exposed["grad_sync"]
-    fwd = sum(forward_flops_per_example(cfg).values())
+    fwd = sum(fwd_blocks.values())
     shares = v["lookup"] / v["lookup"].mean() if v["lookup"].mean() > 0 else np.ones(world)
     emb_held = embedding_bytes_per_rank(tables, world)
-    dense_mem = memory_estimate(cfg, batch, counts=counts, stack=stack, device_type="cuda")
+    dense_mem = memory_estimate(cfg, batch, counts=counts, stack=stack, device_type="cuda",
+                                shards=world if fsdp else 1)
     memory = float(emb_held.max() + dense_mem["dense"] + dense_mem["activations"] + dense_mem["transient"])
     return {
         "world": world, "nodes": math.ceil(world / cluster.gpus_per_node), "per_rank_batch": batch,
@@ -212,6 +232,8 @@ def project(cfg: ModelConfig, tables: dict[str, dict], ids: dict[str, float], wo
         "stages": {k: {"time_s": stages[k], "exposed_s": exposed[k]} for k in STAGES},
         "step_time_s": step, "examples_per_s": world * batch / step if step else 0.0,
         "mfu": mfu(train_flops(fwd * world * batch), step, cluster.peak_tflops, world),
+        "hfu": mfu(train_flops(fwd * world * batch) + recompute / dense_fwd * fwd * world * batch if dense_fwd else 0.0,
+                   step, cluster.peak_tflops, world) if recompute else None,
         "imbalance": {"max_mean": float(shares.max()), "lookup_bytes_max": float(v["lookup"].max()),
                       "lookup_bytes_mean": float(v["lookup"].mean())},
         "exposed_comm_s": comm_exposed, "exposed_comm_fraction": comm_exposed / step if step else 0.0,

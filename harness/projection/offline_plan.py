@@ -28,8 +28,8 @@ from gembench.models.config import ModelConfig
 from gembench.models.data import expected_ids_per_example
 from gembench.usage import UsageError
 
-SMALL_TABLE_BYTES = 2**30  # fp32 weights; below this a table is placed whole (table_wise)
-SPLITS = ["table_wise", "column_wise", "table_row_wise", "row_wise"]
+SMALL_TABLE_BYTES = 16 * 2**30  # fp32 weights; below this a table is placed whole (table_wise)
+SPLITS = ["table_row_wise", "row_wise"]  # above it: split within a node, or over every GPU
 PLAN_VERSION = 1  # bump when what is cached changes
 
 
@@ -72,7 +72,7 @@ def constraints(cfg: ModelConfig, ids: dict[str, float], forced: str | None = No
         else:
             # sequence tables are EmbeddingCollections: TorchRec shards those table- or row-wise
             types = SPLITS if name.removeprefix("table_") not in {s.name for s in cfg.sequences} \
-                else ["table_wise", "row_wise"]
+                else ["row_wise"]
         out[name] = ParameterConstraints(sharding_types=types, compute_kernels=["fused"],
                                          pooling_factors=[max(ids[name], 1e-3)])
     return out

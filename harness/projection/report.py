@@ -16,12 +16,14 @@ SHORT = {"table_wise": "TW", "row_wise": "RW", "column_wise": "CW", "table_row_w
 
 
 def projection_document(cfg: ModelConfig, cluster: Cluster, rows: list[dict], schedule: str, compute: Compute,
-                        id: str, created: str) -> dict:
+                        stack, id: str, created: str) -> dict:
     commit, dirty = git_state()
     c = asdict(cluster)
     return {"schema": "gembench.projection/1", "id": id, "created": created,
             "config": {"name": cfg.name, "hash": cfg.hash, "global_batch": cfg.data.global_batch},
             "cluster": c | {"hash": cluster.hash()}, "schedule": schedule,
+            "options": {"dense_parallel": stack.dense_parallel, "activation_checkpointing": stack.activation_checkpointing,
+                        "bf16": stack.bf16},
             "compute": {"source": compute.source, "per_example_s": compute.per_example,
                         "optimizer_s": compute.optimizer_s, "lookup_s_per_byte": compute.lookup_s_per_byte},
             "env": {"git_commit": commit, "git_dirty": dirty}, "rows": rows}
@@ -35,7 +37,8 @@ def print_projection(doc: dict) -> None:
     c = doc["cluster"]
     print(f"gembench project {doc['config']['name']} (global batch {doc['config']['global_batch']:,}) on "
           f"{c['name']}: {c['gpus_per_node']} GPUs/node, peak {c['peak_tflops']:g} TFLOP/s per GPU (dense bf16), "
-          f"{c['hbm_bytes'] / 2**30:.0f} GiB HBM; schedule {doc['schedule']}; commit {doc['env']['git_commit'][:10]}")
+          f"{c['hbm_bytes'] / 2**30:.0f} GiB HBM; schedule {doc['schedule']}; dense {doc['options']['dense_parallel']}, "
+          f"checkpointing {doc['options']['activation_checkpointing']}; commit {doc['env']['git_commit'][:10]}")
     print(f"compute: {doc['compute']['source']}\n")
     head = ["GPUs", "nodes", "batch/GPU", "plan", "step ms", "MFU", "imbalance", "exposed comm",
             "memory GiB/GPU", "examples/s", "plan s"]

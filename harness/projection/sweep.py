@@ -18,7 +18,7 @@ def _counts(cfg: ModelConfig) -> dict:
 
 
 def sweep(cfg: ModelConfig, worlds: list[int], cluster: Cluster, result: dict | None, forced: str | None,
-          schedule: str, use_cache: bool, progress):
+          schedule: str, use_cache: bool, progress, stack=None):
     """(rows, compute): one row per world size, and the compute the rows were priced with."""
     counts = _counts(cfg)
     ids = expected_ids_per_example(cfg)
@@ -26,14 +26,15 @@ def sweep(cfg: ModelConfig, worlds: list[int], cluster: Cluster, result: dict | 
     rows = []
     for world in worlds:
         batch = cfg.data.global_batch // world
-        dense = memory_estimate(cfg, batch, counts=counts, device_type="cuda")
+        fsdp = getattr(stack, "dense_parallel", "ddp") == "fsdp"
+        dense = memory_estimate(cfg, batch, counts=counts, stack=stack, device_type="cuda", shards=world if fsdp else 1)
         reserved = dense["dense"] + dense["activations"] + dense["transient"]
         progress(f"gembench project: {cfg.name} on {world} GPUs of {cluster.name}: planning ...")
         plan = plan_offline(cfg, world, batch, cluster, reserved, forced, use_cache)
         row = {"world": world, "plan": {"fits": plan.fits, "error": plan.error, "seconds": plan.seconds,
                                         "cached": plan.cached, "shardings": sharding_counts(plan.tables)}}
         if plan.fits:
-            row |= project(cfg, plan.tables, ids, world, batch, cluster, compute, schedule, counts=counts)
+            row |= project(cfg, plan.tables, ids, world, batch, cluster, compute, schedule, stack, counts)
         else:
             row |= {"nodes": -(-world // cluster.gpus_per_node), "per_rank_batch": batch, "global_batch": world * batch}
         progress(f"gembench project: {world} GPUs: planned in {plan.seconds:.1f} s"
