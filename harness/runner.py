@@ -29,7 +29,7 @@ from gembench.harness.store.document import result_document
 from gembench.harness.stack import STACKS, StackOptions, build_train_state
 from gembench.harness.regression.stats import paired_ratio_interval
 from gembench.harness.step import NoClock, StepSamples, divergence, finite_or_none, out_of_memory, run_steps, train_step
-from gembench.models.config import ModelConfig, load_config, with_global_batch
+from gembench.models.config import ModelConfig, for_device, load_config, with_global_batch
 from gembench.models.data import SyntheticData
 from gembench.models.flops import batch_forward_flops, embedding_bytes, memory_estimate, parameter_counts
 
@@ -60,8 +60,8 @@ def prepare(config: str | ModelConfig, steps: int, warmup: int, device: str = "a
     """
     check_counts(steps, warmup)
     cfg = config if isinstance(config, ModelConfig) else load_config(config)
-    cfg = with_global_batch(cfg, batch)
     dev = resolve_device(device)
+    cfg = for_device(with_global_batch(cfg, batch), dev.type)
     counts = parameter_counts(cfg)
     estimate = check_fits(cfg, cfg.data.global_batch, dev, copies, stacks, counts)
     peak = reference_peak(dev, peak_tflops)

@@ -41,6 +41,9 @@ class SparseConfig:
     dim: int
     rows: tuple[int, ...]
     pooling: tuple[int, ...]  # mean (lognormal), max (uniform) or exact (fixed) IDs per example
+    # On CPU every table is capped at this many rows (0: never), so that a config at published
+    # shapes (dcnv2-mlperf's 40M-row tables) runs here while `project` prices it uncapped.
+    cpu_rows_cap: int = 0
 
 
 @dataclass(frozen=True)
@@ -144,6 +147,16 @@ def with_global_batch(cfg: ModelConfig, batch: int | None, nproc: int = 1) -> Mo
         raise UsageError(f"--batch {batch} does not split evenly over --nproc {nproc} ranks: "
                          f"pick a multiple of {nproc}, e.g. {max(nproc, batch - batch % nproc)}")
     return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, global_batch=batch))
+
+
+def for_device(cfg: ModelConfig, device_type: str) -> ModelConfig:
+    """``cfg`` as it runs on ``device_type``: on CPU, tables capped at sparse.cpu_rows_cap rows
+    (the hash follows the rows, so a capped run never compares with an uncapped one)."""
+    cap = cfg.sparse.cpu_rows_cap
+    if device_type != "cpu" or not cap or max(cfg.sparse.rows) <= cap:
+        return cfg
+    rows = tuple(min(r, cap) for r in cfg.sparse.rows)
+    return dataclasses.replace(cfg, sparse=dataclasses.replace(cfg.sparse, rows=rows))
 
 
 def known_configs() -> list[str]:

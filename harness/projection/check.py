@@ -15,6 +15,7 @@ from tabulate import tabulate
 
 from gembench.harness.projection.cluster import load_cluster
 from gembench.harness.projection.cost import STAGES, measured_compute, project
+from gembench.harness.projection.offline_plan import plan_from_result
 from gembench.usage import UsageError
 
 STEP_GOAL, STAGE_GOAL = 0.15, 0.25
@@ -44,7 +45,7 @@ def check(measured: dict, one_rank: dict, cluster) -> dict:
     peak = measured["ranks"][0]["peak_tflops"]
     cluster = dataclasses.replace(cluster, peak_tflops=peak)
     schedule = "pipelined" if mine.get("pipeline") else "staged"
-    projected = project(cfg, measured["plan"]["tables"], expected_ids_per_example(cfg), world, batch, cluster,
+    projected = project(cfg, plan_from_result(measured), expected_ids_per_example(cfg), world, batch, cluster,
                         measured_compute(one_rank), schedule, stack)
     got = measured["summary"]["stages"]
     step = measured["summary"]["step_time_s"]["p50"]

@@ -21,6 +21,7 @@ The slowest rank sets every synchronized stage: lookups and all-to-alls take the
 from __future__ import annotations
 
 import math
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +35,7 @@ from gembench.models.flops import ADAM_BYTES, forward_flops_per_example, memory_
 
 STAGES = ("input_dist", "embedding_lookup", "output_dist", "dense_forward", "backward", "grad_sync", "optimizer")
 COMM_STAGES = ("input_dist", "output_dist", "grad_sync")
+KJT_CALLS = 3  # TorchRec's KJTAllToAll per sharding group: splits, then lengths, then values
 ID_BYTES = 8  # int64 IDs in the KJT all-to-all (TorchRec's default index dtype)
 LENGTH_BYTES = 4  # one int32 length per example and feature
 EMB_BYTES = 4  # fp32 embedding rows and pooled outputs (TorchRec's default, no quantized comms)
@@ -78,6 +80,9 @@ class Compute:
     optimizer_s: float
     lookup_s_per_byte: float
     source: str
+    # what a communication stage costs one rank besides the link (TorchRec's splits, permutes and
+    # copies; DDP's bucket copies): the 1-rank result's time in that stage, where nothing is sent
+    overhead_s: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def datasheet_compute(cfg: ModelConfig, cluster: Cluster, counts: dict | None = None) -> Compute:
@@ -112,7 +117,9 @@ def measured_compute(result: dict) -> Compute:
     return Compute({"dense_forward": stages.get("dense_forward", 0.0) / batch, "backward": backward / batch},
                    stages.get("optimizer", 0.0) * shards, rate,
                    f"measured: {result.get('id', '?')} on {result['env'].get('device_name', '?')}, "
-                   f"{batch} examples per rank")
+                   f"{batch} examples per rank",
+                   # only a run that sent nothing shows a communication stage's cost without the link
+                   {k: stages.get(k, 0.0) for k in COMM_STAGES} if (result["run"].get("nproc") or 1) == 1 else {})
 
 
 def _rows_share(table: dict, shard: int, rows: int) -> float:
@@ -129,7 +136,8 @@ def volumes(cfg: ModelConfig, tables: dict[str, dict], ids: dict[str, float], wo
     lookup = np.zeros(world)
     kjt_send, kjt_recv = np.zeros(world), np.zeros(world)
     a2a_send, a2a_recv = np.zeros(world), np.zeros(world)  # pooled TW/CW and sequence outputs
-    rs_bytes = []  # (group size, bytes) per row-wise pooled table: reduce-scatter forward
+    rs_bytes: dict[tuple, list] = {}  # (sharding, group size) -> [group size, bytes]: reduce-scatter forward
+    groups = set()  # TorchRec sends each (module, sharding type) group in collectives of its own
     for name, t in tables.items():
         n_ids = ids.get(name, 0.0)
         kind = t["sharding"]
@@ -139,6 +147,7 @@ def volumes(cfg: ModelConfig, tables: dict[str, dict], ids: dict[str, float], wo
         if kind == "data_parallel":
             lookup += batch * n_ids * dim_total * EMB_BYTES
             continue
+        groups.add((sequence, kind))
         id_bytes = n_ids * ID_BYTES + LENGTH_BYTES
         # every rank sends its examples' IDs once per shard that needs them
         copies = len(t["ranks"]) if kind == "column_wise" else 1
@@ -158,9 +167,11 @@ def volumes(cfg: ModelConfig, tables: dict[str, dict], ids: dict[str, float], wo
         elif kind in ("table_wise", "column_wise"):
             a2a_recv += batch * dim_total * EMB_BYTES
         else:
-            rs_bytes.append((len(t["ranks"]), gb * dim_total * EMB_BYTES))
+            entry = rs_bytes.setdefault((kind, len(t["ranks"])), [len(t["ranks"]), 0.0])
+            entry[1] += gb * dim_total * EMB_BYTES
     return {"lookup": lookup, "kjt_send": kjt_send, "kjt_recv": kjt_recv, "a2a_send": a2a_send,
-            "a2a_recv": a2a_recv, "reduce_scatter": rs_bytes}
+            "a2a_recv": a2a_recv, "reduce_scatter": [tuple(e) for e in rs_bytes.values()],
+            "groups": len(groups), "a2a_groups": len([g for g in groups if g[0] or g[1] in ("table_wise", "column_wise")])}
 
 
 def embedding_bytes_per_rank(tables: dict[str, dict], world: int) -> np.ndarray:
@@ -181,11 +192,18 @@ def project(cfg: ModelConfig, tables: dict[str, dict], ids: dict[str, float], wo
     counts = counts or parameter_counts(cfg)
     fsdp = getattr(stack, "dense_parallel", "ddp") == "fsdp"
     v = volumes(cfg, tables, ids, world, batch)
-    a2a = lambda send, recv: collective_time(cluster, "all_to_all", float(max(send.max(), recv.max())), world)  # noqa: E731
-    input_dist = a2a(v["kjt_send"], v["kjt_recv"])
-    pooled_out = a2a(v["a2a_send"], v["a2a_recv"])
+    lat = cluster.link("all_to_all", across_nodes=world > cluster.gpus_per_node).latency_s
+
+    def a2a(send, recv, calls: int) -> float:  # one collective's bytes, and the latency of the others
+        if not calls:
+            return 0.0
+        return collective_time(cluster, "all_to_all", float(max(send.max(), recv.max())), world) + (calls - 1) * lat
+
+    # the KJT all-to-all is three per group (splits, lengths, values); the outputs one per group
+    input_dist = a2a(v["kjt_send"], v["kjt_recv"], KJT_CALLS * v["groups"]) + compute.overhead_s.get("input_dist", 0.0)
+    pooled_out = a2a(v["a2a_send"], v["a2a_recv"], v["a2a_groups"])
     rs = sum(collective_time(cluster, "reduce_scatter", b, n) for n, b in v["reduce_scatter"])
-    output_dist = pooled_out + rs
+    output_dist = pooled_out + rs + compute.overhead_s.get("output_dist", 0.0)
     lookup_rank = v["lookup"] * compute.lookup_s_per_byte
     lookup = float(lookup_rank.max())
     dense_fwd = compute.per_example["dense_forward"] * batch
@@ -207,6 +225,7 @@ def project(cfg: ModelConfig, tables: dict[str, dict], ids: dict[str, float], wo
             + 2 * collective_time(cluster, "all_gather", gather, world)
     else:
         sync = collective_time(cluster, "all_reduce", dense_grad, world)
+    sync += compute.overhead_s.get("grad_sync", 0.0)
     stages = {"input_dist": input_dist, "embedding_lookup": lookup, "output_dist": output_dist,
               "dense_forward": dense_fwd, "backward": backward, "grad_sync": sync, "optimizer": compute.optimizer_s / (world if fsdp else 1)}
     exposed = dict(stages)

@@ -135,7 +135,7 @@ def _first_line(err: Exception) -> str:
 
 def plan_from_result(result: dict) -> dict[str, dict]:
     """The plan a measured distributed run used, as recorded in its result."""
-    tables = (result.get("plan") or {}).get("tables")
+    tables = result.get("plan")
     if not tables:
         raise UsageError("the result has no recorded plan (run it with --nproc N)")
     return tables

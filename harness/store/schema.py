@@ -24,7 +24,7 @@ from pathlib import Path
 from gembench.usage import UsageError
 
 # document kind -> the one version this gembench reads; the schema file is <kind>-<version>.json
-KNOWN = {"gembench.result": 1, "gembench.baseline": 1, "gembench.instructions": 1}
+KNOWN = {"gembench.result": 1, "gembench.baseline": 1, "gembench.instructions": 1, "gembench.projection": 1}
 VERSIONED = re.compile(r"^(?P<kind>gembench\.[a-z_]+)/(?P<version>\d+)$")
 
 
