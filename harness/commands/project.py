@@ -90,17 +90,17 @@ def project_command(args) -> int:
 
     cluster = load_cluster(args.cluster)
     stack = stack_options("optimized", None, tuple(args.switches))
+    if args.sharding:
+        from gembench.harness.distributed.plan import SHARDING_TYPES
+
+        if args.sharding not in SHARDING_TYPES:
+            raise UsageError(f"--sharding must be one of {', '.join(SHARDING_TYPES)}, got {args.sharding!r}")
     worlds = _worlds(args.gpus)
     cfg = with_global_batch(load_config(args.config), args.batch)
     for w in worlds:
         if cfg.data.global_batch % w:
             raise UsageError(f"--gpus {w} does not divide the global batch {cfg.data.global_batch}; "
                              "pick world sizes that divide it or pass --batch")
-    if args.sharding:
-        from gembench.harness.distributed.plan import SHARDING_TYPES
-
-        if args.sharding not in SHARDING_TYPES:
-            raise UsageError(f"--sharding must be one of {', '.join(SHARDING_TYPES)}, got {args.sharding!r}")
     result = None
     if args.from_result:
         from gembench.harness.store.results import load_result
