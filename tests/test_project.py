@@ -98,6 +98,15 @@ def test_project_prints_a_row_per_world_and_writes_a_valid_document(projection):
     assert again.returncode == 0 and again.stdout.count("(cached)") == 2
 
 
+def test_the_report_draws_the_projection(projection, tmp_path):
+    _, _, out = projection
+    proc = _gembench("report", str(out), "--out", str(tmp_path / "rep"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    page = (tmp_path / "rep" / "index.html").read_text()
+    assert "Projection: small on h100" in page and page.count("<figure>") == 1 and page.count("<svg") == 1
+    assert "peak <b>989.4 TFLOP/s</b>" in page and "Overview" not in page
+
+
 @pytest.mark.parametrize("args, message", [
     (["--cluster", "a100x"], "no preset 'a100x'"),
     (["--gpus", "7"], "does not divide the global batch 512"),

@@ -54,7 +54,7 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(f"--out {out_dir} is a file; name a folder (index.html is written into it)")
     inputs = args.results or list(collect.DEFAULT_INPUTS)
     loaded = collect.load(inputs)
-    if not loaded.runs:
+    if not loaded.runs and not loaded.projections:
         where = ", ".join(inputs)
         extra = f" ({len(loaded.skipped)} file(s) skipped, see above)" if loaded.skipped else ""
         raise UsageError(f"no gembench results in {where}{extra}; make some with "
@@ -69,7 +69,7 @@ def main(args: argparse.Namespace) -> int:
         collect.gate_group(g, thresholds)
     from gembench.harness.html import build
 
-    text = build.render(groups, loaded.skipped, inputs, loaded.files, collect.head(), thresholds)
+    text = build.render(groups, loaded.skipped, inputs, loaded.files, collect.head(), thresholds, loaded.projections)
     path = write_page(out_dir, text)
     print(f"report: {path} ({len(text) / 1024:.0f} KiB, {sum(len(g.runs) for g in groups)} runs, {len(groups)} groups)")
     return 0

@@ -209,8 +209,27 @@ def overview(groups: list[Group]) -> str:
                   "baseline MFU", "gate (latest)"], rows, raw=True)
 
 
+def projection_section(doc: dict) -> str:
+    """A `gembench project` sweep: stages on the critical path and MFU / exposed comm vs GPUs."""
+    rows = [r for r in doc["rows"] if r["plan"]["fits"]]
+    c, opts = doc["cluster"], doc["options"]
+    title = f"Projection: {doc['config']['name']} on {c['name']}"
+    head = (f'<h2 id="p-{esc(doc["id"])}">{esc(title)}</h2><p class="lead">{esc(doc["schedule"])} schedule, dense '
+            f'{esc(opts["dense_parallel"])}, checkpointing {esc(opts["activation_checkpointing"])}; compute '
+            f'{esc(doc["compute"]["source"])}. A model, not a measurement: `gembench project --check` prints its '
+            "error against measured runs.</p>")
+    missing = [str(r["world"]) for r in doc["rows"] if not r["plan"]["fits"]]
+    note = f"<p>No plan fits at {esc(', '.join(missing))} GPUs.</p>" if missing else ""
+    if not rows:
+        return head + note
+    cap = (f"<b>{esc(title)}</b>: per world size, the step's critical path by stage (left) and MFU and exposed "
+           f"communication (right). Device <b>{esc(c['name'])}</b>, dtype <b>bf16</b>, peak "
+           f"<b>{c['peak_tflops']:g} TFLOP/s</b> per GPU, commit <b>{esc(short(doc['env']['git_commit']))}</b>.")
+    return head + figure(figures.projection(rows), cap) + note
+
+
 def render(groups: list[Group], skipped: list[tuple[str, str]], inputs: list[str], files: int,
-           head: str | None, thresholds: str | None) -> str:
+           head: str | None, thresholds: str | None, projections: list[dict] = ()) -> str:
     now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     runs = sum(len(g.runs) for g in groups)
     meta = (f"<b>{runs}</b> runs in <b>{len(groups)}</b> groups from <b>{files}</b> files "
@@ -220,10 +239,12 @@ def render(groups: list[Group], skipped: list[tuple[str, str]], inputs: list[str
     if skipped:
         items = "".join(f"<li><span class=\"mono\">{esc(p)}</span>: {esc(why)}</li>" for p, why in skipped)
         body.append(f'<div class="warn"><b>{len(skipped)} file(s) skipped</b><ul>{items}</ul></div>')
-    body.append("<h2>Overview</h2><p class=\"lead\">The latest run of each group; MFU = model FLOPs per step / "
-                "step time / (peak x devices). Gate = the worst of `gembench gate`'s checks at that commit.</p>")
-    body.append(overview(groups))
+    if groups:
+        body.append("<h2>Overview</h2><p class=\"lead\">The latest run of each group; MFU = model FLOPs per step / "
+                    "step time / (peak x devices). Gate = the worst of `gembench gate`'s checks at that commit.</p>")
+        body.append(overview(groups))
     body += [section(g) for g in groups]
+    body += [projection_section(doc) for doc in projections]
     footer = ("gembench report: one self-contained file (inline SVG drawn by matplotlib, no scripts, no network). "
               "Regenerate with <span class=\"mono\">gembench report --out DIR</span>.")
     return page("gembench report", meta, "\n".join(body), footer)

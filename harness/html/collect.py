@@ -20,6 +20,7 @@ SOURCE_DIR = Path(__file__).resolve().parents[2]  # the gembench checkout whose 
 # what the page cannot be drawn without; a run lacking one is skipped with a warning naming it
 REQUIRED = ("config.name", "env.hardware_class", "run.stack", "summary.stages", "summary.step_time_s.p50",
             "summary.mfu", "peak.tflops_per_device", "metrics")
+PROJECTION_SCHEMA = "gembench.projection/1"
 DEFAULT_INPUTS = (str(RUNS_DIR / "*.json"), str(BASELINES_DIR / "**" / "*.json"))
 
 
@@ -29,6 +30,7 @@ class Loaded:
     baselines: dict[tuple, tuple[str, list[dict]]]  # (hardware_class, config) -> (path, runs)
     skipped: list[tuple[str, str]]  # (path, why)
     files: int  # files read successfully
+    projections: list[dict] = field(default_factory=list)  # gembench.projection documents
 
 
 def load(inputs: list[str], warn=lambda msg: print(msg, file=sys.stderr)) -> Loaded:
@@ -36,11 +38,17 @@ def load(inputs: list[str], warn=lambda msg: print(msg, file=sys.stderr)) -> Loa
     import json
 
     from gembench.harness.store.results import load_runs
+    from gembench.harness.store.schema import load_document, read_json
 
     loaded = Loaded([], {}, [], 0)
     ids: set[str] = set()
     for path in expand_paths(inputs):
         try:
+            doc = read_json(path)
+            if isinstance(doc, dict) and doc.get("schema") == PROJECTION_SCHEMA:
+                loaded.projections.append(load_document(path))
+                loaded.files += 1
+                continue
             runs = load_runs(path)
             for r in runs:
                 for key in REQUIRED:

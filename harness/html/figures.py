@@ -255,3 +255,34 @@ def comm_split(by_kind: dict[str, dict], exposure: list[dict]) -> str:
         right.grid(axis="y", visible=False)
         right.legend(loc="lower right", fontsize=6.5)
         return to_svg(fig)
+
+
+def projection(rows: list[dict]) -> str:
+    """Left: exposed ms per stage, stacked, per world size. Right: MFU and exposed comm share vs GPUs."""
+    stages = list(rows[0]["stages"])
+    worlds = [r["world"] for r in rows]
+    with plt.rc_context(STYLE):
+        fig = _fig(8.6, 2.8)
+        left, right = fig.subplots(1, 2, width_ratios=[1.3, 1])
+        x = np.arange(len(rows))
+        bottom = np.zeros(len(rows))
+        for stage in stages:
+            ms = np.array([1e3 * r["stages"][stage]["exposed_s"] for r in rows])
+            left.bar(x, ms, bottom=bottom, color=stage_color(stage), width=0.6, label=stage)
+            bottom += ms
+        left.set_xticks(x, [f"{w:,}" for w in worlds])
+        left.set_xlabel("GPUs")
+        left.set_ylabel("ms per step (critical path)")
+        left.set_title("step by stage", loc="left")
+        left.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=6.5)
+        left.grid(axis="x", visible=False)
+        right.plot(worlds, [100 * r["mfu"] for r in rows], marker="o", color=SERIES, label="MFU %")
+        right.plot(worlds, [100 * r["exposed_comm_fraction"] for r in rows], marker="s", color=BAD,
+                   label="exposed comm % of step")
+        right.set_xscale("log", base=2)
+        right.set_xticks(worlds, [f"{w:,}" for w in worlds])
+        right.set_xlabel("GPUs")
+        right.set_ylim(0, 100)
+        right.set_title("MFU and exposed communication", loc="left")
+        right.legend(loc="upper left", fontsize=6.5)
+        return to_svg(fig)

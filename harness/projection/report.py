@@ -38,7 +38,8 @@ def print_projection(doc: dict) -> None:
     print(f"gembench project {doc['config']['name']} (global batch {doc['config']['global_batch']:,}) on "
           f"{c['name']}: {c['gpus_per_node']} GPUs/node, peak {c['peak_tflops']:g} TFLOP/s per GPU (dense bf16), "
           f"{c['hbm_bytes'] / 2**30:.0f} GiB HBM; schedule {doc['schedule']}; dense {doc['options']['dense_parallel']}, "
-          f"checkpointing {doc['options']['activation_checkpointing']}; commit {doc['env']['git_commit'][:10]}")
+          f"checkpointing {doc['options']['activation_checkpointing']}; commit {doc['env']['git_commit'][:10]}"
+          + (" (uncommitted changes)" if doc["env"].get("git_dirty") else ""))
     print(f"compute: {doc['compute']['source']}\n")
     head = ["GPUs", "nodes", "batch/GPU", "plan", "step ms", "MFU", "imbalance", "exposed comm",
             "memory GiB/GPU", "examples/s", "plan s"]
@@ -47,7 +48,7 @@ def print_projection(doc: dict) -> None:
         p = r["plan"]
         plan_s = f"{p['seconds']:.1f}" + (" (cached)" if p["cached"] else "")
         if not p["fits"]:
-            table.append([r["world"], r["nodes"], r["per_rank_batch"], "no plan fits", "", "", "", "", "", "", plan_s])
+            table.append([r["world"], r["nodes"], f"{r['per_rank_batch']:,}", "no plan fits", "", "", "", "", "", "", plan_s])
             continue
         m = r["memory"]
         table.append([r["world"], r["nodes"], f"{r['per_rank_batch']:,}", plan_text(p["shardings"]),
@@ -60,8 +61,18 @@ def print_projection(doc: dict) -> None:
     if stages:
         print("\ncritical path per stage, ms (what the schedule cannot hide):")
         print(tabulate(stages, headers=["GPUs", *STAGES], disable_numparse=True))
+    hbm = c["hbm_bytes"]
+    opts = doc["options"]
+    tries = [t for t, done in (("--set dense_parallel=fsdp", opts["dense_parallel"] != "ddp"),
+                               ("--set activation_checkpointing=hstu", opts["activation_checkpointing"] != "none"))
+             if not done] + ["more GPUs", "a smaller --batch"]
     for r in doc["rows"]:
         if not r["plan"]["fits"]:
-            print(f"\n{r['world']} GPUs: TorchRec's planner found no plan: {r['plan']['error']}")
+            dense = r["plan"].get("reserved_bytes", 0.0)
+            why = (f"the dense side alone (weights, gradients, Adam state, activations) needs "
+                   f"{dense / 2**30:,.0f} GiB of the {hbm / 2**30:,.0f} GiB per GPU"
+                   + (f"; try {', '.join(tries)}" if dense > 0.9 * hbm else "")) if dense > 0.5 * hbm \
+                else f"TorchRec's planner: {r['plan']['error']}"
+            print(f"\n{r['world']} GPUs: no plan fits: {why}")
     print("\n(imbalance: max/mean of per-GPU embedding lookup bytes from the plan; exposed comm: share of "
           "the step; memory: the largest GPU's embedding shards + dense state + activations)")

@@ -32,7 +32,8 @@ def sweep(cfg: ModelConfig, worlds: list[int], cluster: Cluster, result: dict | 
         progress(f"gembench project: {cfg.name} on {world} GPUs of {cluster.name}: planning ...")
         plan = plan_offline(cfg, world, batch, cluster, reserved, forced, use_cache)
         row = {"world": world, "plan": {"fits": plan.fits, "error": plan.error, "seconds": plan.seconds,
-                                        "cached": plan.cached, "shardings": sharding_counts(plan.tables)}}
+                                        "cached": plan.cached, "shardings": sharding_counts(plan.tables),
+                                        "reserved_bytes": reserved}}
         if plan.fits:
             row |= project(cfg, plan.tables, ids, world, batch, cluster, compute, schedule, stack, counts)
         else:
