@@ -199,3 +199,16 @@ def test_check_prints_projected_against_measured_per_stage(measured):
     assert bad.returncode == 2 and "distributed result" in bad.stderr
     preset = _gembench("project", "--check", str(measured / "two.json"), "--from", str(measured / "one.json"))
     assert preset.returncode == 2 and "--calibrate" in preset.stderr
+
+
+def test_dcnv2_mlperf_runs_capped_on_cpu_and_is_projected_uncapped():
+    from gembench.models.config import for_device
+
+    cfg = load_config("dcnv2-mlperf")
+    assert max(cfg.sparse.rows) == 40_000_000 and cfg.data.global_batch == 65536 and cfg.sparse.dim == 128
+    cpu = for_device(cfg, "cpu")
+    assert max(cpu.sparse.rows) == 100_000 and cpu.hash != cfg.hash  # never compared with the uncapped one
+    assert for_device(cfg, "cuda") is cfg
+    small = load_config("small")
+    assert for_device(small, "cpu") is small  # no cap in its file
+    assert cpu.sparse.rows[5] == cfg.sparse.rows[5] == 3  # small tables as published
