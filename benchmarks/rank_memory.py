@@ -2,7 +2,7 @@
 
 The grid issue 19 asks for (tiny and small on 2 gloo ranks), one `gembench run --nproc N` per cell,
 printed with the ratio and whether it is inside 0.7-1.5. The test suite holds the same eight cells
-without compile (tests/test_parallelize.py: tiny in fp32, small in bf16); this prints them for any
+without compile (tests/test_parallelize.py: tiny in fp32; tests/test_rank_memory.py: small in bf16); this prints them for any
 stack (about 4 minutes on 2 cores with the default, compiled one).
 
   python benchmarks/rank_memory.py                        # tiny and small, the optimized stack

@@ -16,6 +16,7 @@ from torch import nn
 from gembench.harness.stack import ADAGRAD_EPS, EMBEDDING_LR
 from gembench.usage import UsageError
 
+POOLING_DEFAULT = 1.0  # TorchRec's own default pooling factor
 SHARDING_TYPES = ("table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel")
 
 
@@ -117,13 +118,20 @@ class PlanRecorder:
 
 
 def plan_sharding(model: nn.Module, forced: dict[str, str], env: dict, device: torch.device,
-                  batch_size: int):
-    """TorchRec's plan for ``model`` on this job, honouring ``forced``; and the planner's view."""
+                  batch_size: int, pooling: dict[str, float] | None = None):
+    """TorchRec's plan for ``model`` on this job, honouring ``forced``; and the planner's view.
+
+    ``pooling``: mean IDs per example per table (models.data.expected_ids_per_example), given to
+    the planner as each table's pooling factor; without it TorchRec prices every table as if it
+    pooled one ID, and a table pooling 100 is planned like one pooling 1."""
     from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
 
     topology = Topology(world_size=env["world_size"], local_world_size=env["local_world_size"],
                         compute_device=device.type)
-    constraints = {t: ParameterConstraints(sharding_types=[kind]) for t, kind in forced.items()}
+    pooling = pooling or {}
+    constraints = {t: ParameterConstraints(sharding_types=[forced[t]] if t in forced else None,
+                                           pooling_factors=[max(pooling[t], 1e-3)] if t in pooling else [POOLING_DEFAULT])
+                   for t in {*forced, *pooling}}
     recorder = PlanRecorder(env["world_size"])
     planner = EmbeddingShardingPlanner(topology=topology, batch_size=batch_size,
                                        constraints=constraints, stats=[recorder])

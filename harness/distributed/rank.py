@@ -39,8 +39,8 @@ from gembench.harness.memory import (SavedForBackward, memory_fields, peak_memor
                                      run_memory_bytes)
 from gembench.harness.runner import MAX_DISTINCT_BATCHES
 from gembench.harness.step import StageClock, timed_steps
-from gembench.models.config import load_config, with_global_batch
-from gembench.models.data import SyntheticData
+from gembench.models.config import for_device, load_config, with_global_batch
+from gembench.models.data import SyntheticData, expected_ids_per_example
 from gembench.models.flops import batch_forward_flops, embedding_bytes, memory_estimate, parameter_counts
 
 COUNTED_STEPS = 1  # an extra step after the timed ones, its cost counters taken (no profiler:
@@ -113,7 +113,7 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
     from gembench.harness.stack import autocast_for, on_ranks, pure_model
 
     rank, world = env["rank"], env["world_size"]
-    cfg = with_global_batch(load_config(args.config), args.batch, world)  # --batch
+    cfg = for_device(with_global_batch(load_config(args.config), args.batch, world), dev.type)  # --batch; CPU row cap
     local_batch = per_rank_batch(cfg.data.global_batch, world)
     # the peaks first: calibrating one (large GEMMs) must not count as the run's memory
     watchdog.at("peak")
@@ -134,7 +134,7 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
         model = E.TrainModule(gem)
     watchdog.at("plan")
     forced = P.parse_sharding(args.sharding, P.table_names(model))
-    plan, planned = P.plan_sharding(model, forced, env, dev, local_batch)
+    plan, planned = P.plan_sharding(model, forced, env, dev, local_batch, expected_ids_per_example(cfg))
     watchdog.at("shard")
     dmp = P.shard(model, plan, dev, ddp=args.pipeline and options.dense_parallel == "ddp")
     if options.dense_parallel != "ddp":  # FSDP2 on the dense blocks DMP left plain

@@ -25,7 +25,7 @@ SETUP = ("dense_parallel", "activation_checkpointing", "bf16", "compile", "fused
 
 def check(measured: dict, one_rank: dict, cluster) -> dict:
     from gembench.harness.stack import STACKS
-    from gembench.models.config import load_config, with_global_batch
+    from gembench.models.config import for_device, load_config, with_global_batch
     from gembench.models.data import expected_ids_per_example
 
     run = measured["run"]
@@ -39,7 +39,7 @@ def check(measured: dict, one_rank: dict, cluster) -> dict:
     if differ:
         raise UsageError(f"--from ran another stack ({', '.join(f'{k} {theirs[k]} vs {mine[k]}' for k in differ)}): "
                          "measure the 1-rank result with the checked run's switches")
-    cfg = with_global_batch(load_config(measured["config"]["name"]), run["global_batch"])
+    cfg = for_device(with_global_batch(load_config(measured["config"]["name"]), run["global_batch"]), run["device"])
     stack = dataclasses.replace(STACKS["optimized"], **{k: mine[k] for k in SETUP if k in mine})
     world, batch = run["nproc"], run["per_rank_batch"]
     peak = measured["ranks"][0]["peak_tflops"]

@@ -1,0 +1,28 @@
+"""The rank memory estimate on small (issue 19), ddp/fsdp x none/hstu on 2 gloo ranks: a file of its
+own so that `pytest -n 2 --dist loadgroup` runs these four 2-rank runs on the other worker from
+tests/test_parallelize.py's tiny ones."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.test_parallelize import VARIANTS, _gembench
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_small_rank_memory_estimate_within_0_7_to_1_5(tmp_path, name):
+    """small, where tensors outweigh the runtime: the estimate's sharded dense state and
+    checkpointed activations against what each rank measured. benchmarks/rank_memory.py prints
+    the same grid with the figures."""
+    out = tmp_path / "r.json"
+    args = ["run", "--config", "small", "--nproc", "2", "--steps", "1", "--warmup", "1", "--out", str(out), "--quiet"]
+    for s in ("compile=off", *VARIANTS[name]):
+        args += ["--set", s]
+    proc = _gembench(*args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for rank in json.loads(out.read_text())["ranks"]:
+        print(f"small {name} rank {rank['rank']}: estimate {rank['peak_memory_estimate_bytes'] / 2**20:.0f} MiB, "
+              f"measured {rank['peak_memory_run_bytes'] / 2**20:.0f} MiB")
+        assert 0.7 <= rank["memory_estimate_ratio"] <= 1.5
