@@ -202,14 +202,12 @@ def memory_estimate(cfg: ModelConfig, batch_size: int, counts: dict | None = Non
             else:  # each layer keeps its fp32 input; one layer's saves live again in its recompute
                 acts += h.layers * 4 * h.dim * tokens
                 transient = max(transient, HSTU_SAVED_BYTES[dtype] * h.dim * tokens)
-            if jagged and device_type == "cuda":
-                pass  # the Triton kernel keeps each block of scores in SRAM: no scores in HBM
-            elif jagged:
+            if jagged and device_type != "cuda":  # (on CUDA the Triton kernels keep scores in SRAM)
                 # Inside the op, per tile: scores and SiLU (forward), their gradients (backward).
                 tile = min(batch_size, ATTENTION_TILE)
                 transient = max(transient, 4 * h.heads * tile * float(n.max()) ** 2 * act
                                 + h.heads * float(n.max()) ** 2 * 4)
-            else:
+            elif not jagged:
                 square = batch_size * h.heads * (s.max_len + 1) ** 2
                 pad = batch_size * (s.max_len + 1) * h.dim
                 acts += h.layers * (2 * square * act + square / h.heads + 3 * pad * act)

@@ -38,7 +38,7 @@ def load(inputs: list[str], warn=lambda msg: print(msg, file=sys.stderr)) -> Loa
     import json
 
     from gembench.harness.store.results import load_runs
-    from gembench.harness.store.schema import load_document, read_json
+    from gembench.harness.store.schema import read_json, validate
 
     loaded = Loaded([], {}, [], 0)
     ids: set[str] = set()
@@ -46,7 +46,7 @@ def load(inputs: list[str], warn=lambda msg: print(msg, file=sys.stderr)) -> Loa
         try:
             doc = read_json(path)
             if isinstance(doc, dict) and doc.get("schema") == PROJECTION_SCHEMA:
-                loaded.projections.append(load_document(path))
+                loaded.projections.append(validate(doc, path))
                 loaded.files += 1
                 continue
             runs = load_runs(path)

@@ -35,6 +35,7 @@ def check(measured: dict, one_rank: dict, cluster) -> dict:
         raise UsageError(f"--from measured config {one_rank['config']['name']!r}, the checked run "
                          f"{measured['config']['name']!r}: give a result of the same config")
     mine, theirs = run.get("options") or {}, one_rank["run"].get("options") or {}
+    # dense_parallel may differ: one rank holds the whole dense part whatever the run shards it over
     differ = [k for k in SETUP if k in mine and k in theirs and mine[k] != theirs[k] and k != "dense_parallel"]
     if differ:
         raise UsageError(f"--from ran another stack ({', '.join(f'{k} {theirs[k]} vs {mine[k]}' for k in differ)}): "

@@ -185,12 +185,24 @@ def embedding_bytes_per_rank(tables: dict[str, dict], world: int) -> np.ndarray:
     return held
 
 
+def dense_shards(stack, world: int) -> int:
+    """GPUs one dense parameter is split over: all of them under FSDP, none under DDP."""
+    return world if getattr(stack, "dense_parallel", "ddp") == "fsdp" else 1
+
+
+def dense_side(cfg: ModelConfig, batch: int, counts: dict, stack, world: int) -> dict[str, float]:
+    """HBM per GPU outside the embedding shards (memory_estimate): dense weights, gradients and Adam
+    state (sharded under FSDP); activations saved for the backward with the largest transient."""
+    m = memory_estimate(cfg, batch, counts=counts, stack=stack, device_type="cuda", shards=dense_shards(stack, world))
+    return {"dense": m["dense"], "activations": m["activations"] + m["transient"]}
+
+
 def project(cfg: ModelConfig, tables: dict[str, dict], ids: dict[str, float], world: int, batch: int,
             cluster: Cluster, compute: Compute, schedule: str = "pipelined", stack=None,
             counts: dict | None = None) -> dict:
     """One projected step: stages (time and exposed time), step, MFU, imbalance, memory."""
     counts = counts or parameter_counts(cfg)
-    fsdp = getattr(stack, "dense_parallel", "ddp") == "fsdp"
+    fsdp = dense_shards(stack, world) > 1
     v = volumes(cfg, tables, ids, world, batch)
     lat = cluster.link("all_to_all", across_nodes=world > cluster.gpus_per_node).latency_s
 
@@ -215,9 +227,9 @@ def project(cfg: ModelConfig, tables: dict[str, dict], ids: dict[str, float], wo
     backward = dense_bwd + grad_comm + UPDATE_PER_LOOKUP * lookup
     # checkpointed blocks run their forward again in the backward (HFU counts it, MFU does not)
     fwd_blocks = forward_flops_per_example(cfg)
-    ac = getattr(stack, "activation_checkpointing", "none")
-    recompute = dense_fwd * recomputed_forward_flops(fwd_blocks, ac) / sum(fwd_blocks.values())
-    backward += recompute
+    fwd = sum(fwd_blocks.values())
+    recomputed_share = recomputed_forward_flops(fwd_blocks, getattr(stack, "activation_checkpointing", "none")) / fwd
+    backward += dense_fwd * recomputed_share
     dense_grad = counts["dense_params"] * 4
     if fsdp:  # fp32 gradients reduce-scattered; parameters all-gathered (bf16) for forward and backward
         gather = counts["dense_params"] * (2 if getattr(stack, "bf16", True) else 4)
@@ -239,26 +251,24 @@ def project(cfg: ModelConfig, tables: dict[str, dict], ids: dict[str, float], wo
             exposed["grad_sync"] = max(last_bucket, sync - dense_bwd) if world > 1 else 0.0
     step = sum(exposed.values())
     comm_exposed = exposed["input_dist"] + exposed["output_dist"] + grad_comm + exposed["grad_sync"]
-    fwd = sum(fwd_blocks.values())
     shares = v["lookup"] / v["lookup"].mean() if v["lookup"].mean() > 0 else np.ones(world)
     emb_held = embedding_bytes_per_rank(tables, world)
-    dense_mem = memory_estimate(cfg, batch, counts=counts, stack=stack, device_type="cuda",
-                                shards=world if fsdp else 1)
-    memory = float(emb_held.max() + dense_mem["dense"] + dense_mem["activations"] + dense_mem["transient"])
+    side = dense_side(cfg, batch, counts, stack, world)
+    memory = float(emb_held.max()) + sum(side.values())
     return {
         "world": world, "nodes": math.ceil(world / cluster.gpus_per_node), "per_rank_batch": batch,
         "global_batch": world * batch, "schedule": schedule,
         "stages": {k: {"time_s": stages[k], "exposed_s": exposed[k]} for k in STAGES},
         "step_time_s": step, "examples_per_s": world * batch / step if step else 0.0,
         "mfu": mfu(train_flops(fwd * world * batch), step, cluster.peak_tflops, world),
-        "hfu": mfu(train_flops(fwd * world * batch) + recompute / dense_fwd * fwd * world * batch if dense_fwd else 0.0,
-                   step, cluster.peak_tflops, world) if recompute else None,
+        # executed FLOPs: the model's plus the checkpointed blocks' forward run again
+        "hfu": mfu(train_flops(fwd * world * batch) + recomputed_share * fwd * world * batch, step,
+                   cluster.peak_tflops, world) if recomputed_share else None,
         "imbalance": {"max_mean": float(shares.max()), "lookup_bytes_max": float(v["lookup"].max()),
                       "lookup_bytes_mean": float(v["lookup"].mean())},
         "exposed_comm_s": comm_exposed, "exposed_comm_fraction": comm_exposed / step if step else 0.0,
         "memory": {"per_gpu_bytes": memory, "embeddings_bytes": float(emb_held.max()),
-                   "dense_bytes": float(dense_mem["dense"]),
-                   "activations_bytes": float(dense_mem["activations"] + dense_mem["transient"]),
+                   "dense_bytes": side["dense"], "activations_bytes": side["activations"],
                    "hbm_bytes": cluster.hbm_bytes, "fits": memory <= cluster.hbm_bytes},
     }
 

@@ -80,13 +80,12 @@ def constraints(cfg: ModelConfig, ids: dict[str, float], forced: str | None = No
     return out
 
 
-def topology(cluster: Cluster, world: int, reserved_bytes: float):
+def topology(cluster: Cluster, world: int):
     from torchrec.distributed.planner import Topology
 
     return Topology(world_size=world, local_world_size=min(world, cluster.gpus_per_node), compute_device="cuda",
                     hbm_cap=int(cluster.hbm_bytes), hbm_mem_bw=cluster.hbm_Bps,
-                    intra_host_bw=cluster.intra.bandwidth_Bps, inter_host_bw=cluster.inter.bandwidth_Bps), \
-        min(max(reserved_bytes / cluster.hbm_bytes, 0.0), 0.95)
+                    intra_host_bw=cluster.intra.bandwidth_Bps, inter_host_bw=cluster.inter.bandwidth_Bps)
 
 
 def _cache_path(cfg: ModelConfig, world: int, batch: int, cluster: Cluster, forced: str | None, reserved: float) -> Path:
@@ -109,10 +108,10 @@ def plan_offline(cfg: ModelConfig, world: int, per_rank_batch: int, cluster: Clu
     from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
 
     logging.getLogger("torchrec").setLevel(logging.ERROR)  # its advice on TopologyFactory and dry runs
-    topo, share = topology(cluster, world, reserved_bytes)
+    share = min(max(reserved_bytes / cluster.hbm_bytes, 0.0), 0.95)  # of each GPU's HBM, for the dense side
     recorder = PlanRecorder(world)
     planner = EmbeddingShardingPlanner(
-        topology=topo, batch_size=per_rank_batch, proposer=[GreedyProposer()],
+        topology=topology(cluster, world), batch_size=per_rank_batch, proposer=[GreedyProposer()],
         storage_reservation=FixedPercentageStorageReservation(share),
         constraints=constraints(cfg, expected_ids_per_example(cfg), forced, world > cluster.gpus_per_node),
         stats=[recorder])

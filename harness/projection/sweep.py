@@ -5,11 +5,12 @@ from __future__ import annotations
 import functools
 
 from gembench.harness.projection.cluster import Cluster
-from gembench.harness.projection.cost import datasheet_compute, measured_compute, project, sharding_counts
+from gembench.harness.projection.cost import (datasheet_compute, dense_side, measured_compute, project,
+                                              sharding_counts)
 from gembench.harness.projection.offline_plan import plan_offline
 from gembench.models.config import ModelConfig
 from gembench.models.data import expected_ids_per_example
-from gembench.models.flops import memory_estimate, parameter_counts
+from gembench.models.flops import parameter_counts
 
 
 @functools.lru_cache(maxsize=8)
@@ -26,9 +27,7 @@ def sweep(cfg: ModelConfig, worlds: list[int], cluster: Cluster, result: dict | 
     rows = []
     for world in worlds:
         batch = cfg.data.global_batch // world
-        fsdp = getattr(stack, "dense_parallel", "ddp") == "fsdp"
-        dense = memory_estimate(cfg, batch, counts=counts, stack=stack, device_type="cuda", shards=world if fsdp else 1)
-        reserved = dense["dense"] + dense["activations"] + dense["transient"]
+        reserved = sum(dense_side(cfg, batch, counts, stack, world).values())
         progress(f"gembench project: {cfg.name} on {world} GPUs of {cluster.name}: planning ...")
         plan = plan_offline(cfg, world, batch, cluster, reserved, forced, use_cache)
         row = {"world": world, "plan": {"fits": plan.fits, "error": plan.error, "seconds": plan.seconds,
