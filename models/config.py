@@ -18,6 +18,7 @@ from gembench.usage import UsageError, read_toml
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 KINDS = ("gem", "dlrm", "dcnv2")
+HASHED_WHEN_SET = (("sparse", "cpu_rows_cap", 0),)  # (section, field, default): see ModelConfig.hash
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,11 @@ class ModelConfig:
         """Stable hash of the content (not the file path): equal configs compare as equal."""
         content = dataclasses.asdict(self)
         content.pop("source")
+        # fields added since results were first recorded count only when set, so that every
+        # config without them keeps its hash (and its baselines and history stay comparable)
+        for section, name, default in HASHED_WHEN_SET:
+            if content[section].get(name) == default:
+                del content[section][name]
         return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
 
     def to_dict(self) -> dict:

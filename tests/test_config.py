@@ -1,5 +1,7 @@
 """Configs: every shipped file loads; every mistake names the file and the field."""
 
+from pathlib import Path
+
 import pytest
 
 from gembench.usage import UsageError
@@ -109,3 +111,20 @@ def test_bad_batch_is_a_usage_error(batch, nproc, message):
 
     with pytest.raises(UsageError, match=message):
         with_global_batch(load_config("tiny"), batch, nproc)
+
+
+def test_the_committed_baselines_config_hashes_are_still_the_configs():
+    """A field added to the config dataclasses changes every config's hash unless it is hashed only
+    when set (config.HASHED_WHEN_SET): then every committed baseline and every recorded result
+    would stop comparing with new runs. The committed baselines pin the hashes."""
+    import glob
+    import json
+
+    paths = glob.glob(str(Path(load_config("tiny").source).parents[2] / "results" / "baselines" / "*" / "*.json"))
+    assert paths, "no committed baseline to pin a config hash with"
+    for path in paths:
+        doc = json.loads(Path(path).read_text())
+        for run in doc["runs"]:
+            cfg = load_config(run["config"]["name"])
+            if run["run"]["global_batch"] == cfg.data.global_batch:
+                assert cfg.hash == run["config"]["hash"], f"{path}: {cfg.name}'s hash changed"
