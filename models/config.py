@@ -18,7 +18,8 @@ from gembench.usage import UsageError, read_toml
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 KINDS = ("gem", "dlrm", "dcnv2")
-HASHED_WHEN_SET = (("sparse", "cpu_rows_cap", 0),)  # (section, field, default): see ModelConfig.hash
+HASHED_WHEN_SET = (("sparse", "cpu_rows_cap", 0), ("data", "zipf", ()), ("data", "pooling_kinds", ()),
+                   ("data", "id_layout", "hashed"))  # (section, field, default): see ModelConfig.hash
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,14 @@ class DataConfig:
     pooling: str = "uniform"  # "fixed": exactly pooling[i] IDs; "uniform": 1..pooling[i]; "lognormal"
     pooling_cap: int = 100  # upper bound for lognormal pooling
     positive_rate: float = 0.1  # share of positive labels per task (CTR-like)
+    # Per pooled table (one entry each, or none): its Zipf exponent (none: zipf_user for the
+    # first table, zipf_other for the rest) and its pooling distribution (none: `pooling`).
+    zipf: tuple[float, ...] = ()
+    pooling_kinds: tuple[str, ...] = ()
+    # Where the hot IDs sit in a table: "hashed" (scattered over its rows by a fixed permutation,
+    # as production IDs are hashed before they index a table) or "sorted" (hot rows first: the
+    # worst case for row-wise sharding, whose first shard then holds every table's head).
+    id_layout: str = "hashed"
 
 
 @dataclass(frozen=True)
@@ -134,7 +143,7 @@ class ModelConfig:
         # fields added since results were first recorded count only when set, so that every
         # config without them keeps its hash (and its baselines and history stay comparable)
         for section, name, default in HASHED_WHEN_SET:
-            if content[section].get(name) == default:
+            if content[section].get(name) in (default, list(default) if isinstance(default, tuple) else default):
                 del content[section][name]
         return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -254,6 +263,13 @@ def validate(cfg: ModelConfig) -> None:
     need(0 < d.positive_rate < 1, "data.positive_rate", "must be between 0 and 1")
     for key in ("zipf_item", "zipf_user", "zipf_other"):
         need(getattr(d, key) >= 0, f"data.{key}", "must be >= 0 (0 is uniform)")
+    n = len(s.rows)
+    need(len(d.zipf) in (0, n), "data.zipf", f"must have one exponent per pooled table ({n}) or none")
+    need(all(a >= 0 for a in d.zipf), "data.zipf", "must all be >= 0 (0 is uniform)")
+    need(len(d.pooling_kinds) in (0, n), "data.pooling_kinds", f"must have one entry per pooled table ({n}) or none")
+    need(all(k in ("fixed", "uniform", "lognormal") for k in d.pooling_kinds), "data.pooling_kinds",
+         "must each be fixed, uniform or lognormal")
+    need(d.id_layout in ("hashed", "sorted"), "data.id_layout", "must be hashed or sorted")
     need(s.dim > 0, "sparse.dim", "must be positive")
     need(len(s.rows) > 0, "sparse.rows", "must list at least one table")
     need(len(s.pooling) == len(s.rows), "sparse.pooling", f"must have one entry per table ({len(s.rows)})")

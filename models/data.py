@@ -61,13 +61,14 @@ class Batch:
                      None if self.seq is None else self.seq.pin_memory(), self.labels.pin_memory())
 
 
-def zipf_ids(rng: np.random.Generator, rows: int, alpha: float, size: int) -> np.ndarray:
+def zipf_ids(rng: np.random.Generator, rows: int, alpha: float, size: int, hashed: bool = True) -> np.ndarray:
     """Draw ``size`` IDs in [0, rows) from a bounded power law of exponent ``alpha``.
 
     Inverse-CDF of the continuous law p(x) ~ x^-alpha on [1, rows + 1): O(size), no table of
     ``rows`` entries, so it works for billion-row tables. Ranks are then scattered over the table
     by a fixed multiplicative permutation, as hashed production IDs are: the hot IDs are not all
-    in the first rows (which would make row-wise sharding look artificially skewed).
+    in the first rows (which would make row-wise sharding look artificially skewed). With
+    ``hashed=False`` (data.id_layout "sorted") rank r is row r: the hot rows come first.
     """
     u = rng.random(size)
     if alpha == 0:
@@ -78,7 +79,20 @@ def zipf_ids(rng: np.random.Generator, rows: int, alpha: float, size: int) -> np
         e = 1.0 - alpha
         rank = (u * ((rows + 1) ** e - 1) + 1) ** (1.0 / e) - 1
     rank = np.minimum(rank.astype(np.int64), rows - 1)
-    return (rank * _coprime_stride(rows)) % rows
+    return (rank * _coprime_stride(rows)) % rows if hashed else rank
+
+
+def zipf_share(lo: float, hi: float, rows: int, alpha: float) -> float:
+    """Share of zipf_ids(..., hashed=False) draws that land in rows [lo, hi): the law's CDF,
+    F(x) = ((x + 1)^(1 - alpha) - 1) / ((rows + 1)^(1 - alpha) - 1), at hi minus at lo."""
+    def cdf(x: float) -> float:
+        if alpha == 0:
+            return x / rows
+        if abs(alpha - 1.0) < 1e-9:
+            return math.log(x + 1) / math.log(rows + 1)
+        e = 1.0 - alpha
+        return ((x + 1) ** e - 1) / ((rows + 1) ** e - 1)
+    return cdf(min(hi, rows)) - cdf(max(lo, 0))
 
 
 def _coprime_stride(rows: int) -> int:
@@ -106,16 +120,20 @@ class SyntheticData:
         self.batch_size = batch_size or cfg.data.global_batch
         self.feature_names = [f"t{i}" for i in range(len(cfg.sparse.rows))]
         self.sequence_names = [s.name for s in cfg.sequences]
+        self.hashed = cfg.data.id_layout == "hashed"
 
     def table_alpha(self, table: int) -> float:
         d = self.cfg.data
+        if d.zipf:
+            return d.zipf[table]
         return d.zipf_user if table == 0 else d.zipf_other
 
     def pooling_factors(self, rng: np.random.Generator, table: int) -> np.ndarray:
         d, p, b = self.cfg.data, self.cfg.sparse.pooling[table], self.batch_size
-        if d.pooling == "fixed" or p <= 1:
+        kind = d.pooling_kinds[table] if d.pooling_kinds else d.pooling
+        if kind == "fixed" or p <= 1:
             return np.full(b, p, dtype=np.int64)
-        if d.pooling == "uniform":
+        if kind == "uniform":
             return rng.integers(1, p + 1, b, dtype=np.int64)
         return truncated_lognormal(rng, p, POOLING_SIGMA, b, 1, d.pooling_cap)
 
@@ -126,7 +144,7 @@ class SyntheticData:
         for t, rows in enumerate(cfg.sparse.rows):
             n = self.pooling_factors(rng, t)
             lengths.append(n)
-            values.append(zipf_ids(rng, rows, self.table_alpha(t), int(n.sum())))
+            values.append(zipf_ids(rng, rows, self.table_alpha(t), int(n.sum()), self.hashed))
         sparse = _kjt(self.feature_names, lengths, values)
         seq = None
         if cfg.sequences:
@@ -134,7 +152,7 @@ class SyntheticData:
             for s in cfg.sequences:
                 n = truncated_lognormal(rng, s.mean_len, SEQUENCE_SIGMA, b, 1, s.max_len)
                 lengths.append(n)
-                values.append(zipf_ids(rng, s.rows, cfg.data.zipf_item, int(n.sum())))
+                values.append(zipf_ids(rng, s.rows, cfg.data.zipf_item, int(n.sum()), self.hashed))
             seq = _kjt(self.sequence_names, lengths, values)
         dense = np.log1p(np.abs(rng.standard_normal((b, cfg.data.dense_features)) * 10))
         labels = rng.random((b, cfg.over.tasks)) < cfg.data.positive_rate
@@ -165,6 +183,13 @@ def _kjt(keys: list[str], lengths: list[np.ndarray], values: list[np.ndarray]) -
         length_per_key=per_key,
         offset_per_key=[0, *np.cumsum(per_key).tolist()],
     )
+
+
+def id_exponents(cfg: ModelConfig) -> dict[str, float]:
+    """Each table's Zipf exponent, by table name, as the batches draw its IDs."""
+    data = SyntheticData(cfg, batch_size=1)
+    return {f"table_t{t}": data.table_alpha(t) for t in range(len(cfg.sparse.rows))} | \
+        {f"table_{s.name}": cfg.data.zipf_item for s in cfg.sequences}
 
 
 def expected_ids_per_example(cfg: ModelConfig, samples: int = 65536) -> dict[str, float]:

@@ -73,6 +73,10 @@ def test_unknown_config_lists_known():
     (("dim = 8\nrows", "dim = -8\nrows"), "'sparse.dim' must be positive"),
     (("heads = 2", "heads = 3"), "'hstu.dim' must be divisible"),
     (("pooling = [2, 1]", "pooling = [2]"), "'sparse.pooling' must have one entry per table"),
+    (("global_batch = 8", "global_batch = 8\nzipf = [1.1]"), r"'data.zipf' must have one exponent per pooled table \(2\)"),
+    (("global_batch = 8", "global_batch = 8\nzipf = [1.1, -1.0]"), "'data.zipf' must all be >= 0"),
+    (("global_batch = 8", 'global_batch = 8\npooling_kinds = ["fixed", "poisson"]'), "'data.pooling_kinds' must each be"),
+    (("global_batch = 8", 'global_batch = 8\nid_layout = "random"'), "'data.id_layout' must be hashed or sorted"),
 ])
 def test_bad_field_names_file_and_field(tmp_path, edit, message):
     path = tmp_path / "bad.toml"
@@ -111,6 +115,17 @@ def test_bad_batch_is_a_usage_error(batch, nproc, message):
 
     with pytest.raises(UsageError, match=message):
         with_global_batch(load_config("tiny"), batch, nproc)
+
+
+def test_per_table_distributions_count_in_the_hash_only_when_set(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text(GOOD)
+    base = load_config(path)
+    path.write_text(GOOD.replace("global_batch = 8", 'global_batch = 8\nid_layout = "hashed"\nzipf = []'))
+    assert load_config(path).hash == base.hash  # the defaults, written out
+    path.write_text(GOOD.replace("global_batch = 8", 'global_batch = 8\nid_layout = "sorted"\nzipf = [0.9, 1.3]'))
+    changed = load_config(path)
+    assert changed.hash != base.hash and changed.data.zipf == (0.9, 1.3)
 
 
 def test_the_committed_baselines_config_hashes_are_still_the_configs():

@@ -1,10 +1,11 @@
 """Synthetic data: reproducible, shaped as configured, Zipf-skewed."""
 
 import numpy as np
+import pytest
 import torch
 
 from gembench.models.config import load_config
-from gembench.models.data import SyntheticData, truncated_lognormal, zipf_ids
+from gembench.models.data import SyntheticData, id_exponents, truncated_lognormal, zipf_ids, zipf_share
 
 
 def test_same_seed_same_batches_in_any_order():
@@ -62,3 +63,37 @@ def test_truncated_lognormal_bounds():
 
 _FIRST_IDS = [9697, 7805, 6414, 4068, 5777]
 _SEQ_TOKENS = 1040
+
+
+def test_sorted_ids_put_the_head_first_and_zipf_share_is_their_law():
+    rng = np.random.default_rng(0)
+    rows, alpha, n = 10_000, 1.2, 400_000
+    ids = zipf_ids(rng, rows, alpha, n, hashed=False)
+    counts = np.bincount(ids, minlength=rows)
+    assert counts.argmax() == 0 and counts[:100].sum() > counts[-5000:].sum()
+    for lo, hi in [(0, 2500), (2500, 5000), (5000, 10_000), (0, 1)]:
+        measured = ((ids >= lo) & (ids < hi)).mean()
+        assert measured == pytest.approx(zipf_share(lo, hi, rows, alpha), abs=0.01)
+    assert zipf_share(0, rows, rows, alpha) == pytest.approx(1.0)
+    hashed = np.bincount(zipf_ids(np.random.default_rng(0), rows, alpha, n), minlength=rows)
+    # hashing keeps the hottest ID's row (the permutation fixes 0) but scatters the rest of the head
+    assert hashed[1:100].sum() < counts[1:100].sum() / 10
+
+
+def test_per_table_exponents_and_pooling_kinds_drive_the_batches():
+    import dataclasses
+
+    cfg = load_config("tiny")
+    n = len(cfg.sparse.rows)
+    data = dataclasses.replace(cfg.data, zipf=tuple([0.0] + [2.0] * (n - 1)), pooling_kinds=tuple(["fixed"] * n),
+                               id_layout="sorted")
+    custom = dataclasses.replace(cfg, data=data)
+    assert id_exponents(custom)["table_t0"] == 0.0 and id_exponents(custom)["table_t1"] == 2.0
+    batch = SyntheticData(custom, seed=0).batch(0)
+    lengths = batch.sparse.lengths().view(n, -1)
+    assert all((lengths[t] == cfg.sparse.pooling[t]).all() for t in range(n))  # fixed: exactly the listed IDs
+    values = batch.sparse.values()
+    offsets = np.concatenate([[0], np.cumsum(lengths.sum(1).numpy())])
+    t1 = values[offsets[1]:offsets[2]].numpy()
+    # exponent 2, sorted: row 0 takes about half the lookups (its law's share, from zipf_share)
+    assert (t1 == 0).mean() == pytest.approx(zipf_share(0, 1, cfg.sparse.rows[1], 2.0), abs=0.2)

@@ -64,6 +64,18 @@ def test_a_plans_lookup_volume_is_the_global_batchs_ids_wherever_they_land():
     assert tw["a2a_recv"].sum() == pytest.approx(4 * 8 * 16 * EMB_BYTES)
 
 
+def test_sorted_ids_load_the_first_row_shard_with_the_head():
+    import dataclasses
+
+    cfg = load_config("tiny")
+    ids = {"table_t0": 3.0}
+    sorted_cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, id_layout="sorted"))
+    hashed, head = volumes(cfg, _plan("row_wise", 4), ids, 4, 8), volumes(sorted_cfg, _plan("row_wise", 4), ids, 4, 8)
+    assert head["lookup"].sum() == pytest.approx(hashed["lookup"].sum())  # the same lookups, elsewhere
+    assert np.allclose(hashed["lookup"], hashed["lookup"].mean())
+    assert head["lookup"][0] > 2 * head["lookup"][1:].max()  # shard 0 holds the hot rows
+
+
 def test_expected_ids_follow_the_configs_distributions():
     cfg = load_config("dcnv2")  # pooling "fixed": exactly the listed IDs
     ids = expected_ids_per_example(cfg)

@@ -3,8 +3,9 @@
 Every constant and assumption is written in docs/design.md section 8. In short:
 
 - Volumes from the plan (harness/projection/offline_plan.py, or a measured run's own plan) and
-  the config's mean IDs per example (models.data.expected_ids_per_example). IDs are hashed over
-  rows (models.data.zipf_ids), so a row-wise shard reads its share of rows' share of lookups.
+  the config's mean IDs per example (models.data.expected_ids_per_example). With hashed IDs
+  (data.id_layout) a row-wise shard serves its share of rows' share of the lookups; with sorted
+  ones, the power law's mass over its rows (models.data.zipf_share): the first shard, the head.
 - Compute per stage from a measured result (seconds per example per stage on that device,
   scaled to the per-rank batch) or, without one, from FLOPs at the cluster's efficiency.
 - Embedding lookups: bytes read over HBM bandwidth (or the measured result's seconds per byte);
@@ -31,6 +32,7 @@ from gembench.harness.metrics.mfu import STAGE_FLOP_SHARE, mfu, train_flops
 from gembench.harness.parallelize import recomputed_forward_flops
 from gembench.harness.projection.cluster import Cluster
 from gembench.models.config import ModelConfig
+from gembench.models.data import id_exponents, zipf_share
 from gembench.models.flops import ADAM_BYTES, forward_flops_per_example, memory_estimate, parameter_counts
 
 STAGES = ("input_dist", "embedding_lookup", "output_dist", "dense_forward", "backward", "grad_sync", "optimizer")
@@ -122,8 +124,16 @@ def measured_compute(result: dict) -> Compute:
                    {k: stages.get(k, 0.0) for k in COMM_STAGES} if (result["run"].get("nproc") or 1) == 1 else {})
 
 
-def _rows_share(table: dict, shard: int, rows: int) -> float:
-    return table["shard_sizes"][shard][0] / rows
+def _lookup_share(table: dict, shard: int, rows: int, alpha: float, hashed: bool) -> float:
+    """The share of a row-split table's lookups its shard serves: its share of the rows when IDs
+    are hashed over them, the power law's mass over its row range when hot rows come first."""
+    size = table["shard_sizes"][shard][0]
+    if hashed:
+        return size / rows
+    offsets = table.get("shard_offsets") or [[sum(s[0] for s in table["shard_sizes"][:i]), 0]
+                                             for i in range(len(table["shard_sizes"]))]
+    lo = offsets[shard][0]
+    return zipf_share(lo, lo + size, rows, alpha)
 
 
 def volumes(cfg: ModelConfig, tables: dict[str, dict], ids: dict[str, float], world: int, batch: int) -> dict:
@@ -133,6 +143,7 @@ def volumes(cfg: ModelConfig, tables: dict[str, dict], ids: dict[str, float], wo
     """
     gb = world * batch
     sequences = {f"table_{s.name}" for s in cfg.sequences}
+    alphas, hashed = id_exponents(cfg), cfg.data.id_layout == "hashed"
     lookup = np.zeros(world)
     kjt_send, kjt_recv = np.zeros(world), np.zeros(world)
     a2a_send, a2a_recv = np.zeros(world), np.zeros(world)  # pooled TW/CW and sequence outputs
@@ -154,7 +165,8 @@ def volumes(cfg: ModelConfig, tables: dict[str, dict], ids: dict[str, float], wo
         kjt_send += batch * id_bytes * copies
         for i, rank in enumerate(t["ranks"]):
             cols = t["shard_sizes"][i][1]
-            share = _rows_share(t, i, rows) if kind in ("row_wise", "table_row_wise") else 1.0
+            share = _lookup_share(t, i, rows, alphas.get(name, 0.0), hashed) \
+                if kind in ("row_wise", "table_row_wise") else 1.0
             looked = gb * n_ids * share
             lookup[rank] += looked * cols * EMB_BYTES
             kjt_recv[rank] += gb * id_bytes * share
