@@ -125,6 +125,7 @@ def test_the_report_draws_the_projection(projection, tmp_path):
     (["--gpus", "eight"], "--gpus takes world sizes"),
     (["--sharding", "diagonal"], "--sharding must be one of"),
     (["--set", "activation_checkpointing=most"], "activation_checkpointing"),
+    (["--set", "dense_parallel=hsdp"], "hsdp is not in the projection's cost model"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message):
     proc = _gembench("project", "--config", "small", *args)
@@ -224,3 +225,17 @@ def test_dcnv2_mlperf_runs_capped_on_cpu_and_is_projected_uncapped():
     small = load_config("small")
     assert for_device(small, "cpu") is small  # no cap in its file
     assert cpu.sparse.rows[5] == cfg.sparse.rows[5] == 3  # small tables as published
+
+
+def test_from_prices_compute_as_measured(measured, tmp_path):
+    out = tmp_path / "p.json"
+    proc = _gembench("project", "--config", "tiny", "--gpus", "2,8", "--from", str(measured / "one.json"),
+                     "--cluster", "h100", "--out", str(out), "--quiet")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "was measured on a CPU" in proc.stderr  # a CPU's compute on GPU presets is said out loud
+    doc = json.loads(out.read_text())
+    one = json.loads((measured / "one.json").read_text())["ranks"][0]
+    assert doc["compute"]["source"].startswith("measured")
+    per_example = one["stage_means_s"]["dense_forward"] / one["per_rank_batch"]
+    for row in doc["rows"]:  # the dense forward scales with the per-rank batch, nothing else
+        assert row["stages"]["dense_forward"]["time_s"] == pytest.approx(per_example * row["per_rank_batch"])

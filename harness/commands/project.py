@@ -8,7 +8,7 @@ over HBM, each collective alpha-beta over NVLink within a node and the NIC acros
 as TorchRec's pipeline schedules it. The slowest rank sets each synchronized stage.
 
 examples:
-  gembench project --config xl --gpus 8,64,512,4096 --cluster h100
+  gembench project --config xl --gpus 8,64,512,4096 --cluster h100 --set dense_parallel=fsdp --set activation_checkpointing=hstu
   gembench project --config dcnv2-mlperf --gpus 8,64,128 --cluster h200 --out p.json
   gembench project --config small --gpus 8,64 --from results/runs/r.json   # compute as measured
   gembench project --calibrate --out here.toml           # this host's links, as a cluster file
@@ -90,6 +90,8 @@ def project_command(args) -> int:
 
     cluster = load_cluster(args.cluster)
     stack = stack_options("optimized", None, tuple(args.switches))
+    if stack.dense_parallel == "hsdp":
+        raise UsageError("--set dense_parallel=hsdp is not in the projection's cost model yet; project ddp or fsdp")
     if args.sharding:
         from gembench.harness.distributed.plan import SHARDING_TYPES
 
@@ -109,6 +111,11 @@ def project_command(args) -> int:
         if result["config"]["name"] != cfg.name:
             raise UsageError(f"--from {args.from_result} measured config {result['config']['name']!r}, "
                              f"not {cfg.name!r}: project the config it measured")
+        device = result["run"].get("device", "cpu")
+        if device == "cpu" and cluster.source == "preset":
+            print(f"gembench project: warning: --from {args.from_result} was measured on a CPU; its compute "
+                  f"prices {cluster.name} GPUs as that CPU (a result measured on the cluster's GPU belongs here)",
+                  file=sys.stderr)
     if args.out:
         check_writable(args.out)
     progress = (lambda msg: print(msg, file=sys.stderr, flush=True)) if not args.quiet else (lambda msg: None)
