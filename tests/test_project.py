@@ -43,6 +43,16 @@ def test_across_nodes_an_all_to_all_leaves_through_the_nic_at_n_over_n_minus_1()
         assert collective_time(H100, family, size, 64) > collective_time(H100, family, size, 8)
 
 
+def test_hsdp_shards_within_a_node_and_all_reduces_across_on_the_nics():
+    from gembench.harness.projection.cost import dense_shards
+
+    hsdp = type("S", (), {"dense_parallel": "hsdp"})()
+    assert dense_shards(hsdp, 64, 8) == 8 and dense_shards(hsdp, 4, 8) == 4
+    # one GPU per node: the NIC alone carries it, at the all-reduce's bus factor over the nodes
+    t = collective_time(H100, "all_reduce", 2**30, 8, per_node=1)
+    assert t == pytest.approx(H100.inter.latency_s + 2**30 * bus_factor("all_reduce", 8) / H100.inter.bandwidth_Bps)
+
+
 def _plan(kind: str, world: int, rows: int = 1000, dim: int = 16) -> dict:
     if kind == "table_wise":
         return {"table_t0": {"sharding": kind, "ranks": [0], "shard_sizes": [[rows, dim]]}}
@@ -125,7 +135,6 @@ def test_the_report_draws_the_projection(projection, tmp_path):
     (["--gpus", "eight"], "--gpus takes world sizes"),
     (["--sharding", "diagonal"], "--sharding must be one of"),
     (["--set", "activation_checkpointing=most"], "activation_checkpointing"),
-    (["--set", "dense_parallel=hsdp"], "hsdp is not in the projection's cost model"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message):
     proc = _gembench("project", "--config", "small", *args)

@@ -45,7 +45,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "staged: every stage on the critical path, as gembench's measured ranks run")
     p.add_argument("--set", dest="switches", action="append", default=[], metavar="NAME=VALUE",
                    help="a switch of the optimized stack, as `gembench run --set` takes it: "
-                        "activation_checkpointing=hstu|all, dense_parallel=fsdp (memory, recompute, gradient sync)")
+                        "activation_checkpointing=hstu|all, dense_parallel=fsdp|hsdp (memory, recompute, gradient sync)")
     p.add_argument("--no-cache", action="store_true", help="plan again instead of reading the plan cache")
     p.add_argument("--out", metavar="FILE", help="projection JSON (gembench.projection/1); with --calibrate "
                    "the cluster TOML; never overwritten")
@@ -90,8 +90,6 @@ def project_command(args) -> int:
 
     cluster = load_cluster(args.cluster)
     stack = stack_options("optimized", None, tuple(args.switches))
-    if stack.dense_parallel == "hsdp":
-        raise UsageError("--set dense_parallel=hsdp is not in the projection's cost model yet; project ddp or fsdp")
     if args.sharding:
         from gembench.harness.distributed.plan import SHARDING_TYPES
 

@@ -46,17 +46,21 @@ DDP_BUCKET_BYTES = 25 * 2**20  # DDP's default bucket: the last one cannot overl
 ADAM_STEP_BYTES = 4 + 4 + ADAM_BYTES + 4 + ADAM_BYTES  # read p, g, m, v; write p, m, v (fp32)
 
 
-def collective_time(cluster: Cluster, family: str, nbytes: float, ranks: int) -> float:
+def collective_time(cluster: Cluster, family: str, nbytes: float, ranks: int, per_node: int | None = None) -> float:
     """Seconds for one collective over ``ranks`` GPUs of ``nbytes`` (nccl-tests' sizes: the send
     buffer of an all-to-all, the full buffer of the others). Within a node: latency + bus bytes /
     the intra link. Across N nodes of G GPUs, each GPU on its own NIC:
       all_to_all: (N-1)/N of the buffer leaves the node at the NIC rate, under the NVLink part;
       all_reduce: reduce-scatter in the node, all-reduce of 1/G across nodes, all-gather in the node;
-      reduce_scatter / all_gather: the in-node step and 1/G of the buffer across the nodes."""
+      reduce_scatter / all_gather: the in-node step and 1/G of the buffer across the nodes.
+    ``per_node``: the group's GPUs in each node (default: as many as fit); 1 for a group of one
+    GPU per node, as HSDP's replicas, whose collective runs on the NICs alone."""
     if ranks <= 1 or nbytes <= 0:
         return 0.0
-    g = min(ranks, cluster.gpus_per_node)
+    g = per_node or min(ranks, cluster.gpus_per_node)
     nodes = math.ceil(ranks / g)
+    if g == 1:
+        return cluster.inter.latency_s + nbytes * bus_factor(family, nodes) / cluster.inter.bandwidth_Bps
     intra = cluster.link(family, across_nodes=False)
     if nodes == 1:
         return intra.latency_s + nbytes * bus_factor(family, g) / intra.bandwidth_Bps
@@ -114,7 +118,8 @@ def measured_compute(result: dict) -> Compute:
     lookup = stages.get("embedding_lookup", 0.0)
     rate = lookup / read if read else 0.0
     options = result["run"].get("options") or {}
-    shards = (result["run"].get("nproc") or 1) if options.get("dense_parallel") == "fsdp" else 1
+    nproc, nnodes = result["run"].get("nproc") or 1, result["run"].get("nnodes") or 1
+    shards = {"fsdp": nproc, "hsdp": nproc // nnodes}.get(options.get("dense_parallel"), 1)
     backward = max(stages.get("backward", 0.0) - UPDATE_PER_LOOKUP * lookup, 0.0)
     return Compute({"dense_forward": stages.get("dense_forward", 0.0) / batch, "backward": backward / batch},
                    stages.get("optimizer", 0.0) * shards, rate,
@@ -197,15 +202,18 @@ def embedding_bytes_per_rank(tables: dict[str, dict], world: int) -> np.ndarray:
     return held
 
 
-def dense_shards(stack, world: int) -> int:
-    """GPUs one dense parameter is split over: all of them under FSDP, none under DDP."""
-    return world if getattr(stack, "dense_parallel", "ddp") == "fsdp" else 1
+def dense_shards(stack, world: int, gpus_per_node: int) -> int:
+    """GPUs one dense parameter is split over: all of them under FSDP, a node's under HSDP, none
+    under DDP (as harness.parallelize.dense_shards for measured runs)."""
+    mode = getattr(stack, "dense_parallel", "ddp")
+    return {"ddp": 1, "fsdp": world, "hsdp": min(world, gpus_per_node)}[mode]
 
 
-def dense_side(cfg: ModelConfig, batch: int, counts: dict, stack, world: int) -> dict[str, float]:
+def dense_side(cfg: ModelConfig, batch: int, counts: dict, stack, world: int, gpus_per_node: int) -> dict[str, float]:
     """HBM per GPU outside the embedding shards (memory_estimate): dense weights, gradients and Adam
     state (sharded under FSDP); activations saved for the backward with the largest transient."""
-    m = memory_estimate(cfg, batch, counts=counts, stack=stack, device_type="cuda", shards=dense_shards(stack, world))
+    m = memory_estimate(cfg, batch, counts=counts, stack=stack, device_type="cuda",
+                        shards=dense_shards(stack, world, gpus_per_node))
     return {"dense": m["dense"], "activations": m["activations"] + m["transient"]}
 
 
@@ -214,7 +222,8 @@ def project(cfg: ModelConfig, tables: dict[str, dict], ids: dict[str, float], wo
             counts: dict | None = None) -> dict:
     """One projected step: stages (time and exposed time), step, MFU, imbalance, memory."""
     counts = counts or parameter_counts(cfg)
-    fsdp = dense_shards(stack, world) > 1
+    shards = dense_shards(stack, world, cluster.gpus_per_node)
+    fsdp = shards > 1  # FSDP, or HSDP within each node
     v = volumes(cfg, tables, ids, world, batch)
     lat = cluster.link("all_to_all", across_nodes=world > cluster.gpus_per_node).latency_s
 
@@ -245,18 +254,20 @@ def project(cfg: ModelConfig, tables: dict[str, dict], ids: dict[str, float], wo
     dense_grad = counts["dense_params"] * 4
     if fsdp:  # fp32 gradients reduce-scattered; parameters all-gathered (bf16) for forward and backward
         gather = counts["dense_params"] * (2 if getattr(stack, "bf16", True) else 4)
-        sync = collective_time(cluster, "reduce_scatter", dense_grad, world) \
-            + 2 * collective_time(cluster, "all_gather", gather, world)
+        sync = collective_time(cluster, "reduce_scatter", dense_grad, shards) \
+            + 2 * collective_time(cluster, "all_gather", gather, shards)
+        if shards < world:  # HSDP: each shard all-reduced with its replicas, one GPU per node
+            sync += collective_time(cluster, "all_reduce", dense_grad / shards, world // shards, per_node=1)
     else:
         sync = collective_time(cluster, "all_reduce", dense_grad, world)
     sync += compute.overhead_s.get("grad_sync", 0.0)
     stages = {"input_dist": input_dist, "embedding_lookup": lookup, "output_dist": output_dist,
-              "dense_forward": dense_fwd, "backward": backward, "grad_sync": sync, "optimizer": compute.optimizer_s / (world if fsdp else 1)}
+              "dense_forward": dense_fwd, "backward": backward, "grad_sync": sync, "optimizer": compute.optimizer_s / shards}
     exposed = dict(stages)
     if schedule == "pipelined":
         exposed["input_dist"] = max(0.0, input_dist - (dense_fwd + dense_bwd))
         if fsdp:  # one block's gather ahead of the forward, the rest prefetched under compute
-            first = collective_time(cluster, "all_gather", counts.get("largest_block_params", 0) * 2, world)
+            first = collective_time(cluster, "all_gather", counts.get("largest_block_params", 0) * 2, shards)
             exposed["grad_sync"] = max(first, sync - dense_fwd - dense_bwd) if world > 1 else 0.0
         else:
             last_bucket = collective_time(cluster, "all_reduce", min(dense_grad, DDP_BUCKET_BYTES), world)
@@ -265,7 +276,7 @@ def project(cfg: ModelConfig, tables: dict[str, dict], ids: dict[str, float], wo
     comm_exposed = exposed["input_dist"] + exposed["output_dist"] + grad_comm + exposed["grad_sync"]
     shares = v["lookup"] / v["lookup"].mean() if v["lookup"].mean() > 0 else np.ones(world)
     emb_held = embedding_bytes_per_rank(tables, world)
-    side = dense_side(cfg, batch, counts, stack, world)
+    side = dense_side(cfg, batch, counts, stack, world, cluster.gpus_per_node)
     memory = float(emb_held.max()) + sum(side.values())
     return {
         "world": world, "nodes": math.ceil(world / cluster.gpus_per_node), "per_rank_batch": batch,

@@ -27,7 +27,7 @@ def sweep(cfg: ModelConfig, worlds: list[int], cluster: Cluster, result: dict | 
     rows = []
     for world in worlds:
         batch = cfg.data.global_batch // world
-        reserved = sum(dense_side(cfg, batch, counts, stack, world).values())
+        reserved = sum(dense_side(cfg, batch, counts, stack, world, cluster.gpus_per_node).values())
         progress(f"gembench project: {cfg.name} on {world} GPUs of {cluster.name}: planning ...")
         plan = plan_offline(cfg, world, batch, cluster, reserved, forced, use_cache)
         row = {"world": world, "plan": {"fits": plan.fits, "error": plan.error, "seconds": plan.seconds,
