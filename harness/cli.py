@@ -39,7 +39,7 @@ examples:
   gembench continuous HEAD~1 HEAD       # two commits in alternating processes: catches a 5% slowdown
   gembench promote r.json               # make a run the baseline of its config and hardware
   gembench peak --recalibrate           # CPU peaks: best of several quiet GEMM rounds
-  gembench project --config xl --cluster h100   # 8 to 4,096 GPUs, from TorchRec's planner
+  gembench project --config dcnv2-mlperf --cluster h200   # 8 to 4,096 GPUs: TorchRec's planner + a cost model
   gembench report --out report/         # HTML page of results/runs and the baselines
   gembench <command> --help             # every flag of a command
 """

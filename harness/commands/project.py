@@ -83,10 +83,9 @@ def project_command(args) -> int:
     from gembench.harness.projection.cluster import load_cluster
     from gembench.harness.projection.report import projection_document, print_projection
     from gembench.harness.projection.sweep import sweep
+    from gembench.harness.stack import stack_options
     from gembench.harness.store.results import check_writable, write_result
     from gembench.models.config import load_config, with_global_batch
-
-    from gembench.harness.stack import stack_options
 
     cluster = load_cluster(args.cluster)
     stack = stack_options("optimized", None, tuple(args.switches))
