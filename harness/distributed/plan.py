@@ -17,6 +17,7 @@ from gembench.harness.stack import ADAGRAD_EPS, EMBEDDING_LR
 from gembench.usage import UsageError
 
 POOLING_DEFAULT = 1.0  # TorchRec's own default pooling factor
+MIN_POOLING = 1e-3  # a table no example looks up still needs a positive factor
 SHARDING_TYPES = ("table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel")
 
 
@@ -117,6 +118,17 @@ class PlanRecorder:
             }
 
 
+def table_constraints(pooling: dict[str, float], types: dict[str, list[str]], **extra) -> dict:
+    """TorchRec ParameterConstraints per table: its pooling factor (mean IDs per example; a table
+    with none gets TorchRec's default, an empty one a floor the planner can divide by) and, where
+    given, the sharding types it may take; ``extra`` for every table (e.g. compute_kernels)."""
+    from torchrec.distributed.planner import ParameterConstraints
+
+    return {t: ParameterConstraints(sharding_types=types.get(t),
+                                    pooling_factors=[max(pooling.get(t, POOLING_DEFAULT), MIN_POOLING)], **extra)
+            for t in {*pooling, *types}}
+
+
 def plan_sharding(model: nn.Module, forced: dict[str, str], env: dict, device: torch.device,
                   batch_size: int, pooling: dict[str, float] | None = None):
     """TorchRec's plan for ``model`` on this job, honouring ``forced``; and the planner's view.
@@ -124,14 +136,11 @@ def plan_sharding(model: nn.Module, forced: dict[str, str], env: dict, device: t
     ``pooling``: mean IDs per example per table (models.data.expected_ids_per_example), given to
     the planner as each table's pooling factor; without it TorchRec prices every table as if it
     pooled one ID, and a table pooling 100 is planned like one pooling 1."""
-    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 
     topology = Topology(world_size=env["world_size"], local_world_size=env["local_world_size"],
                         compute_device=device.type)
-    pooling = pooling or {}
-    constraints = {t: ParameterConstraints(sharding_types=[forced[t]] if t in forced else None,
-                                           pooling_factors=[max(pooling[t], 1e-3)] if t in pooling else [POOLING_DEFAULT])
-                   for t in {*forced, *pooling}}
+    constraints = table_constraints(pooling or {}, {t: [kind] for t, kind in forced.items()})
     recorder = PlanRecorder(env["world_size"])
     planner = EmbeddingShardingPlanner(topology=topology, batch_size=batch_size,
                                        constraints=constraints, stats=[recorder])

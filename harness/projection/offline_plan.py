@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gembench.harness.calibration import cache_dir
-from gembench.harness.distributed.plan import PlanRecorder, sharders
+from gembench.harness.distributed.plan import PlanRecorder, sharders, table_constraints
 from gembench.harness.projection.cluster import Cluster
 from gembench.models.config import ModelConfig
 from gembench.models.data import expected_ids_per_example
@@ -61,23 +61,19 @@ def embedding_module(cfg: ModelConfig):
 
 
 def constraints(cfg: ModelConfig, ids: dict[str, float], forced: str | None = None, multi_node: bool = True) -> dict:
-    from torchrec.distributed.planner import ParameterConstraints
+    """Each table's pooling factor, the fused kernel, and the sharding types its size allows."""
+    from gembench.models.sparse import pooled_tables, sequence_tables
 
-    dims = {f"table_t{i}": (rows, cfg.sparse.dim) for i, rows in enumerate(cfg.sparse.rows)}
-    dims |= {f"table_{s.name}": (s.rows, cfg.hstu.dim) for s in cfg.sequences}
-    out = {}
-    for name, (rows, dim) in dims.items():
+    sequences = sequence_tables(cfg) if cfg.sequences else []
+    types = {}
+    for t in pooled_tables(cfg) + sequences:
         if forced:
-            types = [forced]
-        elif rows * dim * 4 < SMALL_TABLE_BYTES:
-            types = ["table_wise"]
-        else:
-            # sequence tables are EmbeddingCollections: TorchRec shards those table- or row-wise
-            sequence = name.removeprefix("table_") in {s.name for s in cfg.sequences}
-            types = ["table_row_wise"] if multi_node and not sequence else ["row_wise"]
-        out[name] = ParameterConstraints(sharding_types=types, compute_kernels=["fused"],
-                                         pooling_factors=[max(ids[name], 1e-3)])
-    return out
+            types[t.name] = [forced]
+        elif t.num_embeddings * t.embedding_dim * 4 < SMALL_TABLE_BYTES:
+            types[t.name] = ["table_wise"]
+        else:  # sequence tables are EmbeddingCollections: TorchRec shards those table- or row-wise
+            types[t.name] = ["table_row_wise"] if multi_node and t not in sequences else ["row_wise"]
+    return table_constraints(ids, types, compute_kernels=["fused"])
 
 
 def topology(cluster: Cluster, world: int):
