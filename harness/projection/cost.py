@@ -152,7 +152,7 @@ def volumes(cfg: ModelConfig, tables: dict[str, dict], ids: dict[str, float], wo
     lookup = np.zeros(world)
     kjt_send, kjt_recv = np.zeros(world), np.zeros(world)
     a2a_send, a2a_recv = np.zeros(world), np.zeros(world)  # pooled TW/CW and sequence outputs
-    rs_bytes: dict[tuple, list] = {}  # (sharding, group size) -> [group size, bytes]: reduce-scatter forward
+    rs_bytes: dict[tuple, float] = {}  # (sharding, group size) -> bytes: one reduce-scatter forward per group
     groups = set()  # TorchRec sends each (module, sharding type) group in collectives of its own
     for name, t in tables.items():
         n_ids = ids.get(name, 0.0)
@@ -184,10 +184,10 @@ def volumes(cfg: ModelConfig, tables: dict[str, dict], ids: dict[str, float], wo
         elif kind in ("table_wise", "column_wise"):
             a2a_recv += batch * dim_total * EMB_BYTES
         else:
-            entry = rs_bytes.setdefault((kind, len(t["ranks"])), [len(t["ranks"]), 0.0])
-            entry[1] += gb * dim_total * EMB_BYTES
+            key = (kind, len(t["ranks"]))
+            rs_bytes[key] = rs_bytes.get(key, 0.0) + gb * dim_total * EMB_BYTES
     return {"lookup": lookup, "kjt_send": kjt_send, "kjt_recv": kjt_recv, "a2a_send": a2a_send,
-            "a2a_recv": a2a_recv, "reduce_scatter": [tuple(e) for e in rs_bytes.values()],
+            "a2a_recv": a2a_recv, "reduce_scatter": [(size, b) for (_, size), b in rs_bytes.items()],
             "groups": len(groups), "a2a_groups": len([g for g in groups if g[0] or g[1] in ("table_wise", "column_wise")])}
 
 
