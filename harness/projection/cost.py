@@ -29,6 +29,7 @@ import numpy as np
 
 from gembench.harness.metrics.comm import bus_factor
 from gembench.harness.metrics.mfu import STAGE_FLOP_SHARE, mfu, train_flops
+from gembench.harness.parallelize import dense_shards as parallel_shards
 from gembench.harness.parallelize import recomputed_forward_flops
 from gembench.harness.projection.cluster import Cluster
 from gembench.models.config import ModelConfig
@@ -203,10 +204,9 @@ def embedding_bytes_per_rank(tables: dict[str, dict], world: int) -> np.ndarray:
 
 
 def dense_shards(stack, world: int, gpus_per_node: int) -> int:
-    """GPUs one dense parameter is split over: all of them under FSDP, a node's under HSDP, none
-    under DDP (as harness.parallelize.dense_shards for measured runs)."""
-    mode = getattr(stack, "dense_parallel", "ddp")
-    return {"ddp": 1, "fsdp": world, "hsdp": min(world, gpus_per_node)}[mode]
+    """GPUs one dense parameter is split over on ``world`` GPUs of nodes of ``gpus_per_node``, as
+    measured runs split it (harness.parallelize.dense_shards)."""
+    return parallel_shards(getattr(stack, "dense_parallel", "ddp"), world, min(world, gpus_per_node))
 
 
 def dense_side(cfg: ModelConfig, batch: int, counts: dict, stack, world: int, gpus_per_node: int) -> dict[str, float]:
