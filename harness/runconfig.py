@@ -46,6 +46,7 @@ class RunConfig:
     nproc: int | None = None
     sharding: str | None = None
     pipeline: bool = False
+    rebalance: bool = False  # re-plan from the measured load and run again (distributed/rebalance.py)
     timeout: float = 300.0
     # two stacks interleaved in one process
     ab: bool = False
@@ -78,8 +79,12 @@ class RunConfig:
                 raise UsageError("--pace takes turns with one process; it cannot drive --nproc ranks")
             if self.nproc is not None and self.nproc < 1:
                 raise UsageError(f"--nproc must be at least 1, got {self.nproc}")
+            if self.rebalance and self.nproc is not None and self.nproc < 2:
+                raise UsageError(f"--rebalance moves tables between ranks: it needs --nproc 2 or more, got {self.nproc}")
             if self.timeout <= 0:
                 raise UsageError(f"--timeout must be positive seconds, got {self.timeout}")
+        if self.rebalance and not distributed:
+            raise UsageError("--rebalance re-plans a sharded job on several ranks: add --nproc 2 (or more)")
         if self.ab and (self.rounds < 2 or self.steps < self.rounds):
             raise UsageError(f"--ab needs --rounds >= 2 and --steps >= --rounds, got "
                              f"--rounds {self.rounds} --steps {self.steps}")

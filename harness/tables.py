@@ -250,6 +250,56 @@ def comm_table(result: dict) -> str:
             f"communication {pct(c['exposed_comm_fraction'])} of the step, mean of ranks)")
 
 
+def _plan_kinds(plan: dict) -> str:
+    kinds: dict[str, int] = {}
+    for p in plan.values():
+        kinds[p["sharding"]] = kinds.get(p["sharding"], 0) + 1
+    return ", ".join(f"{k} {n}" for k, n in sorted(kinds.items()))
+
+
+def rebalance_table(result: dict) -> str:
+    """--rebalance: the first plan's run beside the re-planned one, the plan change, the goal."""
+    rb = result["rebalance"]
+    b, a = rb["before"], rb["after"]
+
+    def per_rank(side, load, fmt):
+        return " / ".join(fmt(v) for v in side["loads"][load])
+
+    rows = []
+    for load in b["loads"]:
+        fmt = ms if load == "lookup_s" else si
+        rows.append([LOAD_LABELS.get(load, load) + " per rank", per_rank(b, load, fmt), per_rank(a, load, fmt)])
+        rows.append([LOAD_LABELS.get(load, load) + " max/mean" + (" *" if load == rb["primary"] else ""), f"{b['metrics'][load]['max_mean']:.3f}",
+                     f"{a['metrics'][load]['max_mean']:.3f}"])
+    rows += [["step p50 per rank (ms)", " / ".join(ms(v) for v in b["rank_step_p50_s"]),
+              " / ".join(ms(v) for v in a["rank_step_p50_s"])],
+             ["step p50 (ms)", ms(b["step_time_s"]["p50"]), ms(a["step_time_s"]["p50"])],
+             ["stall cost", pct(b["stall_cost"]), pct(a["stall_cost"])],
+             ["exposed comm", pct(b["exposed_comm_fraction"]), pct(a["exposed_comm_fraction"])],
+             ["MFU", pct(b["mfu"]), pct(a["mfu"])],
+             ["plan", _plan_kinds(b["plan"]), _plan_kinds(a["plan"])]]
+    table = tabulate(rows, headers=["", "planner's plan", "rebalanced"], colalign=("left", "right", "right"))
+    moved = rb["moved"]
+    shown = ", ".join(f"{m['table'].removeprefix('table_')} {m['before']} -> {m['after']}" for m in moved[:12])
+    more = f" and {len(moved) - 12} more" if len(moved) > 12 else ""
+    change, goal, carried = rb["step_change"], rb["goal"], rb["carried"]
+    lo, hi = change["ci95"]
+    worse = "met" if goal["step_not_worse"] else "NOT met (slower, 95% CI above 1)"
+    lines = [
+        table + "\n* primary",
+        f"moved {len(moved)} table(s)" + (f": {shown}{more}" if moved else " (the re-plan kept the plan)"),
+        f"step rebalanced / before: {change['ratio']:.3f}, 95% CI [{lo:.3f}, {hi:.3f}] ({change['test']}; "
+        f"the two runs ran one after the other in the same processes)",
+        f"goal: measured max/mean <= {goal['max_mean_at_most']:.2f} after: {goal['max_mean']:.3f} "
+        f"{'met' if goal['met_imbalance'] else 'NOT met'}; step not worse: {worse}",
+        f"re-planned from: measured pooling and per-row load of every table, lookup "
+        f"{rb['lookup_s_per_byte'] * 1e9:.2f} ns per byte read; carried {carried['tensors']} tensors and "
+        f"{carried['optimizer_states']} optimizer states"
+        + (f", {len(carried['reset'])} optimizer state(s) reset (their layout changed shape)" if carried["reset"] else ""),
+    ]
+    return "\n".join(lines)
+
+
 def distributed_report(result: dict) -> str:
     run = result["run"]
     plan = ", ".join(f"{t.removeprefix('table_')}:{p['sharding']}@{','.join(map(str, p['ranks']))}"
@@ -269,5 +319,7 @@ def distributed_report(result: dict) -> str:
         rank_stage_table(result),
         "embedding imbalance: measured on the real batches vs the planner's estimates\n" + imbalance_table(result),
         "communication\n" + comm_table(result),
+        *(["rebalance: the planner's plan, then TorchRec's planner again on the load measured on it\n"
+           + rebalance_table(result)] if "rebalance" in result else []),
         totals_table(result) + f"\nper rank: {per_rank}",
     ])

@@ -24,6 +24,7 @@ examples:
   gembench run --device cuda --peak-tflops 989  # override the datasheet peak
   gembench run --config small --nproc 2         # 2 torchrun ranks, TorchRec's plan, staged step
   gembench run --nproc 2 --sharding row_wise --pipeline --trace traces/
+  gembench run --nproc 2 --rebalance            # re-plan from the measured load; before/after
   torchrun --nnodes 2 --nproc_per_node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
       -m gembench run --config medium           # multi-node: run this on every node
 """
@@ -83,11 +84,19 @@ def configure(p: argparse.ArgumentParser) -> None:
     dist.add_argument("--sharding", default=None, metavar="SPEC",
                       help="force TorchRec sharding: one of table_wise, row_wise, column_wise, "
                            "table_row_wise, data_parallel for every table, or per table, e.g. "
-                           "t0=row_wise,default=table_wise (default: TorchRec's planner chooses)")
+                           "t0=row_wise,default=table_wise (default: auto, TorchRec's planner chooses, "
+                           "told each table's pooling; untold: the planner as TorchRec ships it, every "
+                           "table priced as pooling one ID)")
     dist.add_argument("--pipeline", action="store_true",
                       help="TorchRec's TrainPipelineSparseDist: next batch's input dist overlaps this "
                            "batch's compute, DDP overlaps gradient sync with backward (default: staged "
                            "step, every stage timed on its own, nothing overlapped)")
+    dist.add_argument("--rebalance", action="store_true",
+                      help="run on the planner's plan, then re-plan from the lookup load measured on it "
+                           "(each table's pooling and how its IDs fall over its rows, and the measured "
+                           "lookup time per byte), re-shard with the trained state carried over, and run "
+                           "again; the table and JSON show imbalance, per-rank load and step before and "
+                           "after, and which tables moved (staged step only)")
     dist.add_argument("--trace", type=Path, default=None, metavar="DIR",
                       help="keep the torch.profiler trace of the profiled step(s): DIR/trace.json on "
                            "one process (and print its top-10 kernels or CPU ops by self time), "

@@ -112,6 +112,10 @@ def check(args: RunConfig) -> None:
     if odd:
         raise UsageError(f"--sharding: sequence table(s) {', '.join(odd)} can only be table_wise, row_wise "
                          f"or column_wise in TorchRec; add e.g. {odd[0]}=row_wise to the spec")
+    if args.rebalance:
+        from gembench.harness.distributed.rebalance import check as check_rebalance
+
+        check_rebalance(args.sharding, forced, tables + sequences, args.nproc, args.pipeline)
     if args.options.dense_parallel == "hsdp":  # --nproc starts every rank on this one host
         raise UsageError(HSDP_ONE_NODE)
     dev = resolve_device(args.device)

@@ -40,7 +40,7 @@ def parse_sharding(spec: str | None, tables: list[str]) -> dict[str, str]:
     ``row_wise`` forces every table; ``t0=row_wise,default=table_wise`` forces table t0 (a table
     is named as its feature, e.g. t0 or clicks, or in full, table_t0) and every other table.
     """
-    if not spec or spec == "auto":
+    if not spec or spec in ("auto", "untold"):  # untold: the planner without pooling factors (rank.py)
         return {}
     short = {t.removeprefix("table_"): t for t in tables}
     forced: dict[str, str] = {}
@@ -130,19 +130,28 @@ def table_constraints(pooling: dict[str, float], types: dict[str, list[str]], **
 
 
 def plan_sharding(model: nn.Module, forced: dict[str, str], env: dict, device: torch.device,
-                  batch_size: int, pooling: dict[str, float] | None = None):
+                  batch_size: int, pooling: dict[str, float] | None = None, measured=None):
     """TorchRec's plan for ``model`` on this job, honouring ``forced``; and the planner's view.
 
-    ``pooling``: mean IDs per example per table (models.data.expected_ids_per_example), given to
-    the planner as each table's pooling factor; without it TorchRec prices every table as if it
-    pooled one ID, and a table pooling 100 is planned like one pooling 1."""
+    ``pooling``: mean IDs per example per table (models.data.expected_ids_per_example, or as
+    measured), given to the planner as each table's pooling factor; without it TorchRec prices
+    every table as if it pooled one ID, and a table pooling 100 is planned like one pooling 1.
+    ``measured``: a ShardEstimator run after TorchRec's own (rebalance.MeasuredLookups): each
+    shard's lookup time from the load measured on it, TorchRec's communication estimates kept."""
     from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+    from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator, EmbeddingStorageEstimator
 
     topology = Topology(world_size=env["world_size"], local_world_size=env["local_world_size"],
                         compute_device=device.type)
     constraints = table_constraints(pooling or {}, {t: [kind] for t, kind in forced.items()})
+    enumerator = None
+    if measured is not None:
+        enumerator = EmbeddingEnumerator(topology=topology, batch_size=batch_size, constraints=constraints,
+                                         estimator=[EmbeddingPerfEstimator(topology, constraints), measured,
+                                                    EmbeddingStorageEstimator(topology, constraints)])
     recorder = PlanRecorder(env["world_size"])
-    planner = EmbeddingShardingPlanner(topology=topology, batch_size=batch_size,
+    planner = EmbeddingShardingPlanner(topology=topology, batch_size=batch_size, enumerator=enumerator,
                                        constraints=constraints, stats=[recorder])
     try:
         plan = planner.collective_plan(model, sharders(), dist.GroupMember.WORLD)

@@ -10,6 +10,7 @@ the job's single result (result.py) and writes it.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import socket
 import sys
@@ -107,10 +108,14 @@ def main(args: RunConfig, env: dict) -> int:
 
 
 def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fault) -> dict:
+    """This rank's whole job; the result on rank 0 ({} on the others).
+
+    With --rebalance the job runs twice: once on the planner's plan, then, after a re-plan from
+    the load measured on it (rebalance.py), on the new plan with the trained state carried over
+    (carry.py); the result is the second run's, the first's figures in its ``rebalance`` section.
+    """
     from gembench.harness.distributed.result import build_result
-    from gembench.harness.parallelize import (apply_ac, apply_compile, apply_fsdp, dense_mesh, dense_shards,
-                                              dense_state_bytes, recomputed_forward_flops)
-    from gembench.harness.stack import autocast_for, on_ranks, pure_model
+    from gembench.harness.stack import on_ranks
 
     rank, world = env["rank"], env["world_size"]
     cfg = for_device(with_global_batch(load_config(args.config), args.batch, world), dev.type)  # --batch; CPU row cap
@@ -118,13 +123,78 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
     # the peaks first: calibrating one (large GEMMs) must not count as the run's memory
     watchdog.at("peak")
     peak, host_peak = _peaks(dev, args, env)
-    watchdog.at("build")
-    start_bytes = reset_peak_memory(dev)  # the rank's floor: what was loaded before the run
-    torch.manual_seed(args.seed)  # same seed on every rank: identical replicated weights
     # The stack from harness/stack.py, as on one process: kernels, precision, compile, optimizer
     # and learning rates; embeddings are always fbgemm's fused TBE under DMP, and overlap is the
     # --pipeline switch (stack.on_ranks).
     options = on_ranks(args.options, args.pipeline)
+    expected = expected_ids_per_example(cfg)
+    pooling = None if args.sharding == UNTOLD else expected
+    if args.rebalance:
+        from gembench.harness.distributed import rebalance as R
+
+        tables = list(_table_rows(cfg))
+        R.check(args.sharding, P.parse_sharding(args.sharding, tables), tables, world, args.pipeline)
+    job = _build(args, env, dev, cfg, options, local_batch, watchdog, pooling)
+    record, batches = _measure(job, args, env, dev, cfg, options, local_batch, watchdog, fault, peak, host_peak)
+    records = _gather(record, rank, world, watchdog)
+    before = None
+    if args.rebalance:
+        from gembench.harness.distributed.carry import carry_state
+
+        watchdog.at("rebalance")
+        rows = _table_rows(cfg)
+        counted = [batches[i % len(batches)] for i in range(args.warmup, args.warmup + min(args.steps, LOAD_BATCHES))]
+        counts = [None] * world  # the batches measure_loads counted
+        dist.all_gather_object(counts, R.host_counts(counted, rows))
+        loads = [None] * world
+        dist.all_gather_object(loads, record["loads"])
+        measured = R.Measured.from_ranks(counts, loads, rows)
+        skew = R.row_skew(measured, job.planned.tables)
+        if rank == 0:
+            before = build_result(cfg, args, env, records, job.planned, options, batch_indices=_indices(args, batches),
+                                  backend=dist.get_backend())
+            _say(args, rank, "re-planning from the measured load: pooling "
+                 + ", ".join(f"{t.removeprefix('table_')} {v:.1f}" for t, v in measured.pooling.items())
+                 + f"; lookup {measured.seconds_per_byte * 1e9:.2f} ns/byte")
+        old = job
+        job = _build(args, env, dev, cfg, options, local_batch, watchdog, measured.pooling, R.MeasuredLookups(measured))
+        carried = carry_state(old.dmp, job.dmp, old.engine.optimizer, job.engine.optimizer)
+        del old
+        gc.collect()
+        record, batches = _measure(job, args, env, dev, cfg, options, local_batch, watchdog, fault, peak, host_peak)
+        records = _gather(record, rank, world, watchdog)
+    if rank != 0:
+        return {}
+    watchdog.at("peak check")
+    _recheck_peak(peak, records, socket.gethostname())
+    result = build_result(cfg, args, env, records, job.planned, options, batch_indices=_indices(args, batches),
+                          backend=dist.get_backend())
+    if before is not None:
+        result["rebalance"] = R.section(before, result, measured, expected, skew, carried)
+    return result
+
+
+UNTOLD = "untold"  # --sharding untold: TorchRec's planner without the tables' pooling (its default)
+
+
+class _Job:
+    """One build of the model on this rank: the pure model, its plan, DMP, and the step engine."""
+
+    def __init__(self, gem, model, dmp, planned, engine, start_bytes: int):
+        self.gem, self.model, self.dmp, self.planned, self.engine = gem, model, dmp, planned, engine
+        self.start_bytes = start_bytes
+
+
+def _build(args: RunConfig, env: dict, dev: torch.device, cfg, options, local_batch: int, watchdog,
+           pooling: dict | None, measured=None) -> _Job:
+    """Model, plan (TorchRec's planner told ``pooling``; ``measured``: rebalance.MeasuredLookups),
+    DMP, FSDP, compile, and the step engine (the staged one; the pipeline's is made in _measure)."""
+    from gembench.harness.parallelize import apply_ac, apply_compile, apply_fsdp, dense_mesh
+    from gembench.harness.stack import pure_model
+
+    watchdog.at("build")
+    start_bytes = reset_peak_memory(dev)  # the rank's floor: what was loaded before the run
+    torch.manual_seed(args.seed)  # same seed on every rank: identical replicated weights
     gem = pure_model(cfg, options, dev)
     apply_ac(gem, options.activation_checkpointing)
     nvtx.enable_from_env(dev)  # gembench run --nsys: ranges for Nsight Systems
@@ -134,13 +204,24 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
         model = E.TrainModule(gem)
     watchdog.at("plan")
     forced = P.parse_sharding(args.sharding, P.table_names(model))
-    plan, planned = P.plan_sharding(model, forced, env, dev, local_batch, expected_ids_per_example(cfg))
+    plan, planned = P.plan_sharding(model, forced, env, dev, local_batch, pooling, measured)
     watchdog.at("shard")
     dmp = P.shard(model, plan, dev, ddp=args.pipeline and options.dense_parallel == "ddp")
     if options.dense_parallel != "ddp":  # FSDP2 on the dense blocks DMP left plain
-        mesh = dense_mesh(options.dense_parallel, world, env["local_world_size"], dev.type)
+        mesh = dense_mesh(options.dense_parallel, env["world_size"], env["local_world_size"], dev.type)
         apply_fsdp(gem, mesh, options.bf16)
     apply_compile(gem, options)  # the dense arch, after DMP has taken the tables
+    engine = None if args.pipeline else E.StagedStep(dmp, dev, env["world_size"], options)
+    return _Job(gem, model, dmp, planned, engine, start_bytes)
+
+
+def _measure(job: _Job, args: RunConfig, env: dict, dev: torch.device, cfg, options, local_batch: int, watchdog,
+             fault, peak, host_peak) -> tuple[dict, list]:
+    """Time, count and profile this rank's steps on ``job``: its record for rank 0, and the batches."""
+    from gembench.harness.parallelize import dense_shards, dense_state_bytes, recomputed_forward_flops
+    from gembench.harness.stack import autocast_for
+
+    rank, world, dmp = env["rank"], env["world_size"], job.dmp
     watchdog.at("data")
     data = SyntheticData(cfg, seed=args.seed, batch_size=local_batch, rank=rank)
     total = args.warmup + args.steps + COUNTED_STEPS + PROFILED_STEPS
@@ -167,14 +248,14 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
         feed = iter([E.pipelineable(data.batch(i % len(batches))) for i in range(total)])
         engine_step, stages = _pipelined_step(engine, feed, watchdog, fault, rank), E.PIPELINE_STAGES
     else:
-        engine = E.StagedStep(dmp, dev, world, options)
+        engine = job.engine
         engine_step, stages = _staged_step(engine, batches, watchdog, fault, rank), E.STAGES
     counted = C.StepCounter(dev, [engine.optimizer])
     saved = SavedForBackward(dmp.parameters())  # around the counted step, with the counters
     at_timed_end = {}  # the memory when the timed steps end, before the counted and profiled ones add theirs
 
     def timed_end():
-        at_timed_end.update(peak=peak_memory_bytes(dev), run=run_memory_bytes(dev, start_bytes))
+        at_timed_end.update(peak=peak_memory_bytes(dev), run=run_memory_bytes(dev, job.start_bytes))
 
     samples, prof = _steps(engine_step, stages, total, args, dev, counted, saved, autocast, show, timed_end)
 
@@ -189,7 +270,7 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
     if not args.pipeline:
         loads["lookup_s"] = float(np.mean(samples.stages["embedding_lookup"]))
     (memory, memory_source), (run_bytes, run_source) = at_timed_end["peak"], at_timed_end["run"]
-    storage = planned.storage
+    storage = job.planned.storage
     estimate = memory_estimate(cfg, local_batch, parameter_counts(cfg), options, dev.type,
                                shards=dense_shards(options.dense_parallel, world, env["local_world_size"]),
                                embedding_share=storage[rank] / sum(storage) if sum(storage) else 1.0 / world,
@@ -210,18 +291,33 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
         "activation_bytes": saved.bytes,
         "counters": counts,
     }
+    return record, batches
+
+
+def _gather(record: dict, rank: int, world: int, watchdog) -> list[dict] | None:
+    """Every rank's record on rank 0 (None elsewhere)."""
     watchdog.at("gather")
     records = [None] * world if rank == 0 else None
     dist.gather_object(record, records, dst=0)
-    if rank != 0:
-        return {}
-    watchdog.at("peak check")
-    _recheck_peak(peak, records, socket.gethostname())
-    return build_result(cfg, args, env, records, planned, options, batch_indices={
-        "timed": [i % len(batches) for i in range(args.warmup, args.warmup + args.steps)],
-        "counted": [i % len(batches) for i in range(args.warmup + args.steps, total - PROFILED_STEPS)],
-        "profiled": [i % len(batches) for i in range(total - PROFILED_STEPS, total)],
-    }, backend=dist.get_backend())
+    return records
+
+
+def _indices(args: RunConfig, batches: list) -> dict:
+    """Which of the distinct batches each kind of step trained on (the result's run.batches)."""
+    n, total = len(batches), args.warmup + args.steps + COUNTED_STEPS + PROFILED_STEPS
+    return {"timed": [i % n for i in range(args.warmup, args.warmup + args.steps)],
+            "counted": [i % n for i in range(args.warmup + args.steps, total - PROFILED_STEPS)],
+            "profiled": [i % n for i in range(total - PROFILED_STEPS, total)]}
+
+
+def _table_rows(cfg) -> dict[str, int]:
+    """Rows of every table (``table_<feature>``), from the config as run."""
+    return {f"table_t{i}": r for i, r in enumerate(cfg.sparse.rows)} | {f"table_{s.name}": s.rows for s in cfg.sequences}
+
+
+def _say(args: RunConfig, rank: int, text: str) -> None:
+    if rank == 0 and not args.quiet:
+        print(f"gembench run: {text}", file=sys.stderr, flush=True)
 
 
 def _peaks(dev: torch.device, args, env: dict):

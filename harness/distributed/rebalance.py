@@ -1,0 +1,199 @@
+"""`gembench run --nproc N --rebalance`: re-plan the sharding from the lookup load measured on it.
+
+The first plan is TorchRec's, told each table's expected pooling (plan.plan_sharding). After its
+timed steps every rank counts, on the batches it trained on, each table's IDs and how they fall
+over the table's rows (a histogram of RESOLUTION equal row bins), and the ranks' measured lookup
+time per byte read. TorchRec's planner then plans again with
+
+- the **measured pooling** of every table as its constraint, and
+- **MeasuredLookups**, a ShardEstimator run after TorchRec's own: each candidate shard's lookup
+  time (forward, and backward in TorchRec's own backward/forward proportion) is the IDs that fall
+  in its rows x its columns x 4 bytes x the measured seconds per byte. TorchRec's estimator
+  assumes every row is looked up equally often, so under hot-rows-first IDs it prices the first
+  row-wise shard like the others; this one prices it by what it was measured to take. TorchRec's
+  communication estimates are kept.
+
+The model is then rebuilt with the new plan, its weights and optimizer state carried over
+(carry.py), and measured again; the result is the second run's, with a ``rebalance`` section
+holding the first's figures and the plan change (section()).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gembench.harness.metrics.imbalance import imbalance
+from gembench.harness.regression.stats import interval, relative_change
+from gembench.usage import UsageError
+
+RESOLUTION = 256  # row bins per table: shard boundaries fall between bins to 0.4% of the rows
+BYTES = 4  # fp32 tables (loads.lookup_load reads the same)
+GOAL_MAX_MEAN = 1.10  # issue 21: measured max/mean lookup work after rebalancing, small at 2 ranks
+
+
+def check(sharding: str | None, forced: dict[str, str], tables: list[str], world: int, pipeline: bool) -> None:
+    """What --rebalance refuses, before any work: nothing to re-plan, or an engine it cannot rebuild."""
+    if world < 2:
+        raise UsageError(f"--rebalance moves tables between ranks and this job has {world}: "
+                         "run it with --nproc 2 or more")
+    if forced and set(forced) >= set(tables):
+        raise UsageError(f"--rebalance: --sharding {sharding} forces every table, so the planner has nothing "
+                         "to re-plan; force only some tables (t0=row_wise,...) or drop --sharding")
+    if pipeline:
+        raise UsageError("--rebalance rebuilds the staged step; drop --pipeline")
+
+
+def host_counts(batches, rows: dict[str, int]) -> dict:
+    """This rank's IDs per table over ``batches`` (host KJTs as generated): examples, and per table
+    (``table_<feature>``) the IDs and their histogram over RESOLUTION equal row bins."""
+    ids = {t: 0.0 for t in rows}
+    hist = {t: np.zeros(min(RESOLUTION, r), dtype=np.float64) for t, r in rows.items()}
+    examples = 0
+    for b in batches:
+        examples += int(b.dense.shape[0])
+        for kjt in (b.sparse, b.seq):
+            if kjt is None:
+                continue
+            for feature, jt in kjt.to_dict().items():
+                table = f"table_{feature}"
+                v = jt.values().numpy()
+                ids[table] += v.size
+                bins = len(hist[table])
+                hist[table] += np.bincount(v * bins // rows[table], minlength=bins)
+    return {"examples": examples, "batches": len(batches), "ids": ids, "hist": hist}
+
+
+@dataclass
+class Measured:
+    """What the first plan's run measured, summed over the ranks (per step of the whole job)."""
+
+    ids: dict[str, float]  # IDs looked up per step, per table
+    pooling: dict[str, float]  # IDs per example, per table
+    hist: dict[str, np.ndarray]  # share of the table's IDs per equal row bin
+    rows: dict[str, int]
+    seconds_per_byte: float  # lookup time per byte read, sum over ranks of lookup_s / bytes_read
+    world: int
+
+    @classmethod
+    def from_ranks(cls, counts: list[dict], loads: list[dict], rows: dict[str, int]) -> "Measured":
+        steps = counts[0]["batches"]
+        examples = sum(c["examples"] for c in counts)
+        ids = {t: sum(c["ids"][t] for c in counts) for t in rows}
+        hist = {}
+        for t in rows:
+            h = sum(c["hist"][t] for c in counts)
+            hist[t] = h / h.sum() if h.sum() else np.full(len(h), 1.0 / len(h))
+        read = sum(r["bytes_read"] for r in loads)
+        seconds = sum(r.get("lookup_s", 0.0) for r in loads)
+        return cls(ids={t: v / steps for t, v in ids.items()}, pooling={t: v / examples for t, v in ids.items()},
+                   hist=hist, rows=rows, seconds_per_byte=seconds / read if read else 0.0, world=len(loads))
+
+    def share(self, table: str, lo: int, hi: int) -> float:
+        """Share of ``table``'s IDs that fall in rows [lo, hi), partial bins pro rata."""
+        h, rows = self.hist[table], self.rows[table]
+        edges = np.linspace(0, rows, len(h) + 1)
+        overlap = np.clip(np.minimum(edges[1:], hi) - np.maximum(edges[:-1], lo), 0, None)
+        return float((h * overlap / np.diff(edges)).sum())
+
+
+class MeasuredLookups:
+    """A TorchRec ShardEstimator: every shard's lookup compute from the measured load on its rows.
+
+    Runs after TorchRec's EmbeddingPerfEstimator (plan.plan_sharding) and replaces fwd_compute
+    with the measured figure, bwd_compute in TorchRec's own proportion to it; comms untouched.
+    """
+
+    def __init__(self, measured: Measured):
+        self.measured = measured
+
+    def estimate(self, sharding_options, sharder_data_map=None) -> None:
+        m = self.measured
+        for option in sharding_options:
+            if option.name not in m.ids:
+                continue
+            for shard in option.shards:
+                if shard.perf is None:
+                    continue
+                lo = shard.offset[0]
+                share = m.share(option.name, lo, lo + shard.size[0])
+                if option.sharding_type == "data_parallel":  # each rank looks up its own examples
+                    share /= m.world
+                fwd_ms = 1e3 * m.ids[option.name] * share * shard.size[1] * BYTES * m.seconds_per_byte
+                p = shard.perf
+                bwd_ms = p.bwd_compute * fwd_ms / p.fwd_compute if p.fwd_compute > 0 else 2 * fwd_ms
+                shard.perf = dataclasses.replace(p, fwd_compute=fwd_ms, bwd_compute=bwd_ms)
+
+
+def row_skew(measured: Measured, plan: dict) -> dict[str, float]:
+    """Per table split by rows over several ranks: max/mean of the measured IDs of its shards."""
+    out = {}
+    for table, p in plan.items():
+        if table not in measured.hist or len(p["ranks"]) < 2 or p["sharding"] not in ("row_wise", "table_row_wise"):
+            continue
+        shares = [measured.share(table, off[0], off[0] + size[0])
+                  for off, size in zip(p["shard_offsets"], p["shard_sizes"])]
+        out[table] = float(max(shares) / np.mean(shares)) if np.mean(shares) > 0 else 1.0
+    return out
+
+
+def placement(p: dict) -> str:
+    return f"{p['sharding']}@{','.join(map(str, p['ranks']))}"
+
+
+def plan_change(before: dict, after: dict) -> list[dict]:
+    """Tables whose sharding type or ranks changed, as "type@ranks" before and after."""
+    return [{"table": t, "before": placement(before[t]), "after": placement(after[t])}
+            for t in after if t in before and placement(before[t]) != placement(after[t])]
+
+
+@dataclass
+class Carried:
+    """What carry.carry_state moved from the first model to the second."""
+
+    tensors: int = 0
+    optimizer_states: int = 0
+    reset: list[str] = field(default_factory=list)  # optimizer states whose layout changed shape
+
+
+def _side(result: dict) -> dict:
+    imb = result["imbalance"]
+    return {
+        "plan": result["plan"],
+        "loads": imb["measured"]["loads"],
+        "metrics": {k: {m: v[m] for m in ("max_mean", "min_max", "chi", "kl")}
+                    for k, v in imb["measured"]["metrics"].items()},
+        "planned_perf_ms": imb["planned"]["loads"]["perf_ms"],
+        "stall_cost": imb["stall_cost"],
+        "exposed_comm_fraction": result["comm"]["exposed_comm_fraction"],
+        "step_s": result["samples"]["step_s"],
+        "step_time_s": result["summary"]["step_time_s"],
+        "mfu": result["summary"]["mfu"],
+        "rank_step_p50_s": [r["step_time_p50_s"] for r in result["ranks"]],
+        "rank_lookup_s": [r["stage_means_s"].get("embedding_lookup", 0.0) for r in result["ranks"]],
+    }
+
+
+def section(before: dict, after: dict, measured: Measured, expected: dict[str, float], skew: dict[str, float],
+            carried: Carried) -> dict:
+    """The result's ``rebalance`` section: both runs' imbalance and step, the plan change, the inputs."""
+    primary = after["imbalance"]["primary"]
+    change = relative_change(before["samples"]["step_s"], after["samples"]["step_s"])
+    lo, hi = interval(change, 0.025)
+    after_max_mean = imbalance(after["imbalance"]["measured"]["loads"][primary])["max_mean"]
+    return {
+        "primary": primary,
+        "before": _side(before),
+        "after": _side(after),
+        "moved": plan_change(before["plan"], after["plan"]),
+        "pooling": {"measured": measured.pooling, "expected": {t: expected.get(t) for t in measured.pooling}},
+        "row_skew_before": skew,
+        "lookup_s_per_byte": measured.seconds_per_byte,
+        "step_change": {"ratio": change.change + 1.0, "ci95": [lo + 1.0, hi + 1.0], "test": "Welch on log step times"},
+        "carried": dataclasses.asdict(carried),
+        "goal": {"max_mean_at_most": GOAL_MAX_MEAN, "max_mean": after_max_mean,
+                 "met_imbalance": after_max_mean <= GOAL_MAX_MEAN,
+                 "step_not_worse": lo <= 0.0},
+    }
