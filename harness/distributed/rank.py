@@ -158,6 +158,7 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
                  + f"; lookup {measured.seconds_per_byte * 1e9:.2f} ns/byte")
         old = job
         job = _build(args, env, dev, cfg, options, local_batch, watchdog, measured.pooling, R.MeasuredLookups(measured))
+        watchdog.at("carry")
         carried = carry_state(old.dmp, job.dmp, old.engine.optimizer, job.engine.optimizer)
         del old
         gc.collect()

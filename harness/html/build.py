@@ -125,6 +125,15 @@ def distributed_figures(g: Group) -> str:
         caption(g, [r], "Embedding load per rank, measured on the real batches vs TorchRec's planner")
         + f" Primary load {esc(LOAD_LABELS.get(imb['primary'], imb['primary']))}: max/mean "
         f"{primary['max_mean']:.3f}; {pct(imb['hot_1pct_share'])} of lookups hit the hottest 1% of rows."))
+    if "rebalance" in r:
+        rb = r["rebalance"]
+        change = rb["step_change"]
+        moved = ", ".join(f"{m['table'].removeprefix('table_')} {m['before']} to {m['after']}" for m in rb["moved"][:8])
+        out.append(figure(
+            figures.rebalance(rb["before"], rb["after"], rb["primary"], LOAD_LABELS.get(rb["primary"], rb["primary"])),
+            caption(g, [r], "Rebalanced: the planner's plan, then TorchRec's planner again on the load measured on it")
+            + f" Step rebalanced/before {change['ratio']:.3f} (95% CI {change['ci95'][0]:.3f} to "
+            f"{change['ci95'][1]:.3f}); {len(rb['moved'])} table(s) moved" + (f": {esc(moved)}" if moved else "") + "."))
     per_kind = all("exposed_s" in k for k in comm["by_kind"].values())
     out.append(figure(
         figures.comm_split(comm["by_kind"], comm["exposure"]),

@@ -217,6 +217,28 @@ def rank_loads(measured: dict[str, list[float]], planned: dict[str, list[float]]
         return to_svg(fig)
 
 
+def rebalance(before: dict, after: dict, primary: str, label: str) -> str:
+    """--rebalance: per rank, the primary lookup load (left) and the step p50 (right), the planner's
+    plan beside the rebalanced one."""
+    sides = [("planner's plan", before, "#dd6b20"), ("rebalanced", after, "#2b6cb0")]
+    nranks = len(before["loads"][primary])
+    x = np.arange(nranks)
+    with plt.rc_context(STYLE):
+        fig = _fig(6.4, 2.4)
+        left, right = fig.subplots(1, 2)
+        for i, (name, side, color) in enumerate(sides):
+            loads = np.array(side["loads"][primary], dtype=float)
+            m = side["metrics"][primary]["max_mean"]
+            left.bar(x + (i - 0.5) * 0.4, loads / 1e3, 0.37, color=color, label=f"{name} (max/mean {m:.3f})")
+            right.bar(x + (i - 0.5) * 0.4, 1e3 * np.array(side["rank_step_p50_s"]), 0.37, color=color, label=name)
+        for ax, title, unit in ((left, f"{label} per rank", "k"), (right, "step p50 per rank", "ms")):
+            ax.set_xticks(x, [f"rank {r}" for r in range(nranks)])
+            ax.set_title(title, loc="left")
+            ax.set_ylabel(unit)
+        left.legend(loc="lower left", fontsize=6.5)
+        return to_svg(fig)
+
+
 def comm_split(by_kind: dict[str, dict], exposure: list[dict]) -> str:
     """Left: ms per step per collective kind, exposed vs overlapped where recorded. Right: per rank."""
     kinds = sorted(by_kind, key=lambda k: by_kind[k]["time_s"])
