@@ -1,11 +1,13 @@
 """Measured embedding imbalance and step time for each sharding choice, with hashed and sorted IDs.
 
 One `gembench run --nproc N` per (ID layout, sharding): table_wise, row_wise, column_wise forced on
-every table, and TorchRec's planner told each table's pooling factor (auto). The layouts are the
+every table; TorchRec's planner as it ships (untold: every table priced as pooling one ID), told
+each table's pooling factor (auto), and re-planned from the load measured on auto's plan
+(`--rebalance`, the rebalanced run's figures). The layouts are the
 config's own `[data] id_layout`, written into a copy of the config: `hashed` (IDs scattered over
 rows, as production hashes them) and `sorted` (hot rows first: the first row-wise shard of every
 table holds its head). Prints max/mean of the measured per-rank lookup work (bytes read), the
-stall it costs, exposed communication and the step, with the machine's load. About 8 minutes for
+stall it costs, exposed communication and the step, with the machine's load. About 10 minutes for
 small on 2 ranks on 2 cores.
 
   python benchmarks/sharding_choices.py                      # small, 2 ranks
@@ -23,7 +25,11 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-CHOICES = ("auto", "table_wise", "row_wise", "column_wise")
+CHOICES = {"untold": ["--sharding", "untold"], "auto": ["--sharding", "auto"],
+           "table_wise": ["--sharding", "table_wise"], "row_wise": ["--sharding", "row_wise"],
+           "column_wise": ["--sharding", "column_wise"], "rebalanced": ["--rebalance"]}
+
+SHORT = {"table_wise": "TW", "row_wise": "RW", "column_wise": "CW", "table_row_wise": "TWRW", "data_parallel": "DP"}
 
 
 def config_with_layout(source: str, layout: str, folder: Path) -> Path:
@@ -52,10 +58,10 @@ def main() -> None:
             folder = Path(tmp) / layout
             folder.mkdir()
             cfg = config_with_layout(source, layout, folder)
-            for choice in CHOICES:
+            for choice, flags in CHOICES.items():
                 out = folder / f"{choice}.json"
                 cmd = [sys.executable, "-m", "gembench", "run", "--config", str(cfg), "--nproc", str(args.nproc),
-                       "--steps", str(args.steps), "--warmup", "2", "--sharding", choice, "--out", str(out), "--quiet"]
+                       "--steps", str(args.steps), "--warmup", "2", *flags, "--out", str(out), "--quiet"]
                 print(f"{layout} {choice} ...", file=sys.stderr, flush=True)
                 proc = subprocess.run(cmd, capture_output=True, text=True)
                 if proc.returncode != 0:
@@ -64,14 +70,16 @@ def main() -> None:
                 r = json.loads(out.read_text())
                 imb = r["imbalance"]
                 read = imb["measured"]["metrics"]["bytes_read"]
-                kinds = sorted({t["sharding"] for t in r["plan"].values()})
-                rows.append([layout, choice, "/".join(kinds), f"{read['max_mean']:.3f}",
+                kinds: dict[str, int] = {}
+                for t in r["plan"].values():
+                    kinds[t["sharding"]] = kinds.get(t["sharding"], 0) + 1
+                rows.append([layout, choice, " ".join(f"{SHORT.get(k, k)} {n}" for k, n in sorted(kinds.items())), f"{read['max_mean']:.3f}",
                              f"{100 * imb['stall_cost']:.1f}%", f"{100 * imb['hot_1pct_share']:.1f}%",
                              f"{100 * r['comm']['exposed_comm_fraction']:.1f}%",
                              f"{1e3 * r['summary']['step_time_s']['p50']:.1f}"])
     print(f"{args.config} on {args.nproc} gloo ranks, {args.steps} timed steps each; load average at the start "
           f"{load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}")
-    print(tabulate(rows, headers=["IDs", "--sharding", "plan", "lookup bytes max/mean", "stall cost",
+    print(tabulate(rows, headers=["IDs", "sharding", "plan", "lookup bytes max/mean", "stall cost",
                                   "hottest 1% rows' lookups", "exposed comm", "step ms"], disable_numparse=True))
 
 
