@@ -229,9 +229,10 @@ def rebalance(before: dict, after: dict, primary: str, label: str) -> str:
         for i, (name, side, color) in enumerate(sides):
             loads = np.array(side["loads"][primary], dtype=float)
             m = side["metrics"][primary]["max_mean"]
-            left.bar(x + (i - 0.5) * 0.4, loads / 1e3, 0.37, color=color, label=f"{name} (max/mean {m:.3f})")
+            left.bar(x + (i - 0.5) * 0.4, loads / 1e6, 0.37, color=color, label=f"{name} (max/mean {m:.3f})")
             right.bar(x + (i - 0.5) * 0.4, 1e3 * np.array(side["rank_step_p50_s"]), 0.37, color=color, label=name)
-        for ax, title, unit in ((left, f"{label} per rank", "k"), (right, "step p50 per rank", "ms")):
+        unit = "MB" if primary == "bytes_read" else "millions"
+        for ax, title, unit in ((left, f"{label} per rank", unit), (right, "step p50 per rank", "ms")):
             ax.set_xticks(x, [f"rank {r}" for r in range(nranks)])
             ax.set_title(title, loc="left")
             ax.set_ylabel(unit)
