@@ -26,7 +26,7 @@ from gembench.harness.metrics import trace as TR
 from gembench.harness.metrics.mfu import per_step_mfu, summarize, train_flops
 from gembench.harness.parallelize import recomputed_forward_flops
 from gembench.harness.store.document import result_document
-from gembench.harness.stack import STACKS, StackOptions, build_train_state
+from gembench.harness.stack import STACKS, StackOptions, build_train_state, model_config
 from gembench.harness.regression.stats import paired_ratio_interval
 from gembench.harness.step import NoClock, StepSamples, divergence, finite_or_none, out_of_memory, run_steps, train_step
 from gembench.models.config import ModelConfig, for_device, load_config, with_global_batch
@@ -70,14 +70,16 @@ def prepare(config: str | ModelConfig, steps: int, warmup: int, device: str = "a
     return Setup(cfg, dev, peak, seed, batches, estimate, counts, float(memory_available(dev)))
 
 
-def step_flops(setup: Setup, first: int, count: int) -> list[dict[str, float]]:
-    """Forward FLOPs per block of the batches that steps first..first+count-1 used."""
+def step_flops(setup: Setup, first: int, count: int, options: StackOptions | None = None) -> list[dict[str, float]]:
+    """Forward FLOPs per block of the batches that steps first..first+count-1 used, of the model
+    ``options`` run (stack.model_config: without content under content=off)."""
+    cfg = setup.cfg if options is None else model_config(setup.cfg, options)
     n = len(setup.batches)
     cache = {}
     out = []
     for i in range(first, first + count):
         if i % n not in cache:
-            cache[i % n] = batch_forward_flops(setup.cfg, setup.batches[i % n])
+            cache[i % n] = batch_forward_flops(cfg, setup.batches[i % n])
         out.append(cache[i % n])
     return out
 
@@ -135,7 +137,7 @@ def stack_result(setup: Setup, m: Measured, warmup: int, estimate: dict | None =
     """Summary, samples and headline metrics of one stack's measured steps."""
     samples, options = m.samples, m.options
     steps = len(samples.step_s)
-    per_block = step_flops(setup, warmup, steps)
+    per_block = step_flops(setup, warmup, steps, options)
     forward = [sum(b.values()) for b in per_block]
     peak = setup.peak.tflops_per_device
     recomputed = [recomputed_forward_flops(b, options.activation_checkpointing) for b in per_block]
@@ -144,12 +146,16 @@ def stack_result(setup: Setup, m: Measured, warmup: int, estimate: dict | None =
     memory, memory_source, run_bytes, run_source = m.memory
     summary["peak_memory_bytes"] = memory
     summary["peak_memory_source"] = memory_source
-    estimate = estimate or memory_estimate(setup.cfg, setup.cfg.data.global_batch, setup.counts, options,
-                                           setup.device.type)
+    ran = model_config(setup.cfg, options)
+    estimate = estimate or memory_estimate(ran, ran.data.global_batch, setup.counts if ran is setup.cfg else None,
+                                           options, setup.device.type)
     summary.update(memory_fields(estimate, run_bytes, run_source))
     if m.activation_bytes is not None:
         summary["activation_bytes"] = m.activation_bytes
     summary["embedding_bytes_per_step"] = embedding_bytes(setup.cfg, setup.batches[warmup % len(setup.batches)])
+    # what one step's batch moves to the device (counted as h2d_bytes on CUDA), content included
+    summary["input_bytes_per_step"] = float(np.mean([setup.batches[i % len(setup.batches)].input_bytes
+                                                    for i in range(warmup, warmup + steps)]))
     diverged = divergence(samples.loss, samples.task_loss, first_step=warmup)
     return {
         "diverged": diverged,
@@ -176,7 +182,8 @@ def stack_result(setup: Setup, m: Measured, warmup: int, estimate: dict | None =
 def one_process_result(setup: Setup, steps: int, warmup: int, main: dict, extra: dict | None = None) -> dict:
     """The result document of a one-process run (store/document.py builds it) around one stack's
     measurements."""
-    cfg, dev, peak = setup.cfg, setup.device, setup.peak
+    dev, peak = setup.device, setup.peak
+    cfg = model_config(setup.cfg, StackOptions(**main["options"]))  # the model that ran: its hash
     summary = main["summary"]
     peak_doc = peak_section(peak, dev)
     if peak_doc.get("host"):  # one process: the host basis is the same peak, recorded so --nproc runs compare

@@ -67,6 +67,10 @@ class StackOptions:
     # Default none, by the same measurement: hstu cut the activations 57% (130 -> 57 MiB of a
     # 1.5 GiB rank) for a 7% longer step (HFU 14.4% vs MFU 11.4%); on for models that do not fit.
     activation_checkpointing: str = "none"
+    # The ad's content (a config's [content] section: ContentArch, item content): "off" runs the
+    # config without it, so that its cost is one row of `gembench ablate`. A model choice, not
+    # an optimization: the baseline stack keeps it on.
+    content: str = "on"
 
     @property
     def dtype(self) -> str:
@@ -83,7 +87,8 @@ class StackOptions:
 
 OPTIMIZATIONS = tuple(f.name for f in fields(StackOptions) if f.type in (bool, "bool"))  # on/off
 # the switches that choose among values, the first being the default
-CHOICES = {"dense_parallel": ("ddp", "fsdp", "hsdp"), "activation_checkpointing": ("none", "hstu", "all")}
+CHOICES = {"dense_parallel": ("ddp", "fsdp", "hsdp"), "activation_checkpointing": ("none", "hstu", "all"),
+           "content": ("on", "off")}
 STACKS = {
     "baseline": StackOptions(**{name: False for name in OPTIMIZATIONS}),
     "optimized": StackOptions(),
@@ -237,9 +242,18 @@ def autocast_for(options: StackOptions, device: torch.device):
     return contextlib.nullcontext
 
 
+def model_config(cfg: ModelConfig, options: StackOptions) -> ModelConfig:
+    """The config as this stack runs it: without its [content] section under content=off (its
+    FLOPs, memory and config hash then those of the model that runs)."""
+    if options.content == "off" and cfg.content is not None:
+        return replace(cfg, content=None)
+    return cfg
+
+
 def pure_model(cfg: ModelConfig, options: StackOptions, device: torch.device) -> nn.Module:
-    """The pure model of ``cfg``, its HSTU attention the stack's (``jagged`` or padded)."""
-    return build_model(cfg, device, attention="jagged" if options.jagged else "padded")
+    """The pure model of ``cfg`` as the stack runs it (model_config), its HSTU attention the
+    stack's (``jagged`` or padded)."""
+    return build_model(model_config(cfg, options), device, attention="jagged" if options.jagged else "padded")
 
 
 def on_ranks(options: StackOptions, pipeline: bool) -> StackOptions:

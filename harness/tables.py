@@ -97,8 +97,15 @@ def totals_table(result: dict) -> str:
           if s.get("peak_memory_run_bytes") else []),
         ["embedding bytes/step", f"{si(s['embedding_bytes_per_step']['read'], 'B')} read, "
                                  f"{si(s['embedding_bytes_per_step']['written'], 'B')} written"],
+        *([["input bytes/step", f"{si(s['input_bytes_per_step'], 'B')} moved to the device ({_inputs(result)})"]]
+          if "input_bytes_per_step" in s else []),
     ]
     return tabulate(rows, tablefmt="plain")
+
+
+def _inputs(result: dict) -> str:
+    blocks = result["flops"].get("per_block", {})
+    return "IDs, features, labels" + (", the ad's content" if {"content_arch", "item_content"} & set(blocks) else "")
 
 
 def coverage_rows(result: dict) -> list[list[str]]:

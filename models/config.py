@@ -19,7 +19,9 @@ from gembench.usage import UsageError, read_toml
 CONFIG_DIR = Path(__file__).parent / "configs"
 KINDS = ("gem", "dlrm", "dcnv2")
 HASHED_WHEN_SET = (("sparse", "cpu_rows_cap", 0), ("data", "zipf", ()), ("data", "pooling_kinds", ()),
-                   ("data", "id_layout", "hashed"))  # (section, field, default): see ModelConfig.hash
+                   ("data", "id_layout", "hashed"),
+                   (None, "content", None))  # (section or None: top level, field, default): see ModelConfig.hash
+CONTENT_DTYPES = ("fp32", "bf16")
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,34 @@ class DCNConfig:
 
 
 @dataclass(frozen=True)
+class ContentConfig:
+    """ContentArch: the ad creative's content, as frozen upstream encoders hand it over.
+
+    Per candidate, ``vectors`` (one width each, e.g. an image and a text embedding) and optionally
+    ``tokens`` content tokens of width ``token_dim`` (e.g. title or OCR tokens); per behaviour
+    sequence item, optionally a content vector of width ``sequence_dim``. Each is projected into the
+    model width by an MLP of hidden widths ``mlp``; see models/content.py.
+    """
+
+    vectors: tuple[int, ...] = ()
+    names: tuple[str, ...] = ()  # one per vector, for tables (default: content0, content1, ...)
+    tokens: int = 0
+    token_dim: int = 0
+    mlp: tuple[int, ...] = ()
+    sequence_dim: int = 0
+    dtype: str = "fp32"  # of the content inputs in the batch (the encoders' output)
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return self.names or tuple(f"content{i}" for i in range(len(self.vectors)))
+
+    @property
+    def candidate_tokens(self) -> int:
+        """Interaction tokens the content adds: one per vector, one for the content tokens."""
+        return len(self.vectors) + (1 if self.tokens else 0)
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """A whole benchmark configuration: one GEM-like or reference model plus its data."""
 
@@ -133,6 +163,7 @@ class ModelConfig:
     cross: CrossConfig | None = None
     wukong: WukongConfig | None = None
     dcn: DCNConfig | None = None
+    content: ContentConfig | None = None
     source: str = ""  # the file it was read from
 
     @property
@@ -143,8 +174,9 @@ class ModelConfig:
         # fields added since results were first recorded count only when set, so that every
         # config without them keeps its hash (and its baselines and history stay comparable)
         for section, name, default in HASHED_WHEN_SET:
-            if content[section].get(name) in (default, list(default) if isinstance(default, tuple) else default):
-                del content[section][name]
+            where = content if section is None else content[section]
+            if where.get(name) in (default, list(default) if isinstance(default, tuple) else default):
+                del where[name]
         return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
 
     def to_dict(self) -> dict:
@@ -295,6 +327,20 @@ def validate(cfg: ModelConfig) -> None:
             need(0 < q.mean_len <= q.max_len, f"{key}.mean_len", f"must be in 1..max_len ({q.max_len})")
         if cfg.cross is not None:
             need(cfg.cross.pma_seeds >= 0 and cfg.cross.recent >= 0, "cross", "sizes must be >= 0")
+    if cfg.content is not None:
+        c = cfg.content
+        need(cfg.kind == "gem", "content", f"is read by GEM's ContentArch only; kind = {cfg.kind!r} has no "
+             "content block: drop the [content] section")
+        need(all(w > 0 for w in c.vectors), "content.vectors", "must be positive widths (a width of 0 is no vector: "
+             "leave it out)")
+        need(len(c.names) in (0, len(c.vectors)), "content.names", f"must name every vector ({len(c.vectors)}) or none")
+        need(c.tokens >= 0, "content.tokens", "must be 0 (none) or a positive count of content tokens")
+        need(c.tokens == 0 or c.token_dim > 0, "content.token_dim", "must be a positive width when content.tokens > 0")
+        need(c.sequence_dim >= 0, "content.sequence_dim", "must be 0 (none) or a positive width")
+        need(all(w > 0 for w in c.mlp), "content.mlp", "must be positive widths")
+        need(c.dtype in CONTENT_DTYPES, "content.dtype", f"must be one of {', '.join(CONTENT_DTYPES)}")
+        need(c.vectors or c.tokens or c.sequence_dim, "content", "has nothing in it: give vectors, tokens or "
+             "sequence_dim, or drop the section")
     if cfg.kind == "dcnv2":
         need(cfg.dcn is not None, "dcn", "is required for kind = 'dcnv2'")
         need(cfg.dcn.layers > 0 and cfg.dcn.rank > 0, "dcn", "layers and rank must be positive")

@@ -31,35 +31,57 @@ class Batch:
     seq:    KeyedJaggedTensor of sequence item IDs, keys = sequence names, lengths = real lengths
             (None for models without sequences)
     labels: (B, tasks) float32 in {0, 1}
+    content, content_tokens, item_content: the ad's content (configs with [content], else None),
+            unit-norm vectors as frozen encoders give them, in content.dtype:
+            (B, sum(vectors)), (B, tokens, token_dim), (items of every sequence in order, sequence_dim)
     """
 
     dense: torch.Tensor
     sparse: KeyedJaggedTensor
     seq: KeyedJaggedTensor | None
     labels: torch.Tensor
+    content: torch.Tensor | None = None
+    content_tokens: torch.Tensor | None = None
+    item_content: torch.Tensor | None = None
 
     @property
     def size(self) -> int:
         return self.dense.shape[0]
 
+    def _tensors(self) -> list[torch.Tensor]:
+        return [t for t in (self.dense, self.labels, self.content, self.content_tokens, self.item_content)
+                if t is not None]
+
+    @property
+    def input_bytes(self) -> int:
+        """Bytes of the batch as it is moved to the device: tensors, and IDs, lengths and weights."""
+        kjts = [k for k in (self.sparse, self.seq) if k is not None]
+        tensors = self._tensors() + [t for k in kjts for t in (k.values(), k.lengths(), k.weights_or_none())
+                                     if t is not None]
+        return int(sum(t.numel() * t.element_size() for t in tensors))
+
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
+        move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)  # noqa: E731
         return Batch(
-            dense=self.dense.to(device, non_blocking=non_blocking),
+            dense=move(self.dense),
             sparse=self.sparse.to(device, non_blocking=non_blocking),
             seq=None if self.seq is None else self.seq.to(device, non_blocking=non_blocking),
-            labels=self.labels.to(device, non_blocking=non_blocking),
+            labels=move(self.labels),
+            content=move(self.content), content_tokens=move(self.content_tokens),
+            item_content=move(self.item_content),
         )
 
     def record_stream(self, stream) -> None:  # TorchRec's Pipelineable protocol
-        for t in (self.dense, self.labels):
+        for t in self._tensors():
             t.record_stream(stream)
         self.sparse.record_stream(stream)
         if self.seq is not None:
             self.seq.record_stream(stream)
 
     def pin_memory(self) -> "Batch":
-        return Batch(self.dense.pin_memory(), self.sparse.pin_memory(),
-                     None if self.seq is None else self.seq.pin_memory(), self.labels.pin_memory())
+        pin = lambda t: None if t is None else t.pin_memory()  # noqa: E731
+        return Batch(pin(self.dense), self.sparse.pin_memory(), None if self.seq is None else self.seq.pin_memory(),
+                     pin(self.labels), pin(self.content), pin(self.content_tokens), pin(self.item_content))
 
 
 def zipf_ids(rng: np.random.Generator, rows: int, alpha: float, size: int, hashed: bool = True,
@@ -164,12 +186,34 @@ class SyntheticData:
             seq = _kjt(self.sequence_names, lengths, values)
         dense = np.log1p(np.abs(rng.standard_normal((b, cfg.data.dense_features)) * 10))
         labels = rng.random((b, cfg.over.tasks)) < cfg.data.positive_rate
+        # drawn last, so that a config without content gets the very batches it always got
+        content = self.content(rng, seq) if cfg.content is not None else {}
         return Batch(
             dense=torch.from_numpy(dense.astype(np.float32)),
             sparse=sparse,
             seq=seq,
             labels=torch.from_numpy(labels.astype(np.float32)),
+            **content,
         )
+
+    def content(self, rng: np.random.Generator, seq: KeyedJaggedTensor | None) -> dict:
+        """The ad's content for a batch: unit-norm vectors (an encoder's normalised output)."""
+        c, b = self.cfg.content, self.batch_size
+        dtype = torch.bfloat16 if c.dtype == "bf16" else torch.float32
+        out = {}
+        if c.vectors:
+            out["content"] = torch.cat([_unit(rng, (b, w), dtype) for w in c.vectors], dim=1)
+        if c.tokens:
+            out["content_tokens"] = _unit(rng, (b, c.tokens, c.token_dim), dtype)
+        if c.sequence_dim and seq is not None:
+            out["item_content"] = _unit(rng, (int(seq.values().numel()), c.sequence_dim), dtype)
+        return out
+
+
+def _unit(rng: np.random.Generator, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    x = rng.standard_normal(shape, dtype=np.float32)
+    x /= np.linalg.norm(x, axis=-1, keepdims=True)
+    return torch.from_numpy(x).to(dtype)
 
 
 def _kjt(keys: list[str], lengths: list[np.ndarray], values: list[np.ndarray]) -> KeyedJaggedTensor:

@@ -13,6 +13,7 @@ import torch
 
 from gembench.models.blocks import largest_block_params
 from gembench.models.config import ModelConfig
+from gembench.models.content import content_arch_flops, content_memory_bytes, item_content_flops
 from gembench.models.cross import nonseq_summary_flops, summary_flops
 from gembench.models.data import SEQUENCE_SIGMA, truncated_lognormal
 from gembench.models.dlrm import reference_flops_per_example
@@ -45,6 +46,13 @@ def forward_flops(cfg: ModelConfig, batch_size: int, lengths: dict[str, np.ndarr
         with_cls = np.asarray(lengths[s.name]) + 1  # InterFormer's CLS token is a real token
         flops["sequence_arch"] += sequence_arch_flops(with_cls, h.layers, h.dim, h.heads)
         flops["sequence_summary"] += summary_flops(with_cls, h.dim, d, x.pma_seeds, x.recent, h.heads)
+    c = cfg.content
+    if c is not None:  # configs without content keep exactly their blocks
+        if c.candidate_tokens:
+            flops["content_arch"] = content_arch_flops(c, d, batch_size)
+        if c.sequence_dim:
+            items = sum(int(np.sum(lengths[s.name])) for s in cfg.sequences)
+            flops["item_content"] = item_content_flops(c, h.dim, items)
     flops["interaction_arch"] = batch_size * interaction_arch_flops(
         w.layers, interaction_tokens(cfg), d, w.n_fm, w.n_lcb, w.rank, list(w.mlp)
     )
@@ -212,6 +220,9 @@ def memory_estimate(cfg: ModelConfig, batch_size: int, counts: dict | None = Non
                 pad = batch_size * (s.max_len + 1) * h.dim
                 acts += h.layers * (2 * square * act + square / h.heads + 3 * pad * act)
                 transient = max(transient, 3 * square * act)
+        if cfg.content is not None:
+            items = sum(float(lengths[s.name].mean()) for s in cfg.sequences) * batch_size
+            acts += content_memory_bytes(cfg.content, cfg.sparse.dim, batch_size, items, act)
         w = cfg.wukong
         widest = max([cfg.sparse.dim * interaction_tokens(cfg), *w.mlp, *cfg.over.mlp])
         blocks = w.layers + len(cfg.over.mlp) + 2

@@ -5,7 +5,9 @@
                         NonSeqSummary ◄──────────────┘ (CLS, InterFormer)
     batch.seq ──── SparseArch.sequence ► jagged (T, d) ─ prepend CLS ─ SequenceArch (HSTU)
                                                    ─ SequenceSummary ─► (B, 1+k_p+K, D) per sequence
-    [non-sequence tokens | summaries] ─ InteractionArch (Wukong) ─► (B, n_F+n_L, D)
+    batch.content ── ContentArch (models/content.py) ─► (B, V [+1], D) content tokens (configs with [content])
+    batch.item_content ─ ItemContent per sequence, added to the item embeddings before HSTU
+    [non-sequence tokens | content tokens | summaries] ─ InteractionArch (Wukong) ─► (B, n_F+n_L, D)
     flatten ─ OverArch (shared MLP + task heads) ─► logits (B, tasks)
 
 Parallelism, precision and compilation are applied from outside (harness/stack.py).
@@ -18,6 +20,7 @@ from torch import nn
 from torchrec.modules.mlp import MLP
 
 from gembench.models.config import ModelConfig
+from gembench.models.content import ContentArch, ItemContent
 from gembench.models.cross import NonSeqSummary, SequenceSummary, prepend_cls
 from gembench.models.heads import OverArch
 from gembench.models.hstu import SequenceArch
@@ -26,9 +29,10 @@ from gembench.models.wukong import InteractionArch
 
 
 def interaction_tokens(cfg: ModelConfig) -> int:
-    """Tokens entering the InteractionArch: dense + F pooled + per sequence (CLS + PMA + recent)."""
+    """Tokens entering the InteractionArch: dense + F pooled + content + per sequence (CLS + PMA + recent)."""
     per_sequence = 1 + cfg.cross.pma_seeds + cfg.cross.recent
-    return 1 + len(cfg.sparse.rows) + len(cfg.sequences) * per_sequence
+    content = cfg.content.candidate_tokens if cfg.content else 0
+    return 1 + len(cfg.sparse.rows) + content + len(cfg.sequences) * per_sequence
 
 
 class GEM(nn.Module):
@@ -55,6 +59,11 @@ class GEM(nn.Module):
             s.name: SequenceSummary(h.dim, d, x.pma_seeds, x.recent, h.heads).to(device)
             for s in cfg.sequences
         })
+        c = cfg.content
+        if c is not None and c.candidate_tokens:
+            self.content_arch = ContentArch(c, d, device=device)
+        if c is not None and c.sequence_dim:
+            self.item_content = nn.ModuleDict({s.name: ItemContent(c.sequence_dim, h.dim, device) for s in cfg.sequences})
         self.interaction_arch = InteractionArch(
             w.layers, interaction_tokens(cfg), d, w.n_fm, w.n_lcb, w.rank, list(w.mlp)
         ).to(device)
@@ -68,12 +77,25 @@ class GEM(nn.Module):
         nonseq = torch.cat([self.dense_arch(batch.dense).unsqueeze(1), pooled.to(batch.dense.dtype)], dim=1)
         cls = self.nonseq_summary(nonseq)
         tokens = [nonseq]
+        if hasattr(self, "content_arch"):
+            tokens.append(self.content_arch(batch.content, batch.content_tokens).to(nonseq.dtype))
+        items = self._item_content(batch, sequences)
         for name, seq in sequences.items():
-            values, offsets = prepend_cls(seq.values, seq.offsets, cls.to(seq.values.dtype))
+            values = seq.values if name not in items else seq.values + items[name].to(seq.values.dtype)
+            values, offsets = prepend_cls(values, seq.offsets, cls.to(seq.values.dtype))
             values = self.sequence_arch[name](values, offsets, seq.max_len + 1)
             tokens.append(self.sequence_summary[name](values, offsets, seq.max_len + 1).to(nonseq.dtype))
         interacted = self.interaction_arch(torch.cat(tokens, dim=1))
         return self.over_arch(interacted.flatten(1))
+
+    def _item_content(self, batch, sequences) -> dict[str, torch.Tensor]:
+        """Each sequence's items' content projected to the items' width: batch.item_content holds
+        every sequence's items in the batch's sequence order, each sequence's as many as its values."""
+        if not hasattr(self, "item_content"):
+            return {}
+        names = list(self.item_content)  # the config's sequence order, the batch's
+        parts = torch.split(batch.item_content, [sequences[n].values.shape[0] for n in names])
+        return {name: self.item_content[name](x) for name, x in zip(names, parts)}
 
     def forward(self, batch) -> torch.Tensor:
         return self.dense(batch, self.embed(batch))

@@ -45,7 +45,7 @@ def test_one_result_with_per_rank_stages_imbalance_and_comm(table_wise):
     # the optimized stack as on one process (harness/stack.py), as it ran: compile and fused Adam included
     assert run["options"] == {"fused_embeddings": True, "jagged": True, "bf16": True, "fused_optimizer": True,
                               "compile": True, "pipeline": False, "dense_parallel": "ddp",
-                              "activation_checkpointing": "none"}
+                              "activation_checkpointing": "none", "content": "on"}
     assert run["backend"] == "gloo" and run["stack"] == "optimized-staged"
     assert [x["rank"] for x in r["ranks"]] == [0, 1]
     stages = {"data", "input_dist", "embedding_lookup", "output_dist", "dense_forward", "backward",

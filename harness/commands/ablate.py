@@ -62,14 +62,15 @@ def variants(single_process: bool):
     return added, removed
 
 
-def choices(single_process: bool):
+def choices(single_process: bool, has_content: bool = True):
     """(label, options): the optimized stack with each other value of a choice switch (one process:
-    activation checkpointing only; dense_parallel needs ranks)."""
+    no dense_parallel, which needs ranks; content only for a config that has some)."""
     from gembench.harness.stack import CHOICES, STACKS
 
+    skip = {"dense_parallel"} if single_process else set()
+    skip |= set() if has_content else {"content"}
     return [(f"{name}={value}", replace(STACKS["optimized"], **{name: value}))
-            for name, values in CHOICES.items() if not (single_process and name == "dense_parallel")
-            for value in values[1:]]
+            for name, values in CHOICES.items() if name not in skip for value in values[1:]]
 
 
 def main(args: argparse.Namespace) -> int:
@@ -100,7 +101,7 @@ def _ablate(args: argparse.Namespace) -> int:
     from gembench.models.flops import memory_estimate, parameter_counts
 
     added, removed = variants(single_process=True)
-    chosen = choices(single_process=True)
+    chosen = choices(single_process=True, has_content=load_config(args.config).content is not None)
     # Variants run one at a time, and each must fit: the memory check takes the hungriest.
     cfg = with_global_batch(load_config(args.config), args.batch)
     counts, device_type = parameter_counts(cfg), resolve_device(args.device).type

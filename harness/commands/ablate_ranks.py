@@ -23,6 +23,7 @@ RANK_VARIANTS = [
     ("fsdp + checkpointing hstu", ("dense_parallel=fsdp", "activation_checkpointing=hstu"), ()),
     ("compile=off", ("compile=off",), ()),
     ("+ pipeline", (), ("--pipeline",)),
+    ("content=off", ("content=off",), ()),  # configs with a [content] section only
 ]
 REFERENCE = RANK_VARIANTS[0][0]
 
@@ -59,12 +60,16 @@ def ablate_ranks(args) -> int:
         from gembench.usage import UsageError
 
         raise UsageError(f"--nproc must be 2 or more for the ranks' ablation, got {args.nproc}")
+    from gembench.models.config import load_config
+
+    has_content = load_config(args.config).content is not None
+    variants = [v for v in RANK_VARIANTS if has_content or "content=off" not in v[1]]
     load_before = "load average %.2f / %.2f / %.2f (1/5/15 min) at the start" % os.getloadavg()
     results, errors = {}, {}
     with tempfile.TemporaryDirectory(prefix="gembench-ablate-") as tmp:
-        for i, (label, switches, flags) in enumerate(RANK_VARIANTS):
+        for i, (label, switches, flags) in enumerate(variants):
             if not args.quiet:
-                print(f"gembench ablate: [{i + 1}/{len(RANK_VARIANTS)}] {label} on {args.nproc} ranks",
+                print(f"gembench ablate: [{i + 1}/{len(variants)}] {label} on {args.nproc} ranks",
                       file=sys.stderr, flush=True)
             results[label], errors[label] = run_variant(args, switches, flags, Path(tmp) / f"{i}.json")
     if results[REFERENCE] is None:
@@ -76,7 +81,7 @@ def ablate_ranks(args) -> int:
 
     ref = results[REFERENCE]["summary"]
     rows = []
-    for label, *_ in RANK_VARIANTS:
+    for label, *_ in variants:
         r = results[label]
         if r is None:
             rows.append([label, "failed", *["-"] * 9])

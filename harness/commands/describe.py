@@ -40,6 +40,12 @@ def describe(cfg) -> dict:
     counts = parameter_counts(cfg)
     per_example = forward_flops_per_example(cfg)
     forward = sum(per_example.values())
+    content = None
+    if cfg.content is not None:
+        c = cfg.content
+        content = {"vectors": dict(zip(c.labels, c.vectors)), "tokens": c.tokens, "token_dim": c.token_dim,
+                   "sequence_dim": c.sequence_dim, "dtype": c.dtype, "interaction_tokens": c.candidate_tokens,
+                   "input_bytes_per_example": _content_bytes(cfg)}
     return {
         "config": cfg.name, "kind": cfg.kind, "description": cfg.description, "hash": cfg.hash,
         "source": cfg.source, "global_batch": cfg.data.global_batch,
@@ -47,6 +53,8 @@ def describe(cfg) -> dict:
         **counts,
         "embedding_bytes_fp32": counts["embedding_params"] * 4,
         "forward_flops_per_example": per_example,
+        "block_params": _block_params(cfg),
+        "content": content,
         "forward_gflop_per_example": forward / 1e9,
         "train_flops_per_step": TRAIN_FLOPS_PER_FORWARD * forward * cfg.data.global_batch,
         "memory_estimate_bytes": memory_estimate(cfg, cfg.data.global_batch, counts, STACKS["optimized"]),
@@ -62,6 +70,27 @@ def describe(cfg) -> dict:
             for label, options, batch, shards, share in _switch_cells(cfg)
         },
     }
+
+
+def _block_params(cfg) -> dict[str, int]:
+    """Parameters of each top-level block of the model (built on meta), by the block's name."""
+    import torch
+
+    from gembench.models.gem import build_model
+
+    with torch.device("meta"):
+        model = build_model(cfg, device="meta")
+    return {name: sum(p.numel() for p in child.parameters()) for name, child in model.named_children()}
+
+
+def _content_bytes(cfg) -> float:
+    """Content input bytes per example: candidate vectors and tokens, and every item's content
+    over the expected sequence lengths."""
+    from gembench.models.flops import expected_lengths
+
+    c = cfg.content
+    items = sum(float(n.mean()) for n in expected_lengths(cfg, samples=4096).values())
+    return (sum(c.vectors) + c.tokens * c.token_dim + items * c.sequence_dim) * (2 if c.dtype == "bf16" else 4)
 
 
 SWITCH_RANKS = 8  # one node of GPUs
@@ -105,11 +134,19 @@ def main(args: argparse.Namespace) -> int:
         ["forward per example", f"{d['forward_gflop_per_example']:.4g} GFLOP"],
         ["training per step", si(d["train_flops_per_step"], "FLOP")],
     ]
+    c = d["content"]
+    if c:
+        sizes.append(["content per candidate", ", ".join(f"{k} {v}" for k, v in c["vectors"].items())
+                      + (f", {c['tokens']} tokens x {c['token_dim']}" if c["tokens"] else "")
+                      + (f"; per sequence item {c['sequence_dim']}" if c["sequence_dim"] else "")
+                      + f" ({c['dtype']}): {si(c['input_bytes_per_example'], 'B')} input per example"])
     print(tabulate(sizes, tablefmt="plain"))
     total = sum(d["forward_flops_per_example"].values())
-    blocks = [[name, si(v, "FLOP"), f"{100 * v / total:.1f}%"]
+    params = d["block_params"]
+    blocks = [[name, si(v, "FLOP"), f"{100 * v / total:.1f}%", f"{params[name]:,}" if name in params else ""]
               for name, v in d["forward_flops_per_example"].items()]
-    print("\n" + tabulate(blocks, headers=["block", "forward/example", "share"], colalign=("left", "right", "right")))
+    print("\n" + tabulate(blocks, headers=["block", "forward/example", "share", "parameters"],
+                          colalign=("left", "right", "right", "right")))
     by_stack = d["memory_estimate_bytes_by_stack"]
     rows = [[k, *(f"{by_stack[name][k] / 2**30:,.2f}" for name in by_stack)] for k in by_stack["optimized"]]
     print("\n" + tabulate(rows, headers=["peak training memory, GiB (estimate, one CUDA device)", *by_stack],

@@ -115,7 +115,7 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
     (carry.py); the result is the second run's, the first's figures in its ``rebalance`` section.
     """
     from gembench.harness.distributed.result import build_result
-    from gembench.harness.stack import on_ranks
+    from gembench.harness.stack import model_config, on_ranks
 
     rank, world = env["rank"], env["world_size"]
     cfg = for_device(with_global_batch(load_config(args.config), args.batch, world), dev.type)  # --batch; CPU row cap
@@ -127,6 +127,7 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
     # and learning rates; embeddings are always fbgemm's fused TBE under DMP, and overlap is the
     # --pipeline switch (stack.on_ranks).
     options = on_ranks(args.options, args.pipeline)
+    cfg = model_config(cfg, options)  # content=off: the config without its [content] section
     expected = expected_ids_per_example(cfg)
     pooling = None if args.sharding == UNTOLD else expected
     if args.rebalance:
@@ -237,6 +238,7 @@ def _measure(job: _Job, args: RunConfig, env: dict, dev: torch.device, cfg, opti
     described = {"forward_flops": [float(sum(b.values())) for b in per_block],
                  "recomputed_flops": [recomputed_forward_flops(b, options.activation_checkpointing) for b in per_block],
                  "per_block": _mean_blocks(per_block), "embedding_bytes": embedding_bytes(cfg, timed[0]),
+                 "input_bytes": float(np.mean([b.input_bytes for b in timed])),
                  "hot": _hot_counts(cfg, timed)}
     autocast = autocast_for(options, dev)
     since = C.fresh_compile_state()

@@ -68,6 +68,7 @@ def build_result(cfg, args: RunConfig, env: dict, records: list[dict], planned, 
     summary["peak_memory_source"] = records[0]["peak_memory_source"] + ", max over ranks"
     summary["embedding_bytes_per_step"] = {
         k: sum(r["embedding_bytes"][k] for r in records) for k in records[0]["embedding_bytes"]}
+    summary["input_bytes_per_step"] = sum(r.get("input_bytes", 0.0) for r in records)  # every rank's batch
     stage_means = [{s: float(np.mean(r["stages"][s])) for s in stage_names} for r in records]
     summary["critical_path_s"] = sum(critical_path(stage_means).values())
 

@@ -1,0 +1,128 @@
+"""The ad's content (issue 22): ContentArch and the item content measured like every block, the
+data, the switch, configs without content unchanged, and the refusals."""
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from gembench.harness.stack import STACKS, model_config, pure_model
+from gembench.models.config import load_config
+from gembench.models.content import ContentArch, content_arch_flops
+from gembench.models.data import SyntheticData
+from gembench.models.flops import batch_forward_flops, memory_estimate
+from gembench.models.gem import build_model, interaction_tokens
+from gembench.models.heads import multitask_loss
+
+
+def tiny_with_content(tmp_path, section: str):
+    text = open(load_config("tiny").source).read() + "\n[content]\n" + section
+    path = tmp_path / "tiny-content.toml"
+    path.write_text(text)
+    return load_config(path)
+
+
+CONTENT = 'names = ["image", "text"]\nvectors = [24, 40]\ntokens = 3\ntoken_dim = 8\nmlp = [32]\nsequence_dim = 12\n'
+
+
+def module_flops(counter, name: str) -> int:
+    """FLOPs the counter saw inside module ``name`` (its submodules included)."""
+    return int(sum(counter.get_flop_counts().get(name, {}).values()))
+
+
+def test_content_blocks_count_exactly_what_the_counter_counts(tmp_path):
+    cfg = tiny_with_content(tmp_path, CONTENT)
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    batch = SyntheticData(cfg, seed=0).batch(0)
+    with FlopCounterMode(display=False) as counter:
+        logits = model(batch)
+    analytic = batch_forward_flops(cfg, batch)
+    assert module_flops(counter, "GEM.content_arch") == analytic["content_arch"] > 0
+    per_sequence = sum(module_flops(counter, f"GEM.item_content.{s.name}") for s in cfg.sequences)
+    assert per_sequence == analytic["item_content"] > 0
+    assert counter.get_total_flops() == pytest.approx(sum(analytic.values()), rel=1e-9)
+    # training through the content: the projections get gradients
+    multitask_loss(logits, batch.labels).backward()
+    assert model.content_arch.vectors[0]._mlp[0]._linear.weight.grad.abs().sum() > 0
+    assert model.item_content["clicks"].proj.weight.grad.abs().sum() > 0
+
+
+def test_content_arch_shapes_and_formula():
+    cfg = dataclasses.replace(load_config("small").content)
+    arch = ContentArch(cfg, dim=32)
+    b = 5
+    out = arch(torch.randn(b, sum(cfg.vectors)), torch.randn(b, cfg.tokens, cfg.token_dim))
+    assert out.shape == (b, cfg.candidate_tokens, 32) == (b, 3, 32)
+    with FlopCounterMode(display=False) as counter:
+        arch(torch.randn(b, sum(cfg.vectors)), torch.randn(b, cfg.tokens, cfg.token_dim))
+    assert counter.get_total_flops() == content_arch_flops(cfg, 32, b)
+
+
+def test_content_data_is_seeded_unit_norm_and_counted_in_input_bytes(tmp_path):
+    cfg = tiny_with_content(tmp_path, CONTENT + 'dtype = "bf16"\n')
+    data = SyntheticData(cfg, seed=3)
+    a, again = data.batch(0), data.batch(0)
+    assert torch.equal(a.content, again.content) and torch.equal(a.item_content, again.item_content)
+    assert a.content.dtype == a.content_tokens.dtype == a.item_content.dtype == torch.bfloat16
+    assert a.content.shape == (64, 64) and a.content_tokens.shape == (64, 3, 8)
+    assert a.item_content.shape == (int(a.seq.values().numel()), 12)  # one per item of every sequence
+    norms = torch.cat([a.content[:, :24].float().norm(dim=1), a.content[:, 24:].float().norm(dim=1)])
+    assert torch.allclose(norms, torch.ones_like(norms), atol=1e-2)
+    content_bytes = 2 * (a.content.numel() + a.content_tokens.numel() + a.item_content.numel())
+    plain = SyntheticData(load_config("tiny"), seed=3).batch(0)
+    assert a.input_bytes == plain.input_bytes + content_bytes
+    # the content is drawn after everything else: the rest of the batch is tiny's own
+    assert torch.equal(a.sparse.values(), plain.sparse.values()) and torch.equal(a.labels, plain.labels)
+    moved = a.to("cpu")
+    assert moved.content is not None and moved.item_content is not None
+
+
+def test_configs_without_content_are_unchanged_and_the_switch_drops_it(tmp_path):
+    tiny = load_config("tiny")
+    assert tiny.content is None and tiny.hash == "8f5ac4d00086513a"  # the committed baseline's
+    assert "content_arch" not in batch_forward_flops(tiny, SyntheticData(tiny, seed=0).batch(0))
+    cfg = tiny_with_content(tmp_path, CONTENT)
+    assert cfg.hash != tiny.hash
+    assert interaction_tokens(cfg) == interaction_tokens(tiny) + 3  # image, text, the token bag
+    off = dataclasses.replace(STACKS["optimized"], content="off")
+    assert model_config(cfg, off).hash == dataclasses.replace(cfg, content=None).hash
+    model = pure_model(cfg, off, torch.device("cpu"))
+    assert not hasattr(model, "content_arch") and not hasattr(model, "item_content")
+    on, without = (memory_estimate(c, 64, None, STACKS["optimized"], "cuda")["activations"]
+                   for c in (cfg, model_config(cfg, off)))
+    assert on > without  # the content's inputs and saved activations
+
+
+def test_describe_shows_the_content_block(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "gembench", "describe", "--config", "medium"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "content per candidate      image 512, text 768; per sequence item 32 (bf16)" in proc.stdout
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("content_arch"))
+    assert "787,712" in line  # its parameters: two MLPs 512->512->128 and 768->512->128
+
+
+@pytest.mark.parametrize("section, message", [
+    ("vectors = [64, 0]\n", "'content.vectors' must be positive widths"),
+    ("vectors = [64]\ntokens = -1\n", "'content.tokens' must be 0 (none) or a positive count"),
+])
+def test_bad_content_is_one_line_naming_the_field(tmp_path, section, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(open(load_config("tiny").source).read() + "\n[content]\n" + section)
+    proc = subprocess.run([sys.executable, "-m", "gembench", "describe", "--config", str(path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and message in proc.stderr and str(path) in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_content_on_a_dlrm_config_is_refused(tmp_path):
+    path = tmp_path / "dlrm-content.toml"
+    path.write_text(open(load_config("dlrm").source).read() + "\n[content]\nvectors = [64]\n")
+    proc = subprocess.run([sys.executable, "-m", "gembench", "run", "--config", str(path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "'content' is read by GEM's ContentArch only" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
