@@ -9,12 +9,14 @@ peak, at the same model FLOPs, so a ratio of MFUs is a ratio of throughputs.
 Each variant's cost counters (aten ops, host syncs, ...; see `gembench run`) go into --out.
 
 `pipeline` only acts on several ranks (gembench run --nproc N); on one process it is skipped.
-After the two tables, the choices (activation_checkpointing=hstu / all) are measured one at a
-time on the optimized stack, with MFU, HFU and the activation memory each step saved.
+After the two tables, the choices (activation_checkpointing=hstu / all, and content=off for a
+config with a [content] section) are measured one at a time on the optimized stack, with MFU,
+HFU and the activation memory each step saved. content=off runs a smaller model (no ContentArch):
+its MFU is against its own FLOPs, and its step time is what the content costs.
 
 With --nproc N, GEM's dense-side switches are measured on N torchrun ranks instead, each variant
 one `gembench run --nproc N --set ...` (so exactly what a user would run): DDP against FSDP2,
-activation checkpointing, compile and the pipeline, with step time, MFU, HFU, peak memory,
+activation checkpointing, compile, the pipeline (and content=off), with step time, MFU, HFU, peak memory,
 activation memory and dense state per rank, and the dense part's communication. The issue's
 goals (FSDP's dense state, checkpointing's activation memory) are printed beside the figures.
 
