@@ -70,10 +70,10 @@ def prepare(config: str | ModelConfig, steps: int, warmup: int, device: str = "a
     return Setup(cfg, dev, peak, seed, batches, estimate, counts, float(memory_available(dev)))
 
 
-def step_flops(setup: Setup, first: int, count: int, options: StackOptions | None = None) -> list[dict[str, float]]:
+def step_flops(setup: Setup, first: int, count: int, options: StackOptions) -> list[dict[str, float]]:
     """Forward FLOPs per block of the batches that steps first..first+count-1 used, of the model
     ``options`` run (stack.model_config: without content under content=off)."""
-    cfg = setup.cfg if options is None else model_config(setup.cfg, options)
+    cfg = model_config(setup.cfg, options)
     n = len(setup.batches)
     cache = {}
     out = []

@@ -126,3 +126,21 @@ def test_content_on_a_dlrm_config_is_refused(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "'content' is read by GEM's ContentArch only" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_content_runs_on_ranks_through_torchrecs_pipeline(tmp_path):
+    """The content rides in the batch through TrainPipelineSparseDist (moved, streams recorded) and
+    its blocks are FSDP/DDP dense blocks like the others; the result counts its FLOPs and input bytes."""
+    import json
+
+    cfg = tiny_with_content(tmp_path, CONTENT)
+    out = tmp_path / "r.json"
+    proc = subprocess.run([sys.executable, "-m", "gembench", "run", "--config", cfg.source, "--nproc", "2",
+                           "--pipeline", "--steps", "2", "--warmup", "1", "--set", "compile=off", "--out", str(out),
+                           "--quiet"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert r["config"]["hash"] == cfg.hash and r["flops"]["per_block"]["content_arch"] > 0
+    plain = SyntheticData(load_config("tiny"), seed=0, batch_size=32).batch(0).input_bytes
+    assert r["summary"]["input_bytes_per_step"] > 2 * plain  # two ranks' batches, each with its content
+    assert "input bytes/step" in proc.stdout and "the ad's content" in proc.stdout

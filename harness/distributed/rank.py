@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+from dataclasses import dataclass
 import os
 import socket
 import sys
@@ -144,9 +145,8 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
 
         watchdog.at("rebalance")
         rows = _table_rows(cfg)
-        counted = [batches[i % len(batches)] for i in range(args.warmup, args.warmup + min(args.steps, LOAD_BATCHES))]
-        counts = [None] * world  # the batches measure_loads counted
-        dist.all_gather_object(counts, R.host_counts(counted, rows))
+        counts = [None] * world  # on the batches measure_loads counted
+        dist.all_gather_object(counts, R.host_counts(_timed(args, batches)[:LOAD_BATCHES], rows))
         loads = [None] * world
         dist.all_gather_object(loads, record["loads"])
         measured = R.Measured.from_ranks(counts, loads, rows)
@@ -179,12 +179,14 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
 UNTOLD = "untold"  # --sharding untold: TorchRec's planner without the tables' pooling (its default)
 
 
+@dataclass
 class _Job:
-    """One build of the model on this rank: the pure model, its plan, DMP, and the step engine."""
+    """One build of the model on this rank: DMP over it, the planner's view, the step engine."""
 
-    def __init__(self, gem, model, dmp, planned, engine, start_bytes: int):
-        self.gem, self.model, self.dmp, self.planned, self.engine = gem, model, dmp, planned, engine
-        self.start_bytes = start_bytes
+    dmp: torch.nn.Module
+    planned: P.PlanRecorder
+    engine: E.StagedStep | None  # the pipeline's engine is made in _measure
+    start_bytes: int  # the rank's memory floor when the build began
 
 
 def _build(args: RunConfig, env: dict, dev: torch.device, cfg, options, local_batch: int, watchdog,
@@ -214,7 +216,7 @@ def _build(args: RunConfig, env: dict, dev: torch.device, cfg, options, local_ba
         apply_fsdp(gem, mesh, options.bf16)
     apply_compile(gem, options)  # the dense arch, after DMP has taken the tables
     engine = None if args.pipeline else E.StagedStep(dmp, dev, env["world_size"], options)
-    return _Job(gem, model, dmp, planned, engine, start_bytes)
+    return _Job(dmp, planned, engine, start_bytes)
 
 
 def _measure(job: _Job, args: RunConfig, env: dict, dev: torch.device, cfg, options, local_batch: int, watchdog,
@@ -229,7 +231,7 @@ def _measure(job: _Job, args: RunConfig, env: dict, dev: torch.device, cfg, opti
     total = args.warmup + args.steps + COUNTED_STEPS + PROFILED_STEPS
     batches = [data.batch(i) for i in range(min(total, MAX_DISTINCT_BATCHES))]
 
-    timed = [batches[i % len(batches)] for i in range(args.warmup, args.warmup + args.steps)]
+    timed = _timed(args, batches)
     watchdog.at("load count")
     # before the pipeline rewrites the modules' input dist for its own schedule
     loads = L.measure_loads(dmp, timed[:LOAD_BATCHES], dev)
@@ -305,6 +307,11 @@ def _gather(record: dict, rank: int, world: int, watchdog) -> list[dict] | None:
     return records
 
 
+def _timed(args: RunConfig, batches: list) -> list:
+    """The batches the timed steps train on (steps cycle through the distinct batches)."""
+    return [batches[i % len(batches)] for i in range(args.warmup, args.warmup + args.steps)]
+
+
 def _indices(args: RunConfig, batches: list) -> dict:
     """Which of the distinct batches each kind of step trained on (the result's run.batches)."""
     n, total = len(batches), args.warmup + args.steps + COUNTED_STEPS + PROFILED_STEPS
@@ -314,8 +321,11 @@ def _indices(args: RunConfig, batches: list) -> dict:
 
 
 def _table_rows(cfg) -> dict[str, int]:
-    """Rows of every table (``table_<feature>``), from the config as run."""
-    return {f"table_t{i}": r for i, r in enumerate(cfg.sparse.rows)} | {f"table_{s.name}": s.rows for s in cfg.sequences}
+    """Rows of every table by its name, from the config as run (models.sparse's table configs)."""
+    from gembench.models.sparse import pooled_tables, sequence_tables
+
+    tables = pooled_tables(cfg) + (sequence_tables(cfg) if cfg.kind == "gem" else [])
+    return {t.name: t.num_embeddings for t in tables}
 
 
 def _say(args: RunConfig, rank: int, text: str) -> None:

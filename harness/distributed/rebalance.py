@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gembench.harness.metrics.imbalance import imbalance
 from gembench.harness.regression.stats import interval, relative_change
 from gembench.usage import UsageError
 
@@ -182,7 +181,7 @@ def section(before: dict, after: dict, measured: Measured, expected: dict[str, f
     primary = after["imbalance"]["primary"]
     change = relative_change(before["samples"]["step_s"], after["samples"]["step_s"])
     lo, hi = interval(change, 0.025)
-    after_max_mean = imbalance(after["imbalance"]["measured"]["loads"][primary])["max_mean"]
+    after_max_mean = after["imbalance"]["measured"]["metrics"][primary]["max_mean"]
     return {
         "primary": primary,
         "before": _side(before),
