@@ -24,6 +24,8 @@ The dense optimizer is the stack's (harness/stack.py), as on one process.
 
 from __future__ import annotations
 
+import dataclasses
+
 import functools
 import time
 from contextlib import contextmanager
@@ -203,7 +205,8 @@ def _pipeline_batch_class():
     class PipelineBatch(Pipelineable):
         def __init__(self, b):
             self.batch = b
-            self.dense, self.sparse, self.seq, self.labels = b.dense, b.sparse, b.seq, b.labels
+            for f in dataclasses.fields(b):  # every field the model reads: features, labels, content
+                setattr(self, f.name, getattr(b, f.name))
 
         def to(self, device, non_blocking=False):
             return PipelineBatch(self.batch.to(device, non_blocking=non_blocking))
