@@ -25,7 +25,6 @@ The dense optimizer is the stack's (harness/stack.py), as on one process.
 from __future__ import annotations
 
 import dataclasses
-
 import functools
 import time
 from contextlib import contextmanager
