@@ -192,8 +192,16 @@ def profile_block(result: dict) -> str:
     return f"{table}\n(one profiled step after the timed ones; trace: {p['trace']}, open in ui.perfetto.dev)"
 
 
+def blocks_line(result: dict) -> str:
+    """Each block's share of the model's forward FLOPs (models/flops.py, the analytic count)."""
+    blocks = result["flops"].get("per_block") or {}
+    total = sum(blocks.values())
+    shares = sorted(blocks.items(), key=lambda kv: -kv[1])
+    return "model FLOPs by block: " + ", ".join(f"{k} {100 * v / total:.1f}%" for k, v in shares) if total else ""
+
+
 def run_report(result: dict) -> str:
-    parts = [header(result), *diverged_banner(result), stage_table(result)]
+    parts = [header(result), *diverged_banner(result), stage_table(result) + "\n" + blocks_line(result)]
     if "counters" in result:
         parts.append(counters_block(result))
     parts += [totals_table(result), loss_line(result)]
@@ -322,7 +330,7 @@ def distributed_report(result: dict) -> str:
         f"{run['nproc']} ranks on {run['nnodes']} host(s), {run['backend']}; step: {engine}\n"
         f"batch: global {run['global_batch']} = {run['nproc']} ranks x {run['per_rank_batch']} per rank\n"
         f"sharding ({run['sharding']}): {plan}",
-        "critical path: the slowest rank in each stage\n" + stage_table(result),
+        "critical path: the slowest rank in each stage\n" + stage_table(result) + "\n" + blocks_line(result),
         rank_stage_table(result),
         "embedding imbalance: measured on the real batches vs the planner's estimates\n" + imbalance_table(result),
         "communication\n" + comm_table(result),
