@@ -52,7 +52,7 @@ def host_counts(batches, rows: dict[str, int]) -> dict:
     hist = {t: np.zeros(min(RESOLUTION, r), dtype=np.float64) for t, r in rows.items()}
     examples = 0
     for b in batches:
-        examples += int(b.dense.shape[0])
+        examples += b.size
         for kjt in (b.sparse, b.seq):
             if kjt is None:
                 continue
