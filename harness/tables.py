@@ -275,25 +275,29 @@ def _plan_kinds(plan: dict) -> str:
 def rebalance_table(result: dict) -> str:
     """--rebalance: the first plan's run beside the re-planned one, the plan change, the goal."""
     rb = result["rebalance"]
-    b, a = rb["before"], rb["after"]
+    sides = [rb["before"], rb["after"], rb["again"]]
 
-    def per_rank(side, load, fmt):
-        return " / ".join(fmt(v) for v in side["loads"][load])
+    def row(label, cell):
+        return [label, *(cell(side) for side in sides)]
+
+    def per_rank(load, fmt):
+        return lambda side: " / ".join(fmt(v) for v in side["loads"][load])
 
     rows = []
-    for load in b["loads"]:
+    for load in rb["before"]["loads"]:
         fmt = ms if load == "lookup_s" else si
-        rows.append([LOAD_LABELS.get(load, load) + " per rank", per_rank(b, load, fmt), per_rank(a, load, fmt)])
-        rows.append([LOAD_LABELS.get(load, load) + " max/mean" + (" *" if load == rb["primary"] else ""), f"{b['metrics'][load]['max_mean']:.3f}",
-                     f"{a['metrics'][load]['max_mean']:.3f}"])
-    rows += [["step p50 per rank (ms)", " / ".join(ms(v) for v in b["rank_step_p50_s"]),
-              " / ".join(ms(v) for v in a["rank_step_p50_s"])],
-             ["step p50 (ms)", ms(b["step_time_s"]["p50"]), ms(a["step_time_s"]["p50"])],
-             ["stall cost", pct(b["stall_cost"]), pct(a["stall_cost"])],
-             ["exposed comm", pct(b["exposed_comm_fraction"]), pct(a["exposed_comm_fraction"])],
-             ["MFU", pct(b["mfu"]), pct(a["mfu"])],
-             ["plan", _plan_kinds(b["plan"]), _plan_kinds(a["plan"])]]
-    table = tabulate(rows, headers=["", "planner's plan", "rebalanced"], colalign=("left", "right", "right"))
+        label = LOAD_LABELS.get(load, load)
+        rows.append(row(label + " per rank", per_rank(load, fmt)))
+        rows.append(row(label + " max/mean" + (" *" if load == rb["primary"] else ""),
+                        lambda side: f"{side['metrics'][load]['max_mean']:.3f}"))
+    rows += [row("step p50 per rank (ms)", lambda side: " / ".join(ms(v) for v in side["rank_step_p50_s"])),
+             row("step p50 (ms)", lambda side: ms(side["step_time_s"]["p50"])),
+             row("stall cost", lambda side: pct(side["stall_cost"])),
+             row("exposed comm", lambda side: pct(side["exposed_comm_fraction"])),
+             row("MFU", lambda side: pct(side["mfu"])),
+             row("plan", lambda side: _plan_kinds(side["plan"]))]
+    table = tabulate(rows, headers=["", "planner's plan", "rebalanced", "planner's plan again"],
+                     colalign=("left", "right", "right", "right"))
     moved = rb["moved"]
     shown = ", ".join(f"{m['table'].removeprefix('table_')} {m['before']} -> {m['after']}" for m in moved[:12])
     more = f" and {len(moved) - 12} more" if len(moved) > 12 else ""
@@ -303,8 +307,9 @@ def rebalance_table(result: dict) -> str:
     lines = [
         table + "\n* primary",
         f"moved {len(moved)} table(s)" + (f": {shown}{more}" if moved else " (the re-plan kept the plan)"),
-        f"step rebalanced / before: {change['ratio']:.3f}, 95% CI [{lo:.3f}, {hi:.3f}] ({change['test']}; "
-        f"the two runs ran one after the other in the same processes)",
+        f"step rebalanced / planner's plan: {change['ratio']:.3f}, 95% CI [{lo:.3f}, {hi:.3f}] ({change['test']}: "
+        f"the runs went A, B, A' in the same processes)"
+        + ("" if rb["again_same_plan"] else "; NOTE: the planner's plan came out different the second time"),
         f"goal: measured max/mean <= {goal['max_mean_at_most']:.2f} after: {goal['max_mean']:.3f} "
         f"{'met' if goal['met_imbalance'] else 'NOT met'}; step not worse: {worse}",
         f"re-planned from: measured pooling and per-row load of every table, lookup "
@@ -334,7 +339,8 @@ def distributed_report(result: dict) -> str:
         rank_stage_table(result),
         "embedding imbalance: measured on the real batches vs the planner's estimates\n" + imbalance_table(result),
         "communication\n" + comm_table(result),
-        *(["rebalance: the planner's plan, then TorchRec's planner again on the load measured on it\n"
+        *(["rebalance: the planner's plan, then TorchRec's planner again on the load measured on it, then the "
+           "planner's plan once more\n"
            + rebalance_table(result)] if "rebalance" in result else []),
         totals_table(result) + f"\nper rank: {per_rank}",
     ])

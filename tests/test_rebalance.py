@@ -85,6 +85,10 @@ def test_rebalance_moves_the_sorted_head_off_the_first_row_wise_shard(sorted_run
     assert max(rb["row_skew_before"].values()) > 1.5
     assert rb["moved"] and all(m["before"] != m["after"] for m in rb["moved"])
     assert after["plan"] == r["plan"]  # the result is the rebalanced run's
+    # the planner's plan ran once more after it, on the carried state: the same plan, the same load
+    again = rb["again"]
+    assert rb["again_same_plan"] and again["loads"][rb["primary"]] == before["loads"][rb["primary"]]
+    assert len(again["step_s"]) == len(before["step_s"]) == len(after["step_s"]) == 4
     primary = rb["primary"]
     assert after["metrics"][primary]["max_mean"] < before["metrics"][primary]["max_mean"]
     assert rb["goal"]["max_mean"] == pytest.approx(after["metrics"][primary]["max_mean"])
@@ -97,6 +101,7 @@ def test_rebalance_moves_the_sorted_head_off_the_first_row_wise_shard(sorted_run
     assert lo <= rb["step_change"]["ratio"] <= hi
     assert "rebalance: the planner's plan, then TorchRec's planner again" in proc.stdout
     assert "moved " in proc.stdout and "goal: measured max/mean <= 1.10" in proc.stdout
+    assert "planner's plan again" in proc.stdout and "the runs went A, B, A'" in proc.stdout
 
 
 @pytest.mark.parametrize("args, message", [

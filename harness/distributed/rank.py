@@ -131,49 +131,70 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
     cfg = model_config(cfg, options)  # content=off: the config without its [content] section
     expected = expected_ids_per_example(cfg)
     pooling = None if args.sharding == UNTOLD else expected
-    if args.rebalance:
-        from gembench.harness.distributed import rebalance as R
+    from gembench.harness.distributed import rebalance as R
 
+    if args.rebalance:
         tables = list(_table_rows(cfg))
         R.check(args.sharding, P.parse_sharding(args.sharding, tables), tables, world, args.pipeline)
     job = _build(args, env, dev, cfg, options, local_batch, watchdog, pooling)
     record, batches = _measure(job, args, env, dev, cfg, options, local_batch, watchdog, fault, peak, host_peak)
     records = _gather(record, rank, world, watchdog)
-    before = None
-    if args.rebalance:
-        from gembench.harness.distributed.carry import carry_state
+    if not args.rebalance:
+        if rank != 0:
+            return {}
+        watchdog.at("peak check")
+        _recheck_peak(peak, records, socket.gethostname())
+        return build_result(cfg, args, env, records, job.planned, options, batch_indices=_indices(args, batches),
+                            backend=dist.get_backend())
 
-        watchdog.at("rebalance")
-        rows = _table_rows(cfg)
-        counts = [None] * world  # on the batches measure_loads counted
-        dist.all_gather_object(counts, R.host_counts(_timed(args, batches)[:LOAD_BATCHES], rows))
-        loads = [None] * world
-        dist.all_gather_object(loads, record["loads"])
-        measured = R.Measured.from_ranks(counts, loads, rows)
-        skew = R.row_skew(measured, job.planned.tables)
-        if rank == 0:
-            before = build_result(cfg, args, env, records, job.planned, options, batch_indices=_indices(args, batches),
-                                  backend=dist.get_backend())
-            _say(args, rank, "re-planning from the measured load: pooling "
-                 + ", ".join(f"{t.removeprefix('table_')} {v:.1f}" for t, v in measured.pooling.items())
-                 + f"; lookup {measured.seconds_per_byte * 1e9:.2f} ns/byte")
-        old = job
-        job = _build(args, env, dev, cfg, options, local_batch, watchdog, measured.pooling, R.MeasuredLookups(measured))
-        watchdog.at("carry")
-        carried = carry_state(old.dmp, job.dmp, old.engine.optimizer, job.engine.optimizer)
-        del old
-        gc.collect()
-        record, batches = _measure(job, args, env, dev, cfg, options, local_batch, watchdog, fault, peak, host_peak)
-        records = _gather(record, rank, world, watchdog)
+    # --rebalance: the planner's plan (A), the re-planned one (B), then A again, each on the state
+    # the run before it trained, so that drift over the three runs cancels in B against A and A'
+    watchdog.at("rebalance")
+    rows = _table_rows(cfg)
+    counts = [None] * world  # on the batches measure_loads counted
+    dist.all_gather_object(counts, R.host_counts(_timed(args, batches)[:LOAD_BATCHES], rows))
+    loads = [None] * world
+    dist.all_gather_object(loads, record["loads"])
+    measured = R.Measured.from_ranks(counts, loads, rows)
+    skew = R.row_skew(measured, job.planned.tables)
+
+    def result_of(records, job, batches):
+        return build_result(cfg, args, env, records, job.planned, options, batch_indices=_indices(args, batches),
+                            backend=dist.get_backend()) if rank == 0 else None
+
+    before = result_of(records, job, batches)
+    _say(args, rank, "re-planning from the measured load: pooling "
+         + ", ".join(f"{t.removeprefix('table_')} {v:.1f}" for t, v in measured.pooling.items())
+         + f"; lookup {measured.seconds_per_byte * 1e9:.2f} ns/byte")
+    job, carried = _rebuild(job, args, env, dev, cfg, options, local_batch, watchdog, measured.pooling,
+                            R.MeasuredLookups(measured))
+    record, batches = _measure(job, args, env, dev, cfg, options, local_batch, watchdog, fault, peak, host_peak)
+    records = _gather(record, rank, world, watchdog)
+    if rank == 0:
+        _recheck_peak(peak, records, socket.gethostname())
+    result = result_of(records, job, batches)
+    _say(args, rank, "the planner's plan once more, after the rebalanced one")
+    again, _ = _rebuild(job, args, env, dev, cfg, options, local_batch, watchdog, pooling)
+    record, batches = _measure(again, args, env, dev, cfg, options, local_batch, watchdog, fault, peak, host_peak)
+    records = _gather(record, rank, world, watchdog)
     if rank != 0:
         return {}
-    watchdog.at("peak check")
-    _recheck_peak(peak, records, socket.gethostname())
-    result = build_result(cfg, args, env, records, job.planned, options, batch_indices=_indices(args, batches),
-                          backend=dist.get_backend())
-    if before is not None:
-        result["rebalance"] = R.section(before, result, measured, expected, skew, carried)
+    result["rebalance"] = R.section(before, result, result_of(records, again, batches), measured, expected, skew,
+                                    carried)
     return result
+
+
+def _rebuild(old: "_Job", args: RunConfig, env: dict, dev: torch.device, cfg, options, local_batch: int, watchdog,
+             pooling: dict | None, measured=None):
+    """The model built again on a new plan, ``old``'s trained state carried into it: (job, carried)."""
+    from gembench.harness.distributed.carry import carry_state
+
+    job = _build(args, env, dev, cfg, options, local_batch, watchdog, pooling, measured)
+    watchdog.at("carry")
+    carried = carry_state(old.dmp, job.dmp, old.engine.optimizer, job.engine.optimizer)
+    del old
+    gc.collect()
+    return job, carried
 
 
 UNTOLD = "untold"  # --sharding untold: TorchRec's planner without the tables' pooling (its default)

@@ -130,9 +130,12 @@ def distributed_figures(g: Group) -> str:
         change = rb["step_change"]
         moved = ", ".join(f"{m['table'].removeprefix('table_')} {m['before']} to {m['after']}" for m in rb["moved"][:8])
         out.append(figure(
-            figures.rebalance(rb["before"], rb["after"], rb["primary"], LOAD_LABELS.get(rb["primary"], rb["primary"])),
-            caption(g, [r], "Rebalanced: the planner's plan, then TorchRec's planner again on the load measured on it")
-            + f" Step rebalanced/before {change['ratio']:.3f} (95% CI {change['ci95'][0]:.3f} to "
+            figures.rebalance([(name, rb[key]) for name, key in (("planner's plan", "before"), ("rebalanced", "after"),
+                                                                  ("planner's plan again", "again")) if key in rb],
+                              rb["primary"], LOAD_LABELS.get(rb["primary"], rb["primary"])),
+            caption(g, [r], "Rebalanced: the planner's plan, then TorchRec's planner again on the load measured on it,"
+                            " then the planner's plan once more")
+            + f" Step rebalanced/planner's plan {change['ratio']:.3f} (95% CI {change['ci95'][0]:.3f} to "
             f"{change['ci95'][1]:.3f}); {len(rb['moved'])} table(s) moved" + (f": {esc(moved)}" if moved else "") + "."))
     per_kind = all("exposed_s" in k for k in comm["by_kind"].values())
     out.append(figure(

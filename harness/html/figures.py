@@ -217,20 +217,21 @@ def rank_loads(measured: dict[str, list[float]], planned: dict[str, list[float]]
         return to_svg(fig)
 
 
-def rebalance(before: dict, after: dict, primary: str, label: str) -> str:
-    """--rebalance: per rank, the primary lookup load (left) and the step p50 (right), the planner's
-    plan beside the rebalanced one."""
-    sides = [("planner's plan", before, "#dd6b20"), ("rebalanced", after, "#2b6cb0")]
-    nranks = len(before["loads"][primary])
-    x = np.arange(nranks)
+def rebalance(sides: list[tuple[str, dict]], primary: str, label: str) -> str:
+    """--rebalance: per rank, the primary lookup load (left) and the step p50 (right) of each run
+    (the planner's plan, the rebalanced one, the planner's plan again)."""
+    colors = ["#dd6b20", "#2b6cb0", "#f6ad55"]
+    nranks = len(sides[0][1]["loads"][primary])
+    x, width = np.arange(nranks), 0.8 / len(sides)
     with plt.rc_context(STYLE):
         fig = _fig(6.4, 2.4)
         left, right = fig.subplots(1, 2)
-        for i, (name, side, color) in enumerate(sides):
-            loads = np.array(side["loads"][primary], dtype=float)
+        for i, ((name, side), color) in enumerate(zip(sides, colors)):
+            at = x + (i - (len(sides) - 1) / 2) * width
             m = side["metrics"][primary]["max_mean"]
-            left.bar(x + (i - 0.5) * 0.4, loads / 1e6, 0.37, color=color, label=f"{name} (max/mean {m:.3f})")
-            right.bar(x + (i - 0.5) * 0.4, 1e3 * np.array(side["rank_step_p50_s"]), 0.37, color=color, label=name)
+            left.bar(at, np.array(side["loads"][primary], dtype=float) / 1e6, width * 0.92, color=color,
+                     label=f"{name} (max/mean {m:.3f})")
+            right.bar(at, 1e3 * np.array(side["rank_step_p50_s"]), width * 0.92, color=color, label=name)
         unit = "MB" if primary == "bytes_read" else "millions"
         for ax, title, unit in ((left, f"{label} per rank", unit), (right, "step p50 per rank", "ms")):
             ax.set_xticks(x, [f"rank {r}" for r in range(nranks)])
