@@ -168,32 +168,35 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
          + f"; lookup {measured.seconds_per_byte * 1e9:.2f} ns/byte")
     job, carried = _rebuild(job, args, env, dev, cfg, options, local_batch, watchdog, measured.pooling,
                             R.MeasuredLookups(measured))
+    gc.collect()  # the first model, now unreferenced, before the second is timed
     record, batches = _measure(job, args, env, dev, cfg, options, local_batch, watchdog, fault, peak, host_peak)
     records = _gather(record, rank, world, watchdog)
     if rank == 0:
         _recheck_peak(peak, records, socket.gethostname())
     result = result_of(records, job, batches)
     _say(args, rank, "the planner's plan once more, after the rebalanced one")
-    again, _ = _rebuild(job, args, env, dev, cfg, options, local_batch, watchdog, pooling)
-    record, batches = _measure(again, args, env, dev, cfg, options, local_batch, watchdog, fault, peak, host_peak)
+    job, _ = _rebuild(job, args, env, dev, cfg, options, local_batch, watchdog, pooling)
+    gc.collect()
+    record, batches = _measure(job, args, env, dev, cfg, options, local_batch, watchdog, fault, peak, host_peak)
     records = _gather(record, rank, world, watchdog)
     if rank != 0:
         return {}
-    result["rebalance"] = R.section(before, result, result_of(records, again, batches), measured, expected, skew,
+    result["rebalance"] = R.section(before, result, result_of(records, job, batches), measured, expected, skew,
                                     carried)
     return result
 
 
 def _rebuild(old: "_Job", args: RunConfig, env: dict, dev: torch.device, cfg, options, local_batch: int, watchdog,
              pooling: dict | None, measured=None):
-    """The model built again on a new plan, ``old``'s trained state carried into it: (job, carried)."""
+    """The model built again on a new plan, ``old``'s trained state carried into it: (job, carried).
+    torch.compile's caches of the old model are dropped (the new one compiles on its first step
+    anyway), so that nothing of it outlives the caller's last reference."""
     from gembench.harness.distributed.carry import carry_state
 
     job = _build(args, env, dev, cfg, options, local_batch, watchdog, pooling, measured)
     watchdog.at("carry")
     carried = carry_state(old.dmp, job.dmp, old.engine.optimizer, job.engine.optimizer)
-    del old
-    gc.collect()
+    torch._dynamo.reset()
     return job, carried
 
 
