@@ -59,11 +59,10 @@ class GEM(nn.Module):
             s.name: SequenceSummary(h.dim, d, x.pma_seeds, x.recent, h.heads).to(device)
             for s in cfg.sequences
         })
-        c = cfg.content
-        if c is not None and c.candidate_tokens:
-            self.content_arch = ContentArch(c, d, device=device)
-        if c is not None and c.sequence_dim:
-            self.item_content = nn.ModuleDict({s.name: ItemContent(c.sequence_dim, h.dim, device) for s in cfg.sequences})
+        c = cfg.content  # None, or a block only for what the config gives
+        self.content_arch = ContentArch(c, d, device=device) if c is not None and c.candidate_tokens else None
+        self.item_content = (nn.ModuleDict({s.name: ItemContent(c.sequence_dim, h.dim, device) for s in cfg.sequences})
+                             if c is not None and c.sequence_dim else None)
         self.interaction_arch = InteractionArch(
             w.layers, interaction_tokens(cfg), d, w.n_fm, w.n_lcb, w.rank, list(w.mlp)
         ).to(device)
@@ -77,7 +76,7 @@ class GEM(nn.Module):
         nonseq = torch.cat([self.dense_arch(batch.dense).unsqueeze(1), pooled.to(batch.dense.dtype)], dim=1)
         cls = self.nonseq_summary(nonseq)
         tokens = [nonseq]
-        if hasattr(self, "content_arch"):
+        if self.content_arch is not None:
             tokens.append(self.content_arch(batch.content, batch.content_tokens).to(nonseq.dtype))
         items = self._item_content(batch, sequences)
         for name, seq in sequences.items():
@@ -91,7 +90,7 @@ class GEM(nn.Module):
     def _item_content(self, batch, sequences) -> dict[str, torch.Tensor]:
         """Each sequence's items' content projected to the items' width: batch.item_content holds
         every sequence's items in the batch's sequence order, each sequence's as many as its values."""
-        if not hasattr(self, "item_content"):
+        if self.item_content is None:
             return {}
         names = list(self.item_content)  # the config's sequence order, the batch's
         parts = torch.split(batch.item_content, [sequences[n].values.shape[0] for n in names])

@@ -91,7 +91,7 @@ def test_configs_without_content_are_unchanged_and_the_switch_drops_it(tmp_path)
     off = dataclasses.replace(STACKS["optimized"], content="off")
     assert model_config(cfg, off).hash == dataclasses.replace(cfg, content=None).hash
     model = pure_model(cfg, off, torch.device("cpu"))
-    assert not hasattr(model, "content_arch") and not hasattr(model, "item_content")
+    assert model.content_arch is None and model.item_content is None
     on, without = (memory_estimate(c, 64, None, STACKS["optimized"], "cuda")["activations"]
                    for c in (cfg, model_config(cfg, off)))
     assert on > without  # the content's inputs and saved activations
