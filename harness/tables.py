@@ -265,6 +265,11 @@ def comm_table(result: dict) -> str:
             f"communication {pct(c['exposed_comm_fraction'])} of the step, mean of ranks)")
 
 
+def placement(p: dict) -> str:
+    """A planned table's placement as "sharding_type@ranks", e.g. row_wise@0,1."""
+    return f"{p['sharding']}@{','.join(map(str, p['ranks']))}"
+
+
 def _plan_kinds(plan: dict) -> str:
     kinds: dict[str, int] = {}
     for p in plan.values():
@@ -322,8 +327,7 @@ def rebalance_table(result: dict) -> str:
 
 def distributed_report(result: dict) -> str:
     run = result["run"]
-    plan = ", ".join(f"{t.removeprefix('table_')}:{p['sharding']}@{','.join(map(str, p['ranks']))}"
-                     for t, p in result["plan"].items())
+    plan = ", ".join(f"{t.removeprefix('table_')}:{placement(p)}" for t, p in result["plan"].items())
     ranks = result["ranks"]
     per_rank = ", ".join(f"rank {r['rank']} {r['tflops']:.3f} TFLOP/s ({pct(r['mfu'])} of its peak)"
                          for r in ranks)

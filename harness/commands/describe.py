@@ -86,11 +86,11 @@ def _block_params(cfg) -> dict[str, int]:
 def _content_bytes(cfg) -> float:
     """Content input bytes per example: candidate vectors and tokens, and every item's content
     over the expected sequence lengths."""
+    from gembench.models.content import content_input_bytes
     from gembench.models.flops import expected_lengths
 
-    c = cfg.content
     items = sum(float(n.mean()) for n in expected_lengths(cfg, samples=4096).values())
-    return (sum(c.vectors) + c.tokens * c.token_dim + items * c.sequence_dim) * (2 if c.dtype == "bf16" else 4)
+    return content_input_bytes(cfg.content, 1, items)
 
 
 SWITCH_RANKS = 8  # one node of GPUs

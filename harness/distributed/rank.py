@@ -115,6 +115,7 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
     the load measured on it (rebalance.py), on the new plan with the trained state carried over
     (carry.py); the result is the second run's, the first's figures in its ``rebalance`` section.
     """
+    from gembench.harness.distributed import rebalance as R
     from gembench.harness.distributed.result import build_result
     from gembench.harness.stack import model_config, on_ranks
 
@@ -131,36 +132,36 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
     cfg = model_config(cfg, options)  # content=off: the config without its [content] section
     expected = expected_ids_per_example(cfg)
     pooling = None if args.sharding == UNTOLD else expected
-    from gembench.harness.distributed import rebalance as R
-
+    rows = _table_rows(cfg)
     if args.rebalance:
-        tables = list(_table_rows(cfg))
-        R.check(args.sharding, P.parse_sharding(args.sharding, tables), tables, world, args.pipeline)
+        R.check(args.sharding, P.parse_sharding(args.sharding, list(rows)), list(rows), world, args.pipeline)
+
+    def result_of(records, job, batches, recheck: bool = False):
+        """Rank 0: the job's result from every rank's records (None elsewhere); ``recheck``: the
+        peak check first, on the run the result is of."""
+        if rank != 0:
+            return None
+        if recheck:
+            watchdog.at("peak check")
+            _recheck_peak(peak, records, socket.gethostname())
+        return build_result(cfg, args, env, records, job.planned, options, batch_indices=_indices(args, batches),
+                            backend=dist.get_backend())
+
     job = _build(args, env, dev, cfg, options, local_batch, watchdog, pooling)
     record, batches = _measure(job, args, env, dev, cfg, options, local_batch, watchdog, fault, peak, host_peak)
     records = _gather(record, rank, world, watchdog)
     if not args.rebalance:
-        if rank != 0:
-            return {}
-        watchdog.at("peak check")
-        _recheck_peak(peak, records, socket.gethostname())
-        return build_result(cfg, args, env, records, job.planned, options, batch_indices=_indices(args, batches),
-                            backend=dist.get_backend())
+        return result_of(records, job, batches, recheck=True) or {}
 
     # --rebalance: the planner's plan (A), the re-planned one (B), then A again, each on the state
     # the run before it trained, so that drift over the three runs cancels in B against A and A'
     watchdog.at("rebalance")
-    rows = _table_rows(cfg)
     counts = [None] * world  # on the batches measure_loads counted
     dist.all_gather_object(counts, R.host_counts(_timed(args, batches)[:LOAD_BATCHES], rows))
     loads = [None] * world
     dist.all_gather_object(loads, record["loads"])
     measured = R.Measured.from_ranks(counts, loads, rows)
     skew = R.row_skew(measured, job.planned.tables)
-
-    def result_of(records, job, batches):
-        return build_result(cfg, args, env, records, job.planned, options, batch_indices=_indices(args, batches),
-                            backend=dist.get_backend()) if rank == 0 else None
 
     before = result_of(records, job, batches)
     _say(args, rank, "re-planning from the measured load: pooling "
@@ -171,9 +172,7 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
     gc.collect()  # the first model, now unreferenced, before the second is timed
     record, batches = _measure(job, args, env, dev, cfg, options, local_batch, watchdog, fault, peak, host_peak)
     records = _gather(record, rank, world, watchdog)
-    if rank == 0:
-        _recheck_peak(peak, records, socket.gethostname())
-    result = result_of(records, job, batches)
+    result = result_of(records, job, batches, recheck=True)
     _say(args, rank, "the planner's plan once more, after the rebalanced one")
     job, _ = _rebuild(job, args, env, dev, cfg, options, local_batch, watchdog, pooling)
     gc.collect()

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gembench.harness.regression.stats import interval, relative_change
+from gembench.harness.tables import placement
 from gembench.usage import UsageError
 
 RESOLUTION = 256  # row bins per table: shard boundaries fall between bins to 0.4% of the rows
@@ -137,10 +138,6 @@ def row_skew(measured: Measured, plan: dict) -> dict[str, float]:
                   for off, size in zip(p["shard_offsets"], p["shard_sizes"])]
         out[table] = float(max(shares) / np.mean(shares)) if np.mean(shares) > 0 else 1.0
     return out
-
-
-def placement(p: dict) -> str:
-    return f"{p['sharding']}@{','.join(map(str, p['ranks']))}"
 
 
 def plan_change(before: dict, after: dict) -> list[dict]:
