@@ -248,13 +248,21 @@ def planted_repository(root, fraction: float = PLANTED) -> tuple[str, str]:
     here = Path(__file__).resolve().parents[1]
     _git(root.parent, "clone", "--quiet", "--no-local", str(here), str(root))
     base = _git(root, "rev-parse", "HEAD")
+    return base, plant_commit(root, base, fraction)
+
+
+def plant_commit(root, base: str, fraction: float) -> str:
+    """Commit, on a branch of its own from ``base`` in the throwaway ``root``, a ``fraction`` busy-wait in every step."""
     step = root / "harness" / "step.py"
+    _git(root, "checkout", "--quiet", "-B", f"planted-{fraction:g}", base)
     text = step.read_text()
     if PLANT_AT not in text:
         raise SystemExit(f"harness_quality: cannot plant the slowdown: {step} no longer has {PLANT_AT.strip()!r}")
     step.write_text(text.replace(PLANT_AT, PLANT_AT + PLANT_CODE.format(fraction=fraction), 1))
     _git(root, "commit", "--quiet", "-am", f"plant a {100 * fraction:g}% slowdown in every step (harness_quality --paired)")
-    return base, _git(root, "rev-parse", "HEAD")
+    sha = _git(root, "rev-parse", "HEAD")
+    _git(root, "checkout", "--quiet", base)
+    return sha
 
 
 ONE_OP_AT = "        loss = per_task.mean()  # multitask_loss, from the per-task losses already in hand\n"
@@ -287,29 +295,76 @@ def continuous(repo, base: str, head: str, extra: list[str]) -> tuple[int, dict]
 
 
 def resample_rounds(outcomes: dict, trials: int, seed: int = 0) -> dict | None:
-    """Finer rates than a few real comparisons give: draw comparisons of as many rounds from the
-    measured rounds (planted ones for detection, unchanged ones for false alarms) and judge them
-    with continuous's own rule (stats.judge on paired ratios). Valid as far as rounds are independent.
+    """Finer rates than a few real comparisons give: draw comparisons of as many pairs from the
+    measured pairs of each kind (each planted size for detection, unchanged ones for false alarms)
+    and judge them with continuous's own rule (stats.judge on paired ratios, its alpha, min effect
+    and margin). Valid as far as pairs are independent (each is two fresh processes).
     """
     from gembench.harness.regression import stats
 
     pools = {k: [r for o in v for r in (o["round_ratios"] or [])] for k, v in outcomes.items()}
     rounds = min((o["rounds"] for v in outcomes.values() for o in v), default=0)
-    if rounds < 2 or any(len(p) < rounds for p in pools.values()):
+    if rounds < 2 or "unchanged" not in pools or any(len(p) < rounds for p in pools.values()):
         return None
     rng = random.Random(seed)
-    first = outcomes["planted"][0]
+    first = outcomes["unchanged"][0]
     alpha, min_effect = first.get("alpha", stats.ALPHA), first.get("min_effect", stats.MIN_EFFECT)
+    margin = first.get("margin") or min_effect
 
     def verdicts(pool) -> list[str]:
         return [stats.judge({"step_time_s": ([1.0] * rounds, rng.choices(pool, k=rounds), "paired", True)},
-                            alpha, min_effect)[0].verdict for _ in range(trials)]
+                            alpha, min_effect, margin)[0].verdict for _ in range(trials)]
 
-    planted, unchanged = verdicts(pools["planted"]), verdicts(pools["unchanged"])
-    return {"rounds": rounds, "trials": trials, "pool": {k: len(p) for k, p in pools.items()},
-            "detection_rate": planted.count(stats.REGRESSED) / trials,
-            "false_alarm_rate": unchanged.count(stats.REGRESSED) / trials,
-            "unchanged_pass_rate": unchanged.count(stats.UNCHANGED) / trials}
+    out = {"rounds": rounds, "trials": trials, "pool": {k: len(p) for k, p in pools.items()}, "detection_rate": {}}
+    for kind, pool in pools.items():
+        v = verdicts(pool)
+        if kind == "unchanged":
+            out["false_alarm_rate"] = v.count(stats.REGRESSED) / trials
+            out["unchanged_pass_rate"] = v.count(stats.UNCHANGED) / trials
+        else:
+            out["detection_rate"][kind] = v.count(stats.REGRESSED) / trials
+    return out
+
+
+def spread_bound(outcomes: dict, confidence: float = 0.95) -> dict | None:
+    """The spread (SD) of one pair's log(HEAD/BASE), pooled over every measured pair with each
+    comparison's own mean taken out, and its one-sided upper confidence bound (chi-square): the
+    rates below hold with that confidence as far as pairs are independent and close to log-normal."""
+    import math
+
+    from scipy.stats import chi2
+
+    ss, dof = 0.0, 0
+    for v in outcomes.values():
+        for o in v:
+            logs = [math.log(r) for r in (o["round_ratios"] or [])]
+            if len(logs) > 1:
+                m = statistics.mean(logs)
+                ss += sum((x - m) ** 2 for x in logs)
+                dof += len(logs) - 1
+    if dof < 2:
+        return None
+    sd = math.sqrt(ss / dof)
+    return {"sd": sd, "sd_upper": math.sqrt(ss / chi2.ppf(1 - confidence, dof)), "dof": dof, "confidence": confidence}
+
+
+def rates_at(sd: float, effects: list[float], rounds: int, alpha: float, min_effect: float, margin: float,
+             trials: int = 20000, seed: int = 0) -> dict:
+    """Rates of continuous's rule for ``rounds`` pairs whose log ratios are normal with spread ``sd``."""
+    import math
+
+    from gembench.harness.regression import stats
+
+    rng = random.Random(seed)
+    out = {}
+    for effect in effects:
+        counts = {stats.REGRESSED: 0, stats.UNCHANGED: 0}
+        for _ in range(trials):
+            ratios = [math.exp(rng.gauss(math.log1p(effect), sd)) for _ in range(rounds)]
+            v = stats.judge({"s": ([1.0] * rounds, ratios, "paired", True)}, alpha, min_effect, margin)[0].verdict
+            counts[v] = counts.get(v, 0) + 1
+        out[effect] = {"regressed": counts[stats.REGRESSED] / trials, "unchanged": counts[stats.UNCHANGED] / trials}
+    return out
 
 
 def paired_main(args) -> int:
@@ -317,75 +372,92 @@ def paired_main(args) -> int:
     from pathlib import Path
 
     extra = ["--config", args.config, "--stack", args.stack]
-    if args.paired_rounds is not None:
-        extra += ["--rounds", str(args.paired_rounds)]
-    if args.paired_steps is not None:
-        extra += ["--steps", str(args.paired_steps)]
-    if args.statistic is not None:
-        extra += ["--statistic", args.statistic]
-    if args.threads is not None:
-        extra += ["--threads", str(args.threads)]
+    for flag, value in (("--pairs", args.paired_rounds), ("--steps", args.paired_steps), ("--bursts", args.paired_bursts),
+                        ("--statistic", args.statistic), ("--threads", args.threads)):
+        if value is not None:
+            extra += [flag, str(value)]
     t0 = time.perf_counter()
-    outcomes = {"planted": [], "unchanged": []}
+    machine = "?"
     with tempfile.TemporaryDirectory(prefix="gembench-quality-") as tmp:
         repo = Path(tmp) / "repo"
-        base, planted = planted_repository(repo)
-        print(f"paired: throwaway repository {repo}: BASE {base[:10]}, PLANTED {planted[:10]} (+{100 * PLANTED:g}% busy-wait per step); "
-              f"gembench continuous {' '.join(extra)}", flush=True)
-        for i in range(args.pairs):
-            for kind, head in (("planted", planted), ("unchanged", base)):
+        base, first = planted_repository(repo, args.plants[0])
+        heads = {f"planted {100 * args.plants[0]:g}%": first}
+        heads.update({f"planted {100 * f:g}%": plant_commit(repo, base, f) for f in args.plants[1:]})
+        heads["unchanged"] = base
+        outcomes = {kind: [] for kind in heads}
+        print(f"paired: throwaway repository {repo}: BASE {base[:10]}, "
+              + ", ".join(f"{k.upper()} {sha[:10]}" for k, sha in heads.items() if k != "unchanged")
+              + f" (busy-wait per step); gembench continuous {' '.join(extra)}", flush=True)
+        for i in range(args.comparisons):
+            for kind, head in heads.items():
                 started = time.perf_counter()
-                keep = ["--keep-results", str(Path(args.keep) / f"pair{i + 1}-{kind}")] if args.keep else []
+                keep = ["--keep-results", str(Path(args.keep) / f"comparison{i + 1}-{kind.replace(' ', '-').replace('%', '')}")] if args.keep else []
                 code, report_ = continuous(repo, base, head, extra + keep)
+                machine = report_.get("hardware_class", machine)
                 row = next((r for r in report_["rows"] if r["metric"] == "step_time_s"), None)
                 ratio, ci = (row["ratio"], row["ratio_ci95"]) if row else (None, None)
                 outcomes[kind].append({"exit": code, "verdict": row and row["verdict"], "ratio": ratio, "ci95": ci,
                                        "minutes": (time.perf_counter() - started) / 60, "rounds": report_["rounds"],
                                        "alpha": report_["alpha"], "min_effect": report_["min_effect"],
-                                       "round_ratios": row and row["round_ratios"]})
+                                       "margin": report_.get("margin"), "round_ratios": row and row["round_ratios"]})
                 ci_text = f"[{ci[0]:.4f}, {ci[1]:.4f}]" if ci else "-"
-                print(f"paired: pair {i + 1}/{args.pairs} {kind:<9} exit {code}, step_time_s HEAD/BASE "
+                print(f"paired: comparison {i + 1}/{args.comparisons} {kind:<12} exit {code}, step_time_s HEAD/BASE "
                       f"{ratio if ratio is None else f'{ratio:.4f}'} 95% CI {ci_text} {row and row['verdict']}, "
                       f"{(time.perf_counter() - started) / 60:.1f} min", flush=True)
-        one_op = one_op_commit(repo, base)
+                if args.json:  # after every comparison: a long run stopped early keeps what it measured
+                    with open(args.json, "w") as fh:
+                        json.dump({"comparisons": i + 1, "machine": machine, "extra": extra, "outcomes": outcomes}, fh, indent=1)
         caught = []
-        for i in range(args.one_op):  # counters are exact: two short rounds decide
+        if args.one_op:
+            one_op = one_op_commit(repo, base)
+        for i in range(args.one_op):  # counters are exact: two short pairs decide
             code, report_ = continuous(repo, base, one_op, ["--config", args.config, "--stack", args.stack,
-                                                            "--rounds", "2", "--steps", "10"])
+                                                            "--pairs", "2", "--steps", "10"])
             counts = {r["metric"]: (r["base"], r["head"]) for r in report_["rows"]
                       if r["method"] == "count" and r["verdict"] == "regressed"}
             caught.append(code == 1 and bool(counts))
             print(f"paired: one-op change {i + 1}/{args.one_op}: exit {code}, counters regressed: "
                   f"{', '.join(f'{k} {a:g} -> {b:g}' for k, (a, b) in counts.items()) or 'none'}", flush=True)
     minutes = (time.perf_counter() - t0) / 60
-    n = args.pairs
-    detected = sum(o["verdict"] == "regressed" for o in outcomes["planted"]) / n
-    false = sum(o["exit"] == 1 for o in outcomes["unchanged"]) / n
-    inconclusive = {k: sum(o["exit"] == 4 for o in v) / n for k, v in outcomes.items()}
-    ratios = [r for o in outcomes["unchanged"] for r in (o["round_ratios"] or [])]
-    if len(ratios) > 2:
-        import math
-
-        logs = [math.log(r) for r in ratios]
-        per = statistics.mean(o["minutes"] for v in outcomes.values() for o in v)
-        print(f"paired: unchanged pairs: spread of one round's log(HEAD/BASE) {100 * statistics.stdev(logs):.2f}% "
-              f"over {len(logs)} rounds; inconclusive (exit 4): planted {100 * inconclusive['planted']:.0f}%, "
-              f"unchanged {100 * inconclusive['unchanged']:.0f}%; {per:.1f} min per comparison")
+    n = args.comparisons
+    per = statistics.mean(o["minutes"] for v in outcomes.values() for o in v)
+    print(f"paired on {machine}: {n} comparison(s) of each kind, {per:.1f} min per comparison, {minutes:.0f} min in all")
+    for kind, v in outcomes.items():
+        exits = [o["exit"] for o in v]
+        what = (f"unchanged (exit 0) {exits.count(0)}/{n}, false alarms (exit 1) {exits.count(1)}/{n}" if kind == "unchanged"
+                else f"detected (exit 1) {exits.count(1)}/{n}")
+        print(f"paired: {kind:<12} {what}, inconclusive (exit 4) {exits.count(4)}/{n}; "
+              f"HEAD/BASE {', '.join(format(o['ratio'], '.4f') for o in v if o['ratio'])}")
     resampled = resample_rounds(outcomes, args.trials)
     if resampled:
-        print(f"paired, resampled: {resampled['trials']} comparisons of {resampled['rounds']} rounds drawn from the "
-              f"{resampled['pool']['planted']} planted and {resampled['pool']['unchanged']} unchanged rounds measured: "
-              f"detected {100 * resampled['detection_rate']:.1f}%, false alarms {100 * resampled['false_alarm_rate']:.1f}%, "
-              f"unchanged code passes {100 * resampled['unchanged_pass_rate']:.1f}% (else exit 4) "
-              "(assumes rounds independent)")
+        print(f"paired, resampled: {resampled['trials']} comparisons of {resampled['rounds']} pairs drawn from the measured "
+              f"pairs ({', '.join(f'{k} {p}' for k, p in resampled['pool'].items())}): "
+              + "".join(f"detected {100 * r:.1f}% of {k}, " for k, r in resampled["detection_rate"].items())
+              + f"false alarms {100 * resampled['false_alarm_rate']:.1f}%, unchanged code passes "
+              f"{100 * resampled['unchanged_pass_rate']:.1f}% (assumes pairs independent)")
+    bound = spread_bound(outcomes)
+    bounded = None
+    if bound and resampled:
+        first = outcomes["unchanged"][0]
+        effects = [0.0] + list(args.plants)
+        margin = first.get("margin") or first["min_effect"]
+        bounded = {label: rates_at(sd, effects, resampled["rounds"], first["alpha"], first["min_effect"], margin)
+                   for label, sd in (("measured", bound["sd"]), ("upper", bound["sd_upper"]))}
+        for label, sd in (("measured", bound["sd"]), ("upper", bound["sd_upper"])):
+            r = bounded[label]
+            which = "measured" if label == "measured" else f"{100 * bound['confidence']:g}% upper bound of the"
+            print(f"paired, at the {which} "
+                  f"spread of one pair, {100 * sd:.2f}% ({bound['dof']} degrees of freedom): "
+                  + "".join(f"detects {100 * f:g}% {100 * r[f]['regressed']:.1f}%, " for f in args.plants)
+                  + f"false alarms {100 * r[0.0]['regressed']:.2f}%, unchanged passes {100 * r[0.0]['unchanged']:.1f}% "
+                  f"({resampled['rounds']} pairs, normal log ratios)")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"pairs": n, "minutes": minutes, "extra": extra, "outcomes": outcomes, "resampled": resampled},
-                      fh, indent=1)
+            json.dump({"comparisons": n, "machine": machine, "minutes": minutes, "extra": extra, "outcomes": outcomes,
+                       "resampled": resampled, "spread": bound,
+                       "bounded": bounded and {k: {str(e): r for e, r in v.items()} for k, v in bounded.items()}}, fh, indent=1)
     if caught:
         print(f"paired: a one-op change caught by the counters in {sum(caught)} of {len(caught)} comparisons")
-    print(f"paired: detected {100 * detected:.0f}% of planted {100 * PLANTED:g}% slowdowns, "
-          f"false alarms {100 * false:.0f}% ({n} pairs, {minutes:.0f} min)")
     return 0
 
 
@@ -394,13 +466,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--paired", action="store_true",
                    help="end to end: plant a 5%% slowdown in a throwaway commit and run `gembench continuous` on it "
                         "and on an unchanged pair, --pairs times")
-    p.add_argument("--pairs", type=int, default=2, help="with --paired: planted and unchanged comparisons, each (default 2)")
+    p.add_argument("--comparisons", "--pairs", dest="comparisons", type=int, default=2,
+                   help="with --paired: `gembench continuous` commands of each kind (each plant, unchanged; default 2)")
+    p.add_argument("--plants", default="0.02,0.05", metavar="F,F",
+                   help="with --paired: planted slowdowns, fractions of each step's time (default 0.02,0.05)")
     p.add_argument("--one-op", type=int, default=2, metavar="N",
                    help="with --paired: also compare against a commit with one extra op in the step N times "
                         "(2 short rounds each: the counters must catch it; default 2)")
     p.add_argument("--config", default="tiny", help="with --paired: config (default tiny)")
     p.add_argument("--stack", choices=("optimized", "baseline"), default="optimized", help="with --paired: stack (default optimized)")
-    p.add_argument("--paired-rounds", type=int, default=None, help="with --paired: --rounds of each comparison (default: continuous's)")
+    p.add_argument("--paired-rounds", "--paired-pairs", dest="paired_rounds", type=int, default=None,
+                   help="with --paired: continuous's --pairs (default: continuous's)")
+    p.add_argument("--paired-bursts", type=int, default=None, help="with --paired: continuous's --bursts (default: continuous's)")
     p.add_argument("--paired-steps", type=int, default=None, help="with --paired: --steps per process (default: continuous's)")
     p.add_argument("--statistic", choices=("min", "p10", "median"), default=None, help="with --paired: continuous's --statistic")
     p.add_argument("--threads", type=int, default=None, help="with --paired: continuous's --threads")
@@ -419,8 +496,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=None, help="also write the figures to this file")
     args = p.parse_args(argv)
     if args.paired:
-        if args.pairs < 1:
-            p.error("--pairs must be >= 1")
+        if args.comparisons < 1:
+            p.error("--comparisons must be >= 1")
+        try:
+            args.plants = [float(f) for f in args.plants.split(",")]
+        except ValueError:
+            p.error(f"--plants takes fractions like 0.02,0.05, got {args.plants!r}")
+        if not args.plants or not all(0 < f < 1 for f in args.plants):
+            p.error(f"--plants: each slowdown is a fraction in (0, 1), got {args.plants}")
         return paired_main(args)
     pools = collect(args.workload, args.rounds, args.steps, args.warmup, args.plant)
     figures = evaluate(pools, args.replicates, args.trials, args.alpha, args.min_effect)

@@ -115,7 +115,7 @@ def test_unknown_revision_and_bad_rounds_exit_2(clone, capsys):
     code, _, err = run_cli(["continuous", "nope", "HEAD", "--repo", str(clone)], capsys)
     assert code == 2 and "BASE revision 'nope' is not a commit" in err
     code, _, err = run_cli(["continuous", "HEAD", "HEAD", "--repo", str(clone), "--rounds", "1"], capsys)
-    assert code == 2 and "--rounds must be at least 2" in err
+    assert code == 2 and "--pairs must be at least 2" in err
     code, _, err = run_cli(["continuous", "HEAD", "HEAD", "--repo", str(clone), "--metric", "aten_ops"], capsys)
     assert code == 2 and "not a timing metric" in err
 

@@ -35,7 +35,8 @@ def test_paired_plants_a_committed_busy_wait_inside_the_timed_step(tmp_path):
     assert base != planted
     diff = subprocess.run(["git", "-C", str(repo), "diff", base, planted], capture_output=True, text=True, check=True).stdout
     assert "+        _spin_end = time.perf_counter() + 0.05 * (time.perf_counter() - start)" in diff
-    text = (repo / "harness" / "step.py").read_text()
+    text = subprocess.run(["git", "-C", str(repo), "show", f"{planted}:harness/step.py"], capture_output=True, text=True,
+                          check=True).stdout
     compile(text, "step.py", "exec")
     # inside the one step loop (timed_steps), after the step and before its clock stops: the spin is
     # part of every timed step
@@ -53,9 +54,9 @@ def test_resampled_rates_follow_the_round_spread():
 
     quiet = resample_rounds({"planted": _outcomes(0.05, 0.02), "unchanged": _outcomes(0.0, 0.02, seed=1)}, 400)
     assert quiet["rounds"] == 16 and quiet["pool"] == {"planted": 48, "unchanged": 48}
-    assert quiet["detection_rate"] >= 0.95 and quiet["false_alarm_rate"] <= 0.01
+    assert quiet["detection_rate"]["planted"] >= 0.95 and quiet["false_alarm_rate"] <= 0.01
     noisy = resample_rounds({"planted": _outcomes(0.05, 0.15), "unchanged": _outcomes(0.0, 0.15, seed=1)}, 400)
-    assert noisy["detection_rate"] < 0.5  # a 15% round spread hides 5% in 16 rounds
+    assert noisy["detection_rate"]["planted"] < 0.5  # a 15% round spread hides 5% in 16 rounds
     assert resample_rounds({"planted": _outcomes(0.05, 0.02, rounds=1), "unchanged": []}, 10) is None
 
 
@@ -71,4 +72,4 @@ def test_one_op_commit_adds_one_multiply_to_the_step_on_top_of_base(tmp_path):
     assert git("rev-parse", f"{one_op}~1").strip() == base  # beside the planted slowdown, not on top of it
     diff = [ln for ln in git("diff", base, one_op).splitlines() if ln.startswith(("+ ", "- ", "+\t", "-\t")) or ln.startswith(("+  ", "-  "))]
     assert diff == ["+        loss = loss * 1.0  # planted by benchmarks/harness_quality.py --paired: one more op in the step"]
-    assert git("rev-parse", "HEAD").strip() == planted  # the clone is left where it was
+    assert git("rev-parse", "HEAD").strip() == base  # the clone is left at BASE, as planting leaves it

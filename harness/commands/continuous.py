@@ -63,9 +63,11 @@ from pathlib import Path
 
 from gembench.usage import UsageError
 
-DEFAULT_ROUNDS = 20
-DEFAULT_STEPS = 200
-DEFAULT_BURSTS = 10
+DEFAULT_PAIRS = 10
+DEFAULT_STEPS = 400
+DEFAULT_BURSTS = 20
+MIN_EFFECT = 0.01  # a 2% slowdown must be caught: the regression threshold sits below it
+MARGIN = 0.02  # "unchanged" needs the interval inside +-2%: precise enough for 1%, not for 0.2%
 LABELS = ("BASE", "HEAD")
 
 
@@ -74,9 +76,10 @@ def configure(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("base", metavar="BASE", help="reference revision (a commit, branch, tag, HEAD~1)")
     p.add_argument("head", metavar="HEAD", help="revision under test")
-    p.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
-                   help=f"paired rounds, each one process per revision, ABBA order (default {DEFAULT_ROUNDS}: "
-                        "catches a 5%% slowdown on a noisy 2-core machine, see above)")
+    p.add_argument("--pairs", "--rounds", dest="pairs", type=int, default=DEFAULT_PAIRS,
+                   help=f"process pairs, one process per revision each, alive together and taking turns; the "
+                        f"unit of the test (default {DEFAULT_PAIRS}: catches a 2%% slowdown on a 2-core machine, see "
+                        "above; --rounds is its old name)"),
     p.add_argument("--benchmark", choices=("run", "instructions"), default="run",
                    help="run: `gembench run` timings and counters (default); instructions: each revision's "
                         "benchmarks/instructions.py callgrind counts, exact, so --rounds 1 suffices")
@@ -112,7 +115,12 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="thresholds TOML: alpha, min_effect and counter allowances (default %(default)s; "
                         "built-in defaults where it does not exist)")
     p.add_argument("--alpha", type=float, default=None, help="false-alarm rate (default from thresholds, else 0.01)")
-    p.add_argument("--min-effect", type=float, default=None, help="smallest change that counts (default from thresholds, else 0.03)")
+    p.add_argument("--min-effect", type=float, default=None,
+                   help=f"smallest slowdown that counts as a regression (default {MIN_EFFECT:g}; not the thresholds "
+                        "file's min_effect, which is for `gembench gate` against a baseline from another session)")
+    p.add_argument("--margin", type=float, default=None,
+                   help=f"unchanged needs the 95%% interval of HEAD/BASE inside +-margin (default {MARGIN:g}, at least "
+                        "--min-effect)")
     p.add_argument("--repo", default=".", help="git repository holding both revisions (default: the current one)")
     p.add_argument("--keep-results", type=Path, default=None, metavar="DIR",
                    help="copy every process's result JSON into DIR (named round-revision)")
@@ -186,10 +194,10 @@ def check_args(args: argparse.Namespace) -> None:
     from gembench.harness.commands.compare import check_decision_args
     from gembench.harness.regression.directions import METRICS
 
-    if args.benchmark == "instructions" and args.rounds == DEFAULT_ROUNDS:
-        args.rounds = 1  # exact counts: one process per revision decides
-    if args.rounds < (1 if args.benchmark == "instructions" else 2):
-        raise UsageError(f"--rounds must be at least 2 for an interval, got {args.rounds}")
+    if args.benchmark == "instructions" and args.pairs == DEFAULT_PAIRS:
+        args.pairs = 1  # exact counts: one process per revision decides
+    if args.pairs < (1 if args.benchmark == "instructions" else 2):
+        raise UsageError(f"--pairs must be at least 2 for an interval, got {args.pairs}")
     if args.benchmark == "instructions":
         from gembench.harness.tools import valgrind_version
 
@@ -200,6 +208,11 @@ def check_args(args: argparse.Namespace) -> None:
     if args.steps < 1 or args.warmup < 0:
         raise UsageError(f"--steps must be >= 1 and --warmup >= 0, got {args.steps} and {args.warmup}")
     check_decision_args(args.alpha, args.min_effect)
+    if args.margin is not None and not 0 < args.margin < 1:
+        raise UsageError(f"--margin is a fraction (0.02 = 2%), got {args.margin}")
+    if args.margin is not None and args.margin < (args.min_effect if args.min_effect is not None else MIN_EFFECT):
+        raise UsageError(f"--margin ({args.margin:g}) must be at least --min-effect: a change that counts as a "
+                         "regression cannot also be within the margin of 'unchanged'")
     for m in args.metric or []:
         if m not in METRICS or METRICS[m].counter:
             timing = [n for n, i in METRICS.items() if not i.counter]
@@ -281,12 +294,12 @@ def main(args: argparse.Namespace) -> int:
                 f"gembench run --config {args.config} --steps {args.steps} --stack {args.stack}")
         how = (f"both processes at once, taking turns in {args.bursts} bursts of {args.burst_steps} steps"
                if interleaved else "one process each, one after the other")
-        say(f"BASE {args.base} = {co['BASE'].sha[:10]}, HEAD {args.head} = {co['HEAD'].sha[:10]}: {args.rounds} rounds "
-            f"(ABBA) of `{what}`, {how}")
+        say(f"BASE {args.base} = {co['BASE'].sha[:10]}, HEAD {args.head} = {co['HEAD'].sha[:10]}: {args.pairs} pairs "
+            f"of processes (ABBA) running `{what}`, {how}")
         results_dir = co["BASE"].path.parent / "results"
         results_dir.mkdir()
         durations: list[float] = []
-        for r in range(args.rounds):
+        for r in range(args.pairs):
             t0 = time.perf_counter()
             outs = {label: results_dir / f"round{r + 1:02d}-{label.lower()}.json" for label in LABELS}
             order = LABELS if r % 2 == 0 else LABELS[::-1]  # ABBA: who goes first alternates by round
@@ -303,10 +316,10 @@ def main(args: argparse.Namespace) -> int:
                     shutil.copy(out, args.keep_results / out.name)
             rounds.append((pair["BASE"], pair["HEAD"]))
             durations.append(time.perf_counter() - t0)
-            eta = sum(durations) / len(durations) * (args.rounds - len(durations))
+            eta = sum(durations) / len(durations) * (args.pairs - len(durations))
             steps = {label: paired.process_value(pair[label], "step_time_s", args.statistic) for label in LABELS}
             step_text = "".join(f"{label} {1e3 * v:.2f} ms, " for label, v in steps.items() if v)
-            say(f"round {r + 1}/{args.rounds} ({order[0]} first): {args.statistic} step {step_text}"
+            say(f"pair {r + 1}/{args.pairs} ({order[0]} first): {args.statistic} step {step_text}"
                 f"{durations[-1]:.0f} s, ~{eta / 60:.1f} min left")
 
     first = rounds[0][0]
@@ -317,36 +330,37 @@ def main(args: argparse.Namespace) -> int:
     elif args.thresholds != "results/thresholds.toml":
         raise UsageError(f"no thresholds file {args.thresholds}")
     alpha = args.alpha if args.alpha is not None else ((limits and limits.alpha) or stats.ALPHA)
-    min_effect = args.min_effect if args.min_effect is not None else (
-        limits.min_effect if limits and limits.min_effect is not None else stats.MIN_EFFECT)
+    min_effect = MIN_EFFECT if args.min_effect is None else args.min_effect
+    margin = max(MARGIN, min_effect) if args.margin is None else args.margin
     metrics = args.metric or ["step_time_s"]
-    judgements = paired.judge_rounds(rounds, metrics, alpha, min_effect, limits, args.statistic)
+    judgements = paired.judge_rounds(rounds, metrics, alpha, min_effect, limits, args.statistic, margin)
     code = paired.exit_status(judgements)
     minutes = (time.perf_counter() - started) / 60
     notes = differences(rounds[0][0], rounds[0][1], ("config.hash", "run.global_batch", "run.dtype"))
-    verdict = {0: "continuous: pass", 1: "continuous: REGRESSION", 4: "continuous: INCONCLUSIVE (too noisy: more --rounds)"}[code]
+    verdict = {0: "continuous: pass", 1: "continuous: REGRESSION", 4: "continuous: INCONCLUSIVE (too noisy: more --pairs)"}[code]
     if args.format == "json":
         print(json.dumps({
             "schema": "gembench.continuous/1",
             "base": {"revision": args.base, "sha": co["BASE"].sha}, "head": {"revision": args.head, "sha": co["HEAD"].sha},
             "config": config, "hardware_class": hw, "stack": args.stack, "steps": args.steps, "warmup": args.warmup,
-            "seed": args.seed, "rounds": args.rounds, "order": "ABBA", "statistic": args.statistic,
+            "seed": args.seed, "pairs": args.pairs, "rounds": args.pairs, "order": "ABBA", "statistic": args.statistic,
             "interleaved": bool(interleaved), "bursts": args.bursts if interleaved else None, "threads": args.threads,
-            "alpha": alpha, "min_effect": min_effect, "notes": notes, "minutes": minutes,
+            "alpha": alpha, "min_effect": min_effect, "margin": margin, "notes": notes, "minutes": minutes,
             "rows": paired.rows(judgements), "exit_status": code,
         }, indent=1))
         return code
     header = [
         f"BASE {args.base} = {co['BASE'].sha[:10]}   HEAD {args.head} = {co['HEAD'].sha[:10]}",
-        f"{config} on {hw}, stack {args.stack}, seed {args.seed}: {args.rounds} rounds ABBA x {args.steps} steps "
+        f"{config} on {hw}, stack {args.stack}, seed {args.seed}: {args.pairs} process pairs ABBA x {args.steps} steps "
         f"(+{args.warmup} warm-up) per process, "
         f"{f'taking turns in {args.bursts} bursts' if interleaved else 'one process after the other'}, "
         f"{args.threads} thread(s); one value per process = its {args.statistic} step; {minutes:.1f} min",
         f"paired one-sided t-tests on log(HEAD/BASE) per round at alpha={alpha:g} (Holm across "
-        f"{sum(j.method == 'paired' for j in judgements)}), min effect {100 * min_effect:g}%; counters exact",
+        f"{sum(j.method == 'paired' for j in judgements)}), regression >= {100 * min_effect:g}%, unchanged within "
+        f"+-{100 * margin:g}%; counters exact",
     ] + [f"note: BASE and HEAD differ in {d}" for d in notes]
     if args.benchmark == "instructions":
-        header[1] = f"kernel instruction counts (benchmarks/instructions.py, callgrind) on {hw}: {args.rounds} round(s), {minutes:.1f} min"
+        header[1] = f"kernel instruction counts (benchmarks/instructions.py, callgrind) on {hw}: {args.pairs} pair(s), {minutes:.1f} min"
     print(paired.render(judgements, header, args.format))
     print(verdict)
     return code

@@ -52,7 +52,7 @@ def process_value(result: dict, metric: str, statistic: str = "median") -> float
 
 
 def judge_rounds(rounds: list[tuple[dict, dict]], metrics: list[str], alpha: float, min_effect: float,
-                 limits=None, statistic: str = "p10") -> list[stats.Judgement]:
+                 limits=None, statistic: str = "p10", margin: float | None = None) -> list[stats.Judgement]:
     """Judgements for paired rounds [(base result, head result), ...].
 
     ``metrics`` are judged statistically (paired, Holm across them); every cost counter present in
@@ -64,7 +64,7 @@ def judge_rounds(rounds: list[tuple[dict, dict]], metrics: list[str], alpha: flo
         if not pairs or any(x is None or y is None or x <= 0 or y <= 0 for x, y in pairs):
             continue
         series[metric] = ([x for x, _ in pairs], [y for _, y in pairs], "paired", info(metric).lower_is_better)
-    out = stats.judge(series, alpha, min_effect)
+    out = stats.judge(series, alpha, min_effect, margin)
     for j in out:
         a, b, _, _ = series[j.metric]
         center, lo, hi = stats.paired_ratio_interval([y / x for x, y in zip(a, b)])

@@ -32,7 +32,8 @@ each family across all metrics judged together, so the family-wise false-alarm r
 Verdict, with ``min_effect`` the smallest relative change worth acting on:
 - regressed: corrected p(worse) <= alpha and the estimated worsening >= min_effect;
 - improved: corrected p(better) <= alpha and the estimated gain >= min_effect;
-- unchanged: the (1 - 2 alpha) interval of the change lies inside +-min_effect (equivalence, TOST);
+- unchanged: the (1 - 2 alpha) interval of the change lies inside +-min_effect (equivalence, TOST;
+  `gembench continuous` widens this margin, see judge);
 - inconclusive: anything else (too few or too noisy measurements to decide).
 """
 
@@ -236,12 +237,19 @@ def judge(
     series: dict[str, tuple[list[float], list[float], str, bool]],
     alpha: float = ALPHA,
     min_effect: float = MIN_EFFECT,
+    margin: float | None = None,
 ) -> list[Judgement]:
     """Judge several metrics at once; Holm-corrects across them.
 
     ``series`` maps metric -> (values A, values B, method, lower_is_better), where method says
-    what one value is (see the module docstring). Returns one Judgement per metric, in order.
+    what one value is (see the module docstring). ``margin`` is the equivalence margin of
+    "unchanged" (default ``min_effect``): a wider one lets a comparison precise enough to catch a
+    small regression (min_effect 1%) still call unchanged code unchanged. Returns one Judgement
+    per metric, in order.
     """
+    margin = min_effect if margin is None else margin
+    if margin < min_effect:
+        raise ValueError(f"the margin of 'unchanged' ({margin}) must be >= min_effect ({min_effect})")
     if not 0 < alpha < 0.5:
         raise ValueError(f"alpha must be in (0, 0.5), got {alpha}")
     if min_effect < 0:
@@ -272,7 +280,7 @@ def judge(
             j.verdict = REGRESSED
         elif j.extra["p_better_holm"] <= alpha and -worse >= min_effect:
             j.verdict = IMPROVED
-        elif -min_effect < lo and hi < min_effect or (j.method == "exact" and abs(j.change) < min_effect):
+        elif -margin < lo and hi < margin or (j.method == "exact" and abs(j.change) < min_effect):
             j.verdict = UNCHANGED
         else:
             j.verdict = INCONCLUSIVE
