@@ -63,9 +63,9 @@ from pathlib import Path
 
 from gembench.usage import UsageError
 
-DEFAULT_PAIRS = 10
-DEFAULT_STEPS = 400
-DEFAULT_BURSTS = 20
+DEFAULT_PAIRS = 8
+DEFAULT_STEPS = 480
+DEFAULT_BURSTS = 96
 MIN_EFFECT = 0.01  # a 2% slowdown must be caught: the regression threshold sits below it
 MARGIN = 0.02  # "unchanged" needs the interval inside +-2%: precise enough for 1%, not for 0.2%
 LABELS = ("BASE", "HEAD")
