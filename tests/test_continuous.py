@@ -166,7 +166,7 @@ def test_workers_take_turns_abba_by_burst_and_never_overlap(tmp_path):
 
     log, workers = _fake_workers(tmp_path, steps=7, burst=2)  # 4 turns each, the last one step
     try:
-        interleave.interleaved_round(workers[::-1], bursts=4, timeout=60)  # B takes the first turn
+        interleave.take_turns(workers[::-1], bursts=4, timeout=60)  # B takes the first turn
         interleave.finish(workers, timeout=60)
     finally:
         interleave.close(workers)
@@ -179,7 +179,7 @@ def test_a_worker_that_dies_mid_round_is_named_with_its_error(tmp_path):
     log, workers = _fake_workers(tmp_path, steps=6, burst=2, die_after=(-1, 3))
     with pytest.raises(interleave.WorkerFailed) as info:
         try:
-            interleave.interleaved_round(workers, bursts=3, timeout=60)
+            interleave.take_turns(workers, bursts=3, timeout=60)
         finally:
             interleave.close(workers)
     assert info.value.worker.label == "B" and info.value.code == 1
@@ -213,7 +213,7 @@ def test_interrupt_removes_worktrees_and_ends_the_running_process(clone, sig):
                             text=True, env=env, start_new_session=True)
     try:
         first = proc.stderr.readline()
-        assert "rounds (ABBA)" in first, first
+        assert "pairs of processes (ABBA)" in first, first
         paths = [ln.split(" ", 1)[1] for ln in _worktrees(clone)[1:]]
         assert len(paths) == 2 and all(Path(p).exists() for p in paths)
         children = []
@@ -247,8 +247,8 @@ def test_real_run_over_head_1_head_of_a_clone(clone, capsys):
     assert doc["rounds"] == 2 and doc["head"]["sha"] == _git(clone, "rev-parse", "HEAD") and doc["interleaved"] is True
     row = doc["rows"][0]
     assert row["metric"] == "step_time_s" and len(row["round_ratios"]) == 2 and row["ratio"] > 0
-    assert "taking turns in 2 bursts of 1 steps" in err  # both processes at once
-    assert "round 2/2 (HEAD first)" in err and "min left" in err  # progress, ABBA: round 2 starts with HEAD
+    assert "then taking turns of 2 step(s), 1 each" in err  # both processes at once
+    assert "pair 2/2 (HEAD first)" in err and "min left" in err  # progress, ABBA: pair 2 starts with HEAD
     assert len(_worktrees(clone)) == 1
 
 
@@ -263,7 +263,7 @@ def test_a_revision_older_than_pace_makes_every_round_sequential(clone, capsys):
     code, out, err = run_cli(["continuous", "HEAD", "HEAD~1", "--repo", str(clone), "--steps", "2", "--rounds", "2",
                               "--stack", "baseline", "--format", "json"], capsys)
     assert code in (0, 1, 4), err
-    assert "predates --pace: every round runs the two processes one after the other" in err
+    assert "predates --pace: every pair runs its two processes one after the other" in err
     import json
 
     doc = json.loads(out)

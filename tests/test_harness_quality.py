@@ -73,3 +73,22 @@ def test_one_op_commit_adds_one_multiply_to_the_step_on_top_of_base(tmp_path):
     diff = [ln for ln in git("diff", base, one_op).splitlines() if ln.startswith(("+ ", "- ", "+\t", "-\t")) or ln.startswith(("+  ", "-  "))]
     assert diff == ["+        loss = loss * 1.0  # planted by benchmarks/harness_quality.py --paired: one more op in the step"]
     assert git("rev-parse", "HEAD").strip() == base  # the clone is left at BASE, as planting leaves it
+
+
+def test_spread_bound_pools_pairs_around_each_comparison_and_bounds_it_above():
+    from benchmarks.harness_quality import spread_bound
+
+    outcomes = {"planted 2%": _outcomes(0.02, 0.01, comparisons=4, rounds=8, seed=4),
+                "unchanged": _outcomes(0.0, 0.01, comparisons=4, rounds=8, seed=5)}
+    b = spread_bound(outcomes)
+    assert b["dof"] == 8 * 7 and 0.007 < b["sd"] < 0.013 and b["sd"] < b["sd_upper"] < 1.4 * b["sd"]
+    assert spread_bound({"unchanged": _outcomes(0.0, 0.01, comparisons=1, rounds=2)}) is None
+
+
+def test_rates_at_a_spread_follow_the_rule():
+    from benchmarks.harness_quality import rates_at
+
+    quiet = rates_at(0.01, [0.0, 0.02], rounds=8, alpha=0.01, min_effect=0.01, margin=0.02, trials=2000)
+    assert quiet[0.02]["regressed"] > 0.9 and quiet[0.0]["regressed"] < 0.01 and quiet[0.0]["unchanged"] > 0.9
+    noisy = rates_at(0.04, [0.0, 0.02], rounds=8, alpha=0.01, min_effect=0.01, margin=0.02, trials=2000)
+    assert noisy[0.02]["regressed"] < 0.5 and noisy[0.0]["unchanged"] < 0.2

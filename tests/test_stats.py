@@ -106,3 +106,16 @@ def test_paired_ratio_interval_by_hand():
     assert hi == pytest.approx(4.0 * 2.0 ** 12.7062, rel=1e-4)
     same = paired_ratio_interval([3.0, 3.0, 3.0])
     assert same == pytest.approx((3.0, 3.0, 3.0))
+
+
+def test_margin_of_unchanged_is_wider_than_the_regression_threshold():
+    """A comparison precise to ~0.4% (8 pairs, 1% spread): 1% is the smallest regression, and a
+    zero change is "unchanged" only because the margin (2%) is wider than its interval (~1.2%)."""
+    same = [1.0 + 0.016 * x for x in (0.3, -0.5, 0.8, -1.1, 0.2, 0.6, -0.4, 0.1)]  # mean ~0, SD ~1%
+    tight = stats.judge({"s": ([1.0] * 8, same, "paired", True)}, 0.01, 0.01)[0]
+    wide = stats.judge({"s": ([1.0] * 8, same, "paired", True)}, 0.01, 0.01, margin=0.02)[0]
+    assert tight.verdict == stats.INCONCLUSIVE and wide.verdict == stats.UNCHANGED
+    slower = [1.02 * v for v in same]
+    assert stats.judge({"s": ([1.0] * 8, slower, "paired", True)}, 0.01, 0.01, margin=0.02)[0].verdict == stats.REGRESSED
+    with pytest.raises(ValueError, match="must be >= min_effect"):
+        stats.judge({"s": ([1.0] * 8, same, "paired", True)}, 0.01, 0.02, margin=0.01)

@@ -1,49 +1,57 @@
-"""Compare two commits by running them side by side: paired rounds, the two processes taking turns.
+"""Compare two commits by running them side by side: pairs of processes taking turns.
 
 Checks BASE and HEAD out into temporary git worktrees and runs `gembench run` for each, with the
-same Python and venv, config, stack, seed, batches and string-hash seed. A round starts one process
-per revision at once; both import, build and warm up together, then take turns (`gembench run
---pace`): a burst of --steps/--bursts steps of one, then of the other, ABBA (the other process waits
-in a blocking read, using no CPU). Who goes first alternates by round. Load on a shared machine
-drifts over seconds; bursts a few hundred milliseconds apart see the same drift, and it cancels in
-the round's ratio HEAD/BASE. One value per process per timing metric: its 10th-best step
-(--statistic p10; min: the best; median). The rounds' log ratios are tested with a paired one-sided
-t-test at --alpha (Holm across the timing metrics) and the decision rule of `gembench gate`
-(regressed needs p <= alpha AND a change >= --min-effect; unchanged needs the interval inside
-+-min-effect). The table shows the ratio HEAD/BASE with its 95% interval. Cost counters (aten_ops,
-host_syncs, h2d_bytes, kernels, graph_breaks, recompiles), where the results carry them, are
-compared exactly: any increase beyond results/thresholds.toml's allowance (default 0) is a
-regression, with no statistics.
+same Python and venv, config, stack, seed, batches and string-hash seed. A pair is one process per
+revision, started together: both import, build and warm up at once (the start-up, paid once per
+process), then take turns for the rest of their lives (`gembench run --pace`): --steps/--bursts
+steps of one, then of the other, ABBA, --bursts turns each (the waiting one blocks in a read, using
+no CPU, so the two never run at once). Who goes first alternates by pair. Per process one value per
+timing metric, its 10th-best step (--statistic p10; min: the best; median); per pair the ratio
+HEAD/BASE of those. The pairs are the units of the test: a paired one-sided t-test on their log
+ratios at --alpha (Holm across the timing metrics), so whatever differs from process to process
+(memory layout, which pages and core it got) is in the spread the test sees, never averaged away
+inside one process. Verdicts: regressed needs p <= alpha AND a slowdown >= --min-effect (1%);
+unchanged needs the 98% interval inside +-margin (2%); else inconclusive. The table shows the
+ratio HEAD/BASE with its 95% interval. Cost counters (aten_ops, host_syncs, h2d_bytes, kernels,
+graph_breaks, recompiles), where the results carry them, are compared exactly: any increase beyond
+results/thresholds.toml's allowance (default 0) is a regression, with no statistics.
 
 Fresh processes one after the other (--sequential) is the fallback: for --nproc (torchrun ranks
 are not paced), for --benchmark instructions (exact counts), and automatically for a revision
 whose `gembench run` predates --pace.
 
-Why the defaults (tiny, optimized stack, --rounds 20, --steps 200 in 10 bursts, --threads 1,
---statistic p10). With K rounds the paired test catches a 5% slowdown with 95% power at alpha = 1%
-when the spread (SD) of one round's log(HEAD/BASE) is at most 5% * sqrt(K) / (t(0.99, K-1) +
-t(0.95, K-1)): 5.2% for K = 20, 4.6% for K = 16, 3.8% for K = 12. Measured on a quiet 2-core VM
-(Dec 2026):
-- fresh processes one after the other: SD 8-11% per round; no number of rounds in 10 minutes
-  decides 5% that way (the processes differ by more than the drift pairing cancels);
-- the best step of 8 fresh processes of one commit: spread 3.1% with random string hashing, 1.6%
-  with one PYTHONHASHSEED (set for every process);
-- taking turns: SD 1.6-3.9% for an unchanged pair, 4.3% with a planted 5% busy-wait (one slow
-  process now and then is what is left); a round takes 13-14 s (the two start-ups overlap), 20
-  rounds about 4.6 minutes. benchmarks/harness_quality.py --paired measures all of it end to end.
-One torch thread (the default): when one of two threads is descheduled, a parallel op waits a whole
-scheduler tick, so two threads on a shared 2-core machine are far noisier. Counters need no rounds.
+Why this design and its defaults (tiny, optimized stack, --pairs 8, --steps 480 in 96 turns of 5,
+--threads 1, --statistic p10). Measured on the 2-core AMD EPYC VM (Dec 2026), same code on both
+sides:
+- a tiny process costs ~13 s before its first timed step (imports 2.7 s, torch.compile from its
+  cache ~7 s, data and the peak probe) and its steps 9-15 ms; the issue's Intel Xeon machine
+  measured ~20 s and ~25 ms. Start-up is paid once per process: more steps per process are cheap,
+  more processes are not;
+- the spread of one pair's log(HEAD/BASE) comes from within the processes, not between them: the
+  ratios of a pair's odd and even turns are uncorrelated (r = -0.5 to 0.3 over 4 sessions), so
+  longer processes shrink it (p10 of 100, 200, 400 steps in turns of 20: 2.4%, 1.9%, 1.1% on a
+  quiet VM; 3.5% at 400 steps in a noisy hour, when single turns ran 12 to 35 ms);
+- the noise is faster than a turn: ratios of adjacent turns are no steadier than the whole
+  process's, so turns are short (5 steps; a turn switch costs the first step's cold caches, which
+  p10 leaves out);
+- one torch thread: when one of two threads is descheduled, a parallel op waits a whole scheduler
+  tick, so two threads on a shared 2-core machine are far noisier (measured when turns came in).
+With K pairs, a 2% slowdown is caught with 95% power at alpha = 1% when the spread of a pair is at
+most 2% * sqrt(K) / (t(0.99, K-1) + t(0.95, K-1)): 1.16% for K = 8, 1.36% for K = 10, 1.84% for
+K = 16. benchmarks/harness_quality.py --paired measures it end to end (README: "Two commits side
+by side"). A comparison takes ~K x (13 s + 2 x steps x ~17 ms) on the EPYC VM: ~4.5 min with the
+defaults; on a machine whose start-up or steps are slower, fewer --steps, not fewer --pairs.
 
 exit status (as `gembench gate`):
   0  no regression (every metric unchanged or improved)
   1  a metric regressed (a counter increased beyond its threshold, or a significant slowdown)
-  4  too noisy to tell: rerun with more --rounds
+  4  too noisy to tell: rerun with more --pairs (or, on a busy runner, treat it as a warning)
   2  an error: unknown revision, a revision that fails to run (named, with its error), bad flag
 
 examples:
-  gembench continuous HEAD~1 HEAD                         # tiny, 20 rounds, ~5 min on 2 cores
+  gembench continuous HEAD~1 HEAD                         # tiny, 8 pairs, ~4.5 min on 2 cores
   gembench continuous origin/main HEAD --format markdown >> $GITHUB_STEP_SUMMARY
-  gembench continuous v0.1 HEAD --config small --steps 50 --rounds 8
+  gembench continuous v0.1 HEAD --config small --steps 50 --bursts 10 --pairs 6
   gembench continuous HEAD~1 HEAD --format json > continuous.json
   gembench continuous HEAD~1 HEAD --keep-results runs/    # keep every process's result JSON
   gembench continuous HEAD~1 HEAD --benchmark instructions --kernel wukong_fm   # callgrind counts, 1% allowed
@@ -55,7 +63,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -65,7 +72,7 @@ from gembench.usage import UsageError
 
 DEFAULT_PAIRS = 8
 DEFAULT_STEPS = 480
-DEFAULT_BURSTS = 96
+TURN_STEPS = 5  # steps per turn unless --bursts says otherwise: the noise is faster than a turn
 MIN_EFFECT = 0.01  # a 2% slowdown must be caught: the regression threshold sits below it
 MARGIN = 0.02  # "unchanged" needs the interval inside +-2%: precise enough for 1%, not for 0.2%
 LABELS = ("BASE", "HEAD")
@@ -82,19 +89,20 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "above; --rounds is its old name)"),
     p.add_argument("--benchmark", choices=("run", "instructions"), default="run",
                    help="run: `gembench run` timings and counters (default); instructions: each revision's "
-                        "benchmarks/instructions.py callgrind counts, exact, so --rounds 1 suffices")
+                        "benchmarks/instructions.py callgrind counts, exact, so --pairs 1 suffices")
     p.add_argument("--kernel", action="append", default=None,
                    help="with --benchmark instructions: kernel to count (repeatable; default all)")
     p.add_argument("--bursts", type=int, default=None, metavar="N",
-                   help=f"turns per process in a round: both revisions' processes start together and take turns, "
-                        f"--steps/N steps at a time, ABBA (default {DEFAULT_BURSTS}, at most --steps)")
+                   help=f"turns each process of a pair takes: the pair's two processes take turns, --steps/N steps "
+                        f"at a time, ABBA (default: turns of {TURN_STEPS} steps; at most --steps)")
     p.add_argument("--sequential", action="store_true",
-                   help="run the round's two processes one after the other instead of taking turns (the only "
+                   help="run each pair's two processes one after the other instead of taking turns (the only "
                         "way for --nproc and --benchmark instructions, and for a revision older than --pace; "
                         "pass it on a GPU that cannot hold two copies of the config)")
     p.add_argument("--config", default="tiny", help="config name or .toml path (default: tiny)")
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS,
-                   help=f"timed steps per process (default {DEFAULT_STEPS}: many short steps make the median robust)")
+                   help=f"timed steps per process (default {DEFAULT_STEPS}: a pair's spread shrinks with its steps, "
+                        "and they cost far less than another pair's start-up)")
     p.add_argument("--warmup", type=int, default=3, help="discarded warm-up steps per process (default 3)")
     p.add_argument("--stack", choices=("optimized", "baseline"), default="optimized", help="training stack (default optimized)")
     p.add_argument("--nproc", type=int, default=None, metavar="N", help="torchrun ranks per process (default: one process)")
@@ -123,7 +131,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "--min-effect)")
     p.add_argument("--repo", default=".", help="git repository holding both revisions (default: the current one)")
     p.add_argument("--keep-results", type=Path, default=None, metavar="DIR",
-                   help="copy every process's result JSON into DIR (named round-revision)")
+                   help="copy every process's result JSON into DIR (named pairNN-revision)")
     p.add_argument("--timeout", type=float, default=1800, metavar="S", help="longest one process may run (default 1800 s)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
@@ -218,7 +226,7 @@ def check_args(args: argparse.Namespace) -> None:
             timing = [n for n, i in METRICS.items() if not i.counter]
             raise UsageError(f"--metric {m!r} is not a timing metric; known: {', '.join(timing)} (counters are always compared)")
     if args.bursts is None:
-        args.bursts = min(DEFAULT_BURSTS, args.steps)
+        args.bursts = -(-args.steps // TURN_STEPS)
     if args.bursts < 1 or args.bursts > args.steps:
         raise UsageError(f"--bursts must be between 1 and --steps ({args.steps}), got {args.bursts}")
     args.burst_steps = -(-args.steps // args.bursts)  # the worker's turn; the last one may be shorter
@@ -233,7 +241,7 @@ def failure(c, label: str, code: int, stderr: str) -> UsageError:
     return UsageError(f"{label} {c.revision} ({c.sha[:10]}) failed to run (exit {code}): {error_line(stderr)}")
 
 
-def sequential_round(args: argparse.Namespace, co: dict, outs: dict[str, Path], order: tuple[str, str]) -> None:
+def sequential_pair(args: argparse.Namespace, co: dict, outs: dict[str, Path], order: tuple[str, str]) -> None:
     """One fresh process per revision, one after the other, in ``order``."""
     for label in order:
         c = co[label]
@@ -243,7 +251,7 @@ def sequential_round(args: argparse.Namespace, co: dict, outs: dict[str, Path], 
             raise failure(c, label, code, err)
 
 
-def interleaved_round(args: argparse.Namespace, co: dict, outs: dict[str, Path], order: tuple[str, str],
+def interleaved_pair(args: argparse.Namespace, co: dict, outs: dict[str, Path], order: tuple[str, str],
                       folder: Path) -> bool:
     """Both revisions' processes at once, taking turns a burst at a time; False if one predates --pace."""
     from gembench.harness.regression import interleave
@@ -256,7 +264,7 @@ def interleaved_round(args: argparse.Namespace, co: dict, outs: dict[str, Path],
             cmd, env = run_command(args, outs[label], c.path), child_env(c.pythonpath, args.threads)
             with deferred_interrupts():  # held until the worker is in `workers`, where close() finds it
                 workers.append(interleave.start(label, cmd, env, c.path, folder, args.burst_steps))
-        interleave.interleaved_round(workers, args.bursts, args.timeout)
+        interleave.take_turns(workers, args.bursts, args.timeout)
         interleave.finish(workers, args.timeout)
     except interleave.WorkerFailed as err:
         if err.predates_pacing:
@@ -292,7 +300,7 @@ def main(args: argparse.Namespace) -> int:
         interleaved = not args.sequential
         what = ("benchmarks/instructions.py" if args.benchmark == "instructions" else
                 f"gembench run --config {args.config} --steps {args.steps} --stack {args.stack}")
-        how = (f"both processes at once, taking turns in {args.bursts} bursts of {args.burst_steps} steps"
+        how = (f"both processes started at once, then taking turns of {args.burst_steps} step(s), {args.bursts} each"
                if interleaved else "one process each, one after the other")
         say(f"BASE {args.base} = {co['BASE'].sha[:10]}, HEAD {args.head} = {co['HEAD'].sha[:10]}: {args.pairs} pairs "
             f"of processes (ABBA) running `{what}`, {how}")
@@ -301,15 +309,15 @@ def main(args: argparse.Namespace) -> int:
         durations: list[float] = []
         for r in range(args.pairs):
             t0 = time.perf_counter()
-            outs = {label: results_dir / f"round{r + 1:02d}-{label.lower()}.json" for label in LABELS}
-            order = LABELS if r % 2 == 0 else LABELS[::-1]  # ABBA: who goes first alternates by round
+            outs = {label: results_dir / f"pair{r + 1:02d}-{label.lower()}.json" for label in LABELS}
+            order = LABELS if r % 2 == 0 else LABELS[::-1]  # ABBA: who goes first alternates by pair
             if interleaved:
-                interleaved = interleaved_round(args, co, outs, order, results_dir)
+                interleaved = interleaved_pair(args, co, outs, order, results_dir)
                 if not interleaved:
-                    say("a revision's `gembench run` predates --pace: every round runs the two processes one "
+                    say("a revision's `gembench run` predates --pace: every pair runs its two processes one "
                         "after the other instead (as --sequential)")
             if not interleaved:
-                sequential_round(args, co, outs, order)
+                sequential_pair(args, co, outs, order)
             pair = {label: checked_result(co[label], label, outs[label]) for label in LABELS}
             if args.keep_results is not None:
                 for out in outs.values():
@@ -353,9 +361,9 @@ def main(args: argparse.Namespace) -> int:
         f"BASE {args.base} = {co['BASE'].sha[:10]}   HEAD {args.head} = {co['HEAD'].sha[:10]}",
         f"{config} on {hw}, stack {args.stack}, seed {args.seed}: {args.pairs} process pairs ABBA x {args.steps} steps "
         f"(+{args.warmup} warm-up) per process, "
-        f"{f'taking turns in {args.bursts} bursts' if interleaved else 'one process after the other'}, "
+        f"{f'taking turns, {args.bursts} turns each' if interleaved else 'one process after the other'}, "
         f"{args.threads} thread(s); one value per process = its {args.statistic} step; {minutes:.1f} min",
-        f"paired one-sided t-tests on log(HEAD/BASE) per round at alpha={alpha:g} (Holm across "
+        f"paired one-sided t-tests on log(HEAD/BASE) per pair at alpha={alpha:g} (Holm across "
         f"{sum(j.method == 'paired' for j in judgements)}), regression >= {100 * min_effect:g}%, unchanged within "
         f"+-{100 * margin:g}%; counters exact",
     ] + [f"note: BASE and HEAD differ in {d}" for d in notes]

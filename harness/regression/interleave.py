@@ -2,8 +2,9 @@
 
 Why: on a shared 2-core machine the load drifts over seconds, and two fresh processes run one
 after the other (12 s each on tiny) see different loads. Started together and warmed up together,
-then made to take turns every few hundred milliseconds, BASE and HEAD see the same drift: it
-cancels in the ratio of their step times, and only what differs between the two processes is left.
+then made to take turns a few steps at a time (tens of milliseconds with tiny), BASE and HEAD see
+the same drift: it cancels in the ratio of their step times. The two live for hundreds of steps,
+so each pays its start-up (imports, torch.compile from its cache) once for many turns.
 
 The protocol is one byte at a time over two pipes per worker (``gembench run --pace R,W``):
 
@@ -16,7 +17,7 @@ The protocol is one byte at a time over two pipes per worker (``gembench run --p
 
 While one worker runs its burst, the other is blocked in a read, using no CPU. The worker side is
 :class:`Pacer` (called by ``run_steps`` before each timed step); the controller side is
-:func:`interleaved_round`.
+:func:`take_turns`.
 """
 
 from __future__ import annotations
@@ -147,10 +148,10 @@ def expect(worker: Worker, wanted: bytes, deadline: float) -> None:
         raise _failed(worker)
 
 
-def interleaved_round(workers: list[Worker], bursts: int, timeout: float) -> None:
+def take_turns(workers: list[Worker], bursts: int, timeout: float) -> None:
     """Drive started ``workers`` (two) through ``bursts`` bursts each, alternating ABBA over bursts.
 
-    ``workers[0]`` takes the first turn (the caller alternates the order across rounds, so neither
+    ``workers[0]`` takes the first turn (the caller alternates the order across pairs, so neither
     revision always goes first). Returns when both have sent "done"; raises WorkerFailed.
     """
     deadline = time.monotonic() + timeout
