@@ -280,3 +280,23 @@ def test_child_env_sets_threads_and_only_the_revision_path(tmp_path, monkeypatch
     assert env["OMP_NUM_THREADS"] == "1" and env["PYTHONPATH"] == str(tmp_path) and "GEMBENCH_COMMIT" not in env
     assert "OMP_NUM_THREADS" not in child_env(tmp_path) or os.environ.get("OMP_NUM_THREADS")
     assert env["PYTHONHASHSEED"] == os.environ.get("PYTHONHASHSEED", "0")  # one seed for both revisions
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs, Linux")
+def test_a_pair_is_pinned_to_one_cpu_once_warm(tmp_path):
+    """Both processes of a pair end up on the same CPU (the one they are given), every thread of them."""
+    from gembench.harness.commands.continuous import pair_cpu
+    from gembench.harness.regression import interleave
+
+    cpus = sorted(os.sched_getaffinity(0))
+    assert [pair_cpu(i) for i in range(4)] == [cpus[i % len(cpus)] for i in range(4)]
+    log, workers = _fake_workers(tmp_path, steps=4, burst=2)
+    try:
+        for w in workers:  # after their first "ready": warm, not yet timing
+            interleave.expect(w, interleave.READY, time.monotonic() + 60)
+        interleave.pin(workers, cpus[1])
+        for w in workers:
+            for tid in os.listdir(f"/proc/{w.proc.pid}/task"):
+                assert os.sched_getaffinity(int(tid)) == {cpus[1]}
+    finally:
+        interleave.close(workers)

@@ -252,8 +252,9 @@ def sequential_pair(args: argparse.Namespace, co: dict, outs: dict[str, Path], o
 
 
 def interleaved_pair(args: argparse.Namespace, co: dict, outs: dict[str, Path], order: tuple[str, str],
-                      folder: Path) -> bool:
-    """Both revisions' processes at once, taking turns a burst at a time; False if one predates --pace."""
+                     folder: Path, cpu: int | None = None) -> bool:
+    """Both revisions' processes at once, taking turns a burst at a time on ``cpu`` once warm;
+    False if one predates --pace."""
     from gembench.harness.regression import interleave
     from gembench.harness.regression.worktrees import deferred_interrupts
 
@@ -264,7 +265,7 @@ def interleaved_pair(args: argparse.Namespace, co: dict, outs: dict[str, Path], 
             cmd, env = run_command(args, outs[label], c.path), child_env(c.pythonpath, args.threads)
             with deferred_interrupts():  # held until the worker is in `workers`, where close() finds it
                 workers.append(interleave.start(label, cmd, env, c.path, folder, args.burst_steps))
-        interleave.take_turns(workers, args.bursts, args.timeout)
+        interleave.take_turns(workers, args.bursts, args.timeout, cpu)
         interleave.finish(workers, args.timeout)
     except interleave.WorkerFailed as err:
         if err.predates_pacing:
@@ -273,6 +274,15 @@ def interleaved_pair(args: argparse.Namespace, co: dict, outs: dict[str, Path], 
     finally:
         interleave.close(workers)
     return True
+
+
+def pair_cpu(index: int) -> int | None:
+    """The CPU a pair's two processes share once warm: the allowed CPUs in turn, pair by pair, so
+    every CPU is sampled and each pair's two processes run on the same one (interleave.pin)."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    cpus = sorted(os.sched_getaffinity(0))
+    return cpus[index % len(cpus)]
 
 
 def checked_result(c, label: str, out: Path) -> dict:
@@ -312,7 +322,7 @@ def main(args: argparse.Namespace) -> int:
             outs = {label: results_dir / f"pair{r + 1:02d}-{label.lower()}.json" for label in LABELS}
             order = LABELS if r % 2 == 0 else LABELS[::-1]  # ABBA: who goes first alternates by pair
             if interleaved:
-                interleaved = interleaved_pair(args, co, outs, order, results_dir)
+                interleaved = interleaved_pair(args, co, outs, order, results_dir, pair_cpu(r))
                 if not interleaved:
                     say("a revision's `gembench run` predates --pace: every pair runs its two processes one "
                         "after the other instead (as --sequential)")

@@ -148,15 +148,39 @@ def expect(worker: Worker, wanted: bytes, deadline: float) -> None:
         raise _failed(worker)
 
 
-def take_turns(workers: list[Worker], bursts: int, timeout: float) -> None:
+def pin(workers: list[Worker], cpu: int | None) -> None:
+    """Put every thread of ``workers`` on one CPU (Linux; elsewhere, or for ``cpu`` None, nothing).
+
+    Left to the scheduler, each of two processes that take turns keeps waking on the CPU it last
+    ran on (seen on the 2-core VM: BASE on cpu0 and HEAD on cpu1 for their whole lives), so their
+    ratio would also carry the difference between two vCPUs that the host loads differently.
+    Pinned together, both run on the same one. Done after the start-ups, which run in parallel.
+    """
+    if cpu is None or not hasattr(os, "sched_setaffinity"):
+        return
+    for w in workers:
+        try:
+            threads = [int(t) for t in os.listdir(f"/proc/{w.proc.pid}/task")]
+        except OSError:
+            threads = [w.proc.pid]
+        for tid in threads:
+            try:
+                os.sched_setaffinity(tid, {cpu})
+            except OSError:  # a thread that just ended, or a CPU this process may not use
+                pass
+
+
+def take_turns(workers: list[Worker], bursts: int, timeout: float, cpu: int | None = None) -> None:
     """Drive started ``workers`` (two) through ``bursts`` bursts each, alternating ABBA over bursts.
 
     ``workers[0]`` takes the first turn (the caller alternates the order across pairs, so neither
-    revision always goes first). Returns when both have sent "done"; raises WorkerFailed.
+    revision always goes first); once both are warm they are pinned to ``cpu`` (see pin). Returns
+    when both have sent "done"; raises WorkerFailed.
     """
     deadline = time.monotonic() + timeout
     for w in workers:  # start-ups overlap: both warm up at once, no timing happens then
         expect(w, READY, deadline)
+    pin(workers, cpu)
     for b in range(bursts):
         for w in (workers if b % 2 == 0 else workers[::-1]):
             os.write(w.go, GO)
