@@ -86,7 +86,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pairs", "--rounds", dest="pairs", type=int, default=DEFAULT_PAIRS,
                    help=f"process pairs, one process per revision each, alive together and taking turns; the "
                         f"unit of the test (default {DEFAULT_PAIRS}: catches a 2%% slowdown on a 2-core machine, see "
-                        "above; --rounds is its old name)"),
+                        "above; --rounds is its old name)")
     p.add_argument("--benchmark", choices=("run", "instructions"), default="run",
                    help="run: `gembench run` timings and counters (default); instructions: each revision's "
                         "benchmarks/instructions.py callgrind counts, exact, so --pairs 1 suffices")
@@ -120,15 +120,15 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "undisturbed as the best, less of a lucky outlier); min, the best step; or median")
     p.add_argument("--format", choices=("table", "markdown", "json"), default="table", help="output (default table)")
     p.add_argument("--thresholds", default="results/thresholds.toml",
-                   help="thresholds TOML: alpha, min_effect and counter allowances (default %(default)s; "
+                   help="thresholds TOML: alpha and counter allowances (default %(default)s; "
                         "built-in defaults where it does not exist)")
     p.add_argument("--alpha", type=float, default=None, help="false-alarm rate (default from thresholds, else 0.01)")
     p.add_argument("--min-effect", type=float, default=None,
                    help=f"smallest slowdown that counts as a regression (default {MIN_EFFECT:g}; not the thresholds "
                         "file's min_effect, which is for `gembench gate` against a baseline from another session)")
     p.add_argument("--margin", type=float, default=None,
-                   help=f"unchanged needs the 95%% interval of HEAD/BASE inside +-margin (default {MARGIN:g}, at least "
-                        "--min-effect)")
+                   help=f"unchanged needs the (1 - 2 alpha) interval of HEAD/BASE, 98%% at the default alpha, inside "
+                        f"+-margin (default {MARGIN:g}; at least --min-effect)")
     p.add_argument("--repo", default=".", help="git repository holding both revisions (default: the current one)")
     p.add_argument("--keep-results", type=Path, default=None, metavar="DIR",
                    help="copy every process's result JSON into DIR (named pairNN-revision)")

@@ -1,21 +1,22 @@
-"""Judge paired rounds of two commits (``gembench continuous``): one log ratio per round.
+"""Judge pairs of processes of two commits (``gembench continuous``): one log ratio per pair.
 
-A round is two fresh processes run back to back, one per commit (ABBA order over rounds), each
-writing a full result. Per process, one robust number per timing metric: the median of its many
-short steps (``statistic="median"``; a stall of the shared machine hits a few steps and moves the
-median little) or the best step (``"min"``, the default: contention only ever adds time, so the
-best step is the least-disturbed one). Per round the HEAD/BASE ratio
-of those numbers is one independent value; the paired t-test on the log ratios
-(stats.paired_change) is judged by stats.judge like any other comparison (one-sided tests at
-alpha, Holm across the timing metrics, min effect). Adjacent processes share the machine's drift,
-which cancels in the ratio; what is left is the process-to-process noise, and ABBA ordering also
-cancels a linear trend within each pair of rounds.
+A pair is two processes, one per commit, alive together and taking turns a few steps at a time
+(ABBA order over pairs); each writes a full result. Per process, one robust number per timing
+metric from its many steps: the 10th-best (``statistic="p10"``, the default: contention only
+ever adds time, so the fastest steps are the least disturbed, and the 10th-best is less of a
+lucky outlier than the best), the best (``"min"``) or the median. Per pair the HEAD/BASE ratio of
+those numbers is one independent value: whatever a process carries of its own (layout, pages,
+CPU) is in it. The paired t-test on the log ratios (stats.paired_change) is judged by stats.judge
+like any other comparison (one-sided tests at alpha, Holm across the timing metrics, min effect,
+the margin of "unchanged"). The two processes of a pair share the machine's drift, which cancels
+in the ratio, and ABBA ordering also cancels a linear trend within each two pairs.
 
-Cost counters are judged exactly (counters.judge_counter): every round of a side must agree, and any
+Cost counters are judged exactly (counters.judge_counter): every pair of a side must agree, and any
 increase beyond the allowed fraction is a regression.
 
 Rows carry, per metric: the geometric-mean value of each side, the ratio HEAD/BASE with its 95%
-t-interval (stats.paired_ratio_interval), the Holm-adjusted p, the verdict.
+t-interval (stats.paired_ratio_interval), the Holm-adjusted p, the verdict, and the pairs' ratios
+(``round_ratios``, the name results already carry).
 """
 
 from __future__ import annotations
@@ -53,10 +54,10 @@ def process_value(result: dict, metric: str, statistic: str = "median") -> float
 
 def judge_rounds(rounds: list[tuple[dict, dict]], metrics: list[str], alpha: float, min_effect: float,
                  limits=None, statistic: str = "p10", margin: float | None = None) -> list[stats.Judgement]:
-    """Judgements for paired rounds [(base result, head result), ...].
+    """Judgements for pairs of processes [(base result, head result), ...].
 
     ``metrics`` are judged statistically (paired, Holm across them); every cost counter present in
-    all results of both sides is judged exactly. A metric missing in some round is left out.
+    all results of both sides is judged exactly. A metric missing in some pair is left out.
     """
     series = {}
     for metric in metrics:

@@ -15,9 +15,9 @@ holds. gembench uses, in this order:
    autocorrelated series, with medians because a shared machine injects multi-second stalls that
    would swamp a mean; it also matches the p50 headline step time). It sees within-run noise
    only; use replicates for decisions that matter.
-3. **paired**: ``gembench continuous`` runs the two commits in alternating fresh processes; each
-   round's pair (one process of each, side by side in time) gives one log ratio, and the test is
-   a one-sample t on those (paired_change). Drift shared by the pair cancels.
+3. **paired**: ``gembench continuous`` runs the two commits in pairs of processes that take
+   turns; each pair (one process of each, side by side in time) gives one log ratio, and the test
+   is a one-sample t on those (paired_change). Drift shared by the pair cancels.
 4. **exact**: metrics that do not vary between runs of the same commit (peak memory) are compared
    directly against the minimum effect.
 
@@ -182,7 +182,7 @@ def interval(change: Change, alpha: float) -> tuple[float, float]:
 
 
 def paired_ratio_interval(ratios: list[float], confidence: float = 0.95) -> tuple[float, float, float]:
-    """Geometric mean of paired ratios (e.g. per interleaved round) and its t-interval.
+    """Geometric mean of paired ratios (e.g. per pair of processes) and its t-interval.
 
     Pairing cancels the drift both sides of a round share, so this is the interval to use when
     the two sides ran interleaved in one process (``gembench run --ab``).
