@@ -72,6 +72,9 @@ def test_process_value_median_or_best_step():
     assert paired.process_value(r, "step_time_s", "min") == min(steps)
     assert paired.process_value(r, "step_time_s", "p10") == sorted(steps)[10]
     assert paired.process_value(r, "mfu", "p10") == sorted(r["samples"]["mfu"], reverse=True)[10]
+    assert paired.process_value(r, "step_time_s", "fast-half") == pytest.approx(sum(sorted(steps)[:len(steps) // 2]) / (len(steps) // 2))
+    assert paired.process_value(r, "mfu", "fast-half") == pytest.approx(  # the better half: the higher MFUs
+        sum(sorted(r["samples"]["mfu"], reverse=True)[:len(steps) // 2]) / (len(steps) // 2))
     assert paired.process_value(r, "mfu", "min") == max(r["samples"]["mfu"])  # higher is better: the best step
     assert paired.process_value(r, "peak_memory_bytes") == 123_456_789  # no samples: the headline value
 
