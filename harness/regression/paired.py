@@ -2,9 +2,10 @@
 
 A pair is two processes, one per commit, alive together and taking turns a few steps at a time
 (ABBA order over pairs); each writes a full result. Per process, one robust number per timing
-metric from its many steps: the 10th-best (``statistic="p10"``, the default: contention only
-ever adds time, so the fastest steps are the least disturbed, and the 10th-best is less of a
-lucky outlier than the best), the best (``"min"``) or the median. Per pair the HEAD/BASE ratio of
+metric from its many steps: the mean of its faster half (``statistic="fast-half"``, the default:
+contention only ever adds time, so the faster steps are the least disturbed, and averaging half of
+them is steadier than any one order statistic), the 10th-best (``"p10"``), the best (``"min"``)
+or the median. Per pair the HEAD/BASE ratio of
 those numbers is one independent value: whatever a process carries of its own (layout, pages,
 CPU) is in it. The paired t-test on the log ratios (stats.paired_change) is judged by stats.judge
 like any other comparison (one-sided tests at alpha, Holm across the timing metrics, min effect,
@@ -55,7 +56,7 @@ def process_value(result: dict, metric: str, statistic: str = "median") -> float
 
 
 def judge_rounds(rounds: list[tuple[dict, dict]], metrics: list[str], alpha: float, min_effect: float,
-                 limits=None, statistic: str = "p10", margin: float | None = None) -> list[stats.Judgement]:
+                 limits=None, statistic: str = "fast-half", margin: float | None = None) -> list[stats.Judgement]:
     """Judgements for pairs of processes [(base result, head result), ...].
 
     ``metrics`` are judged statistically (paired, Holm across them); every cost counter present in
