@@ -24,27 +24,30 @@ the spin on two cores, so the realised effect comes out larger than 5% (printed 
   (Hook: WORKLOADS below; a new workload is a function returning one run's step times.)
 
 Paired commits (--paired): the end-to-end check of `gembench continuous`. It clones the current
-commit into a throwaway repository, commits on top of it a planted slowdown in harness/step.py
-(every training step busy-waits 5% of its own measured duration before its clock stops: real CPU
-work, hit by contention like the step itself), and runs `gembench continuous BASE PLANTED` and
-`gembench continuous BASE BASE` (an unchanged pair) --pairs times each, as fresh commands with the
-defaults a CI job would use. A planted pair counts as detected when step_time_s is "regressed"
-(exit 1); an unchanged pair is a false alarm when anything regresses (exit 1). It ends with
+commit into a throwaway repository, commits beside it planted slowdowns in harness/step.py (every
+training step busy-waits 2%, and on another branch 5%, of its own measured duration before its
+clock stops: real CPU work, hit by contention like the step itself; --plants), and runs `gembench
+continuous BASE PLANTED` for each plant and `gembench continuous BASE BASE` (an unchanged pair)
+--comparisons times each, as fresh commands with the defaults a CI job would use. A planted
+comparison counts as detected when step_time_s is "regressed" (exit 1); an unchanged one is a false
+alarm when anything regresses (exit 1) and passes when it exits 0. It prints, per kind, the exits
+and ratios, the minutes per comparison and the machine, then rates two ways:
+- resampled: many comparisons of as many pairs drawn from the measured pairs of each kind and
+  judged by continuous's own rule (valid as far as pairs are independent; small pools understate
+  the spread);
+- bounded: the spread of one pair's log ratio, pooled over every comparison around its own mean,
+  with its 95% upper bound (chi-square), and the rule's rates at the spread and at the bound for
+  normal log ratios: the figures that say how many comparisons were "enough".
+Then (--one-op) it compares BASE against a commit with one extra multiply in the training step:
+the cost counters must call that a regression every time.
 
-  paired: detected D% of planted 5% slowdowns, false alarms F% (N pairs, M min)
-
-Then it compares BASE against a commit with one extra multiply in the training step (--one-op
-times, two short rounds each): the cost counters must call that a regression every time.
-
-Each pair costs two full comparisons (~4 min each on an idle 2-core machine with the defaults):
-choose --pairs for the time you have. Since a few real comparisons give coarse rates, it also
-draws many comparisons of as many rounds from the measured rounds and judges them by the same rule
-(the "resampled" line; valid as far as rounds are independent).
+Each comparison takes ~5 minutes on an idle 2-core machine with the defaults: choose --comparisons
+for the time you have (--json is rewritten after every comparison, so a stopped run keeps them).
 
 usage:
   python benchmarks/harness_quality.py                     # mlp, about a minute on 2 cores
-  python benchmarks/harness_quality.py --paired --pairs 6  # ~50 min on 2 cores
-  python benchmarks/harness_quality.py --paired --pairs 1 --rounds 4 --stack baseline   # quicker, less power
+  python benchmarks/harness_quality.py --paired --comparisons 5   # 2%, 5%, unchanged: ~75 min on 2 cores
+  python benchmarks/harness_quality.py --paired --comparisons 1 --paired-pairs 4 --stack baseline   # quicker, less power
   python -m benchmarks.harness_quality --workload tiny --rounds 20
   python benchmarks/harness_quality.py --json quality.json
 """
