@@ -44,8 +44,9 @@ most 2% * sqrt(K) / (t(0.99, K-1) + t(0.95, K-1)): 1.16% for K = 8, 1.36% for K 
 K = 12. At the measured 1.19% (its upper bound 1.35%) and normal log ratios, K = 10 catches 2% in
 97.9% (94.2%) of comparisons, 5% in 100%, calls unchanged code unchanged in 96.4% (89.1%) and
 regressed in 0.3% (0.5%); K = 8 gives 91.6% (84.0%), 85.4% (70.5%) and 0.3% (0.6%). A comparison
-takes ~K x 30 s on the EPYC VM (start-up 13 s + 2 x 480 steps at ~17 ms a turn-taking step): about
-5 min with the defaults; where start-up or steps are slower, fewer --steps, not fewer --pairs.
+takes ~K x 30-40 s on the EPYC VM (start-up 13 s + 2 x 480 steps at ~17 ms a turn-taking step):
+5-6 min measured with the defaults (4.1 min with 8 pairs); where start-up or steps are slower (the
+Intel machine: ~8 min estimated, not measured), fewer --steps, not fewer --pairs.
 benchmarks/harness_quality.py --paired measures all of it end to end (README: "Two commits side by
 side" has its lines).
 
@@ -56,7 +57,7 @@ exit status (as `gembench gate`):
   2  an error: unknown revision, a revision that fails to run (named, with its error), bad flag
 
 examples:
-  gembench continuous HEAD~1 HEAD                         # tiny, 10 pairs, ~5 min on 2 cores
+  gembench continuous HEAD~1 HEAD                         # tiny, 10 pairs, 5-6 min on 2 cores
   gembench continuous origin/main HEAD --format markdown >> $GITHUB_STEP_SUMMARY
   gembench continuous v0.1 HEAD --config small --steps 50 --bursts 10 --pairs 6
   gembench continuous HEAD~1 HEAD --format json > continuous.json
