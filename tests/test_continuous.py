@@ -88,7 +88,7 @@ def test_counters_judged_exactly_beside_the_times():
     assert by["h2d_bytes"].verdict == "unchanged" and "kernels" not in by
     assert paired.exit_status(j) == 1
     text = paired.render(j, ["header"], "table")
-    assert "aten_ops (lower better)" in text and "exact count" in text and "8 round ratios" in text
+    assert "aten_ops (lower better)" in text and "exact count" in text and "8 pair ratios" in text
     assert paired.render(j, ["header"], "markdown").startswith("**gembench continuous**")
     # absent on one side: not judged
     j = paired.judge_rounds(_rounds(0.0, seed=5, head_counters=counts), ["step_time_s"], 0.01, 0.03)

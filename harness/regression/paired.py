@@ -140,7 +140,7 @@ def render(judgements: list[stats.Judgement], header: list[str], fmt: str) -> st
         ci = r["ratio_ci95"]
         ci_text = "-" if not ci or any(not math.isfinite(x) for x in ci) else f"[{ci[0]:.4f}, {ci[1]:.4f}]"
         p = r["p_better_holm"] if r["verdict"] == stats.IMPROVED else r["p_worse_holm"]
-        one = {"paired": f"{r['rounds']} round ratios", "count": "exact count"}.get(r["method"], r["method"])
+        one = {"paired": f"{r['rounds']} pair ratios", "count": "exact count"}.get(r["method"], r["method"])
         value = _count if r["method"] == "count" else _num
         table.append([f"{r['metric']} ({r['better']} better)", value(r["base"]), value(r["head"]), _ratio(r["ratio"]),
                       ci_text, _num(p), one, r["verdict"]])
