@@ -256,13 +256,19 @@ def planted_repository(root, fraction: float = PLANTED) -> tuple[str, str]:
 
 def plant_commit(root, base: str, fraction: float) -> str:
     """Commit, on a branch of its own from ``base`` in the throwaway ``root``, a ``fraction`` busy-wait in every step."""
+    return _commit_beside(root, base, f"planted-{fraction:g}", PLANT_AT, PLANT_CODE.format(fraction=fraction),
+                          "the slowdown", f"plant a {100 * fraction:g}% slowdown in every step (harness_quality --paired)")
+
+
+def _commit_beside(root, base: str, branch: str, anchor: str, code: str, what: str, message: str) -> str:
+    """Commit ``code`` after ``anchor`` in harness/step.py on ``branch`` from ``base``; the sha. The clone is left at ``base``."""
     step = root / "harness" / "step.py"
-    _git(root, "checkout", "--quiet", "-B", f"planted-{fraction:g}", base)
+    _git(root, "checkout", "--quiet", "-B", branch, base)
     text = step.read_text()
-    if PLANT_AT not in text:
-        raise SystemExit(f"harness_quality: cannot plant the slowdown: {step} no longer has {PLANT_AT.strip()!r}")
-    step.write_text(text.replace(PLANT_AT, PLANT_AT + PLANT_CODE.format(fraction=fraction), 1))
-    _git(root, "commit", "--quiet", "-am", f"plant a {100 * fraction:g}% slowdown in every step (harness_quality --paired)")
+    if anchor not in text:
+        raise SystemExit(f"harness_quality: cannot plant {what}: {step} no longer has {anchor.strip()!r}")
+    step.write_text(text.replace(anchor, anchor + code, 1))
+    _git(root, "commit", "--quiet", "-am", message)
     sha = _git(root, "rev-parse", "HEAD")
     _git(root, "checkout", "--quiet", base)
     return sha
@@ -274,16 +280,8 @@ ONE_OP_CODE = "        loss = loss * 1.0  # planted by benchmarks/harness_qualit
 
 def one_op_commit(root, base: str) -> str:
     """Commit, on top of ``base`` in the throwaway ``root``, one extra multiply in the training step."""
-    step = root / "harness" / "step.py"
-    _git(root, "checkout", "--quiet", "-b", "one-op", base)
-    text = step.read_text()
-    if ONE_OP_AT not in text:
-        raise SystemExit(f"harness_quality: cannot plant the extra op: {step} no longer has {ONE_OP_AT.strip()!r}")
-    step.write_text(text.replace(ONE_OP_AT, ONE_OP_AT + ONE_OP_CODE, 1))
-    _git(root, "commit", "--quiet", "-am", "plant one extra op in every step (harness_quality --paired)")
-    sha = _git(root, "rev-parse", "HEAD")
-    _git(root, "checkout", "--quiet", "-")
-    return sha
+    return _commit_beside(root, base, "one-op", ONE_OP_AT, ONE_OP_CODE, "the extra op",
+                          "plant one extra op in every step (harness_quality --paired)")
 
 
 def continuous(repo, base: str, head: str, extra: list[str]) -> tuple[int, dict]:
@@ -295,6 +293,13 @@ def continuous(repo, base: str, head: str, extra: list[str]) -> tuple[int, dict]
     if proc.returncode not in (0, 1, 4):
         raise SystemExit(f"harness_quality: {' '.join(cmd[2:])} failed (exit {proc.returncode}): {proc.stderr.strip()[-500:]}")
     return proc.returncode, json.loads(proc.stdout)
+
+
+def verdict(ratios: list[float], alpha: float, min_effect: float, margin: float) -> str:
+    """continuous's verdict on pairs with these HEAD/BASE ratios (stats.judge, paired)."""
+    from gembench.harness.regression import stats
+
+    return stats.judge({"step_time_s": ([1.0] * len(ratios), ratios, "paired", True)}, alpha, min_effect, margin)[0].verdict
 
 
 def resample_rounds(outcomes: dict, trials: int, seed: int = 0) -> dict | None:
@@ -315,8 +320,7 @@ def resample_rounds(outcomes: dict, trials: int, seed: int = 0) -> dict | None:
     margin = first.get("margin") or min_effect
 
     def verdicts(pool) -> list[str]:
-        return [stats.judge({"step_time_s": ([1.0] * rounds, rng.choices(pool, k=rounds), "paired", True)},
-                            alpha, min_effect, margin)[0].verdict for _ in range(trials)]
+        return [verdict(rng.choices(pool, k=rounds), alpha, min_effect, margin) for _ in range(trials)]
 
     out = {"rounds": rounds, "trials": trials, "pool": {k: len(p) for k, p in pools.items()}, "detection_rate": {}}
     for kind, pool in pools.items():
@@ -364,7 +368,7 @@ def rates_at(sd: float, effects: list[float], rounds: int, alpha: float, min_eff
         counts = {stats.REGRESSED: 0, stats.UNCHANGED: 0}
         for _ in range(trials):
             ratios = [math.exp(rng.gauss(math.log1p(effect), sd)) for _ in range(rounds)]
-            v = stats.judge({"s": ([1.0] * rounds, ratios, "paired", True)}, alpha, min_effect, margin)[0].verdict
+            v = verdict(ratios, alpha, min_effect, margin)
             counts[v] = counts.get(v, 0) + 1
         out[effect] = {"regressed": counts[stats.REGRESSED] / trials, "unchanged": counts[stats.UNCHANGED] / trials}
     return out
