@@ -380,7 +380,8 @@ def paired_main(args) -> int:
 
     extra = ["--config", args.config, "--stack", args.stack]
     for flag, value in (("--pairs", args.paired_rounds), ("--steps", args.paired_steps), ("--bursts", args.paired_bursts),
-                        ("--statistic", args.statistic), ("--threads", args.threads)):
+                        ("--statistic", args.statistic), ("--threads", args.threads),
+                        ("--parallel", args.paired_parallel)):
         if value is not None:
             extra += [flag, str(value)]
     t0 = time.perf_counter()
@@ -406,7 +407,8 @@ def paired_main(args) -> int:
                 outcomes[kind].append({"exit": code, "verdict": row and row["verdict"], "ratio": ratio, "ci95": ci,
                                        "minutes": (time.perf_counter() - started) / 60, "rounds": report_["rounds"],
                                        "alpha": report_["alpha"], "min_effect": report_["min_effect"],
-                                       "margin": report_.get("margin"), "round_ratios": row and row["round_ratios"]})
+                                       "margin": report_.get("margin"), "parallel": report_.get("parallel"),
+                                       "round_ratios": row and row["round_ratios"]})
                 ci_text = f"[{ci[0]:.4f}, {ci[1]:.4f}]" if ci else "-"
                 print(f"paired: comparison {i + 1}/{args.comparisons} {kind:<12} exit {code}, step_time_s HEAD/BASE "
                       f"{ratio if ratio is None else f'{ratio:.4f}'} 95% CI {ci_text} {row and row['verdict']}, "
@@ -486,7 +488,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="with --paired: continuous's --pairs (default: continuous's)")
     p.add_argument("--paired-bursts", type=int, default=None, help="with --paired: continuous's --bursts (default: continuous's)")
     p.add_argument("--paired-steps", type=int, default=None, help="with --paired: --steps per process (default: continuous's)")
-    p.add_argument("--statistic", choices=("min", "p10", "median"), default=None, help="with --paired: continuous's --statistic")
+    p.add_argument("--statistic", choices=("fast-half", "p10", "min", "median"), default=None,
+                   help="with --paired: continuous's --statistic (default: continuous's)")
+    p.add_argument("--paired-parallel", type=int, default=None,
+                   help="with --paired: continuous's --parallel, pairs at once (default: continuous's, one per CPU)")
     p.add_argument("--threads", type=int, default=None, help="with --paired: continuous's --threads")
     p.add_argument("--keep", default=None, metavar="DIR", help="with --paired: keep every process's result under DIR/pairI-KIND/")
     p.add_argument("--workload", choices=sorted(WORKLOADS), default="mlp")

@@ -155,13 +155,13 @@ pace.done()
 """
 
 
-def _fake_workers(tmp_path, steps, burst, die_after=(-1, -1)):
+def _fake_workers(tmp_path, steps, burst, die_after=(-1, -1), labels="AB"):
     from gembench.harness.regression import interleave
 
-    log = tmp_path / "turns.txt"
+    log = tmp_path / f"turns-{labels}.txt"
     return log, [interleave.start(label, [sys.executable, "-c", FAKE_WORKER, label, str(log), str(steps), str(die)],
                                   dict(os.environ), tmp_path, tmp_path, burst)
-                 for label, die in zip("AB", die_after)]
+                 for label, die in zip(labels, die_after)]
 
 
 def test_workers_take_turns_abba_by_burst_and_never_overlap(tmp_path):
@@ -174,6 +174,35 @@ def test_workers_take_turns_abba_by_burst_and_never_overlap(tmp_path):
     finally:
         interleave.close(workers)
     assert log.read_text() == "BB" "AA" "AA" "BB" "BB" "AA" "A" "B"
+
+
+def test_pairs_side_by_side_each_take_their_own_turns(tmp_path):
+    """Two pairs driven at once: each pair's turns are ABBA and never overlap, whatever the other does."""
+    from gembench.harness.regression import interleave
+
+    log1, pair1 = _fake_workers(tmp_path, steps=7, burst=2, labels="AB")
+    log2, pair2 = _fake_workers(tmp_path, steps=7, burst=2, labels="CD")
+    try:
+        interleave.take_turns_side_by_side([(pair1, None), (pair2[::-1], None)], bursts=4, timeout=60)
+        interleave.finish(pair1 + pair2, timeout=60)
+    finally:
+        interleave.close(pair1 + pair2)
+    assert log1.read_text() == "AA" "BB" "BB" "AA" "AA" "BB" "B" "A"
+    assert log2.read_text() == "DD" "CC" "CC" "DD" "DD" "CC" "C" "D"
+
+
+def test_a_worker_that_dies_beside_another_pair_ends_both_pairs(tmp_path):
+    from gembench.harness.regression import interleave
+
+    _, pair1 = _fake_workers(tmp_path, steps=6, burst=2, labels="AB")
+    _, pair2 = _fake_workers(tmp_path, steps=6, burst=2, die_after=(-1, 3), labels="CD")
+    with pytest.raises(interleave.WorkerFailed) as info:
+        try:
+            interleave.take_turns_side_by_side([(pair1, None), (pair2, None)], bursts=3, timeout=60)
+        finally:
+            interleave.close(pair1 + pair2)
+    assert info.value.worker.label == "D" and "planted: worker D gave up at step 3" in info.value.stderr
+    assert all(w.proc.poll() is not None for w in pair1 + pair2)
 
 
 def test_a_worker_that_dies_mid_round_is_named_with_its_error(tmp_path):
@@ -293,6 +322,9 @@ def test_a_pair_is_pinned_to_one_cpu_once_warm(tmp_path):
 
     cpus = sorted(os.sched_getaffinity(0))
     assert [pair_cpu(i) for i in range(4)] == [cpus[i % len(cpus)] for i in range(4)]
+    side_by_side = [pair_cpu(i, 2) for i in range(4)]  # pairs (0, 1) then (2, 3) at once
+    assert len(set(side_by_side[:2])) == len(set(side_by_side[2:])) == 2  # a CPU each
+    assert side_by_side[0] != side_by_side[2]  # the pair that starts with BASE changes CPU
     log, workers = _fake_workers(tmp_path, steps=4, burst=2)
     try:
         for w in workers:  # after their first "ready": warm, not yet timing

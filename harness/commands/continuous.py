@@ -5,7 +5,9 @@ same Python and venv, config, stack, seed, batches and string-hash seed. A pair 
 revision, started together: both import, build and warm up at once (the start-up, paid once per
 process), then take turns for the rest of their lives (`gembench run --pace`): --steps/--bursts
 steps of one, then of the other, ABBA, --bursts turns each (the waiting one blocks in a read, using
-no CPU, so the two never run at once). Who goes first alternates by pair. Per process one value
+no CPU, so the two never run at once). Who goes first alternates by pair. Pairs run side by side,
+one per CPU (--parallel): each pair's two processes are pinned to its CPU from their start, so a
+pair never shares its CPU and every CPU works through the whole comparison. Per process one value
 per timing metric, the mean of its faster half of steps (--statistic fast-half; or p10, min,
 median); per pair the ratio HEAD/BASE of those. The pairs are the units of the test: a paired
 one-sided t-test on their log ratios at --alpha (Holm across the timing metrics), so whatever
@@ -20,8 +22,9 @@ Fresh processes one after the other (--sequential) is the fallback: for --nproc 
 are not paced), for --benchmark instructions (exact counts), and automatically for a revision
 whose `gembench run` predates --pace.
 
-Why this design and its defaults (tiny, optimized stack, --pairs 10, --steps 480 in turns of 5,
---threads 1, --statistic fast-half). Measured on the 2-core AMD EPYC VM (Dec 2026):
+Why this design and its defaults (tiny, optimized stack, --pairs 12, two at once on 2 CPUs,
+--steps 480 in turns of 5, --threads 1, --statistic fast-half). Measured on the 2-core AMD EPYC VM
+(Dec 2026):
 - a tiny process costs ~13 s before its first timed step (imports 2.7 s, torch.compile from its
   cache ~7 s, data and the peak probe) and its steps 9-15 ms; the issue's Intel Xeon machine
   measured ~20 s and ~25 ms (not measured here). Start-up is paid once per process: more steps per
@@ -33,7 +36,12 @@ Why this design and its defaults (tiny, optimized stack, --pairs 10, --steps 480
 - the noise is faster than a turn: ratios of adjacent turns are no steadier than whole processes',
   so turns are short (5 steps; a turn's first step pays cold caches, and both sides alike);
 - left alone, each process of a pair kept its own vCPU for its whole life (BASE on cpu0, HEAD on
-  cpu1), so its ratio also carried the two vCPUs' difference: once warm, both are pinned to one;
+  cpu1), so its ratio also carried the two vCPUs' difference: both are pinned to one;
+- one pair at a time left a CPU idle while it took turns (a pair: start-ups 12 s on both CPUs,
+  turns 13 s on one, counters 4 s). Two pairs side by side, a CPU each, take 41-45 s for the two
+  (start-ups 24 s, turns 13 s, counters 4 s) against 28-31 s for one, and the spread of a pair
+  did not grow: 1.05% over 10 pairs one at a time, 1.09% and 0.59% over 12 and 16 side by side, in
+  the same hour;
 - fast-half, the mean of a process's faster half of steps, uses 240 steps' worth of information
   where p10 uses one order statistic: over 15 comparisons (120 pairs, 105 degrees of freedom) the
   spread of a pair was 1.19% with fast-half (95% upper bound 1.35%), 1.31% with p10, 3.2% with min;
@@ -78,7 +86,7 @@ from pathlib import Path
 
 from gembench.usage import UsageError
 
-DEFAULT_PAIRS = 10
+DEFAULT_PAIRS = 12
 DEFAULT_STEPS = 480
 TURN_STEPS = 5  # steps per turn unless --bursts says otherwise: the noise is faster than a turn
 MIN_EFFECT = 0.01  # a 2% slowdown must be caught: the regression threshold sits below it
@@ -107,6 +115,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="run each pair's two processes one after the other instead of taking turns (the only "
                         "way for --nproc and --benchmark instructions, and for a revision older than --pace; "
                         "pass it on a GPU that cannot hold two copies of the config)")
+    p.add_argument("--parallel", type=int, default=None, metavar="N",
+                   help="pairs run at once, each pinned to a CPU of its own (default: one per CPU this process may "
+                        "use on a CPU device, 1 on a GPU, which two pairs would share)")
     p.add_argument("--config", default="tiny", help="config name or .toml path (default: tiny)")
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS,
                    help=f"timed steps per process (default {DEFAULT_STEPS}: a pair's spread shrinks with its steps, "
@@ -242,6 +253,13 @@ def check_args(args: argparse.Namespace) -> None:
     args.bursts = -(-args.steps // args.burst_steps)  # turns the worker will take, so both sides agree
     if args.benchmark == "instructions" or args.nproc is not None:
         args.sequential = True  # nothing to interleave: exact counts; torchrun ranks are not paced
+    if args.parallel is not None and args.parallel < 1:
+        raise UsageError(f"--parallel must be >= 1, got {args.parallel}")
+    if args.sequential:
+        args.parallel = 1  # one fresh process after another: nothing to run beside it
+    elif args.parallel is None:
+        args.parallel = default_parallel(args.device)
+    args.parallel = min(args.parallel, args.pairs)
     if args.keep_results is not None:
         args.keep_results.mkdir(parents=True, exist_ok=True)
 
@@ -260,21 +278,34 @@ def sequential_pair(args: argparse.Namespace, co: dict, outs: dict[str, Path], o
             raise failure(c, label, code, err)
 
 
-def interleaved_pair(args: argparse.Namespace, co: dict, outs: dict[str, Path], order: tuple[str, str],
-                     folder: Path, cpu: int | None = None) -> bool:
-    """Both revisions' processes at once, taking turns a burst at a time on ``cpu`` once warm;
-    False if one predates --pace."""
+def interleaved_pairs(args: argparse.Namespace, co: dict, batch: list[tuple[dict[str, Path], tuple[str, str], int | None]],
+                      folder: Path) -> bool:
+    """Pairs side by side: per (outs, order, cpu) both revisions' processes at once, taking turns a
+    burst at a time on the pair's ``cpu``; False if a revision predates --pace.
+
+    Alone (one pair), a pair's two start-ups run on two CPUs and it is pinned once warm; side by
+    side, each pair is pinned from its start, so its start-ups, turns and counters stay on its CPU.
+    """
     from gembench.harness.regression import interleave
     from gembench.harness.regression.worktrees import deferred_interrupts
 
-    workers = []
+    workers, pairs = [], []
     try:
-        for label in order:  # who goes first also starts first: which core, which pid
-            c = co[label]
-            cmd, env = run_command(args, outs[label], c.path), child_env(c.pythonpath, args.threads)
-            with deferred_interrupts():  # held until the worker is in `workers`, where close() finds it
-                workers.append(interleave.start(label, cmd, env, c.path, folder, args.burst_steps))
-        interleave.take_turns(workers, args.bursts, args.timeout, cpu)
+        for k, (outs, order, cpu) in enumerate(batch):
+            sub = folder / f"{outs[order[0]].stem.split('-')[0]}"  # each pair's stderr files apart
+            sub.mkdir(exist_ok=True)
+            pair = []
+            for label in order:  # who goes first also starts first: which core, which pid
+                c = co[label]
+                cmd, env = run_command(args, outs[label], c.path), child_env(c.pythonpath, args.threads)
+                with deferred_interrupts():  # held until the worker is in `workers`, where close() finds it
+                    worker = interleave.start(label, cmd, env, c.path, sub, args.burst_steps)
+                    workers.append(worker)
+                if len(batch) > 1:
+                    interleave.pin([worker], cpu)
+                pair.append(worker)
+            pairs.append((pair, cpu))
+        interleave.take_turns_side_by_side(pairs, args.bursts, args.timeout)
         interleave.finish(workers, args.timeout)
     except interleave.WorkerFailed as err:
         if err.predates_pacing:
@@ -285,13 +316,25 @@ def interleaved_pair(args: argparse.Namespace, co: dict, outs: dict[str, Path], 
     return True
 
 
-def pair_cpu(index: int) -> int | None:
-    """The CPU a pair's two processes share once warm: the allowed CPUs in turn, pair by pair, so
-    every CPU is sampled and each pair's two processes run on the same one (interleave.pin)."""
+def default_parallel(device: str) -> int:
+    """Pairs at once by default: one per CPU this process may use, but one on a GPU (which they would share)."""
+    if device != "cpu":
+        from gembench.harness.hardware import resolve_device
+
+        if resolve_device(device).type != "cpu":
+            return 1
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+
+
+def pair_cpu(index: int, parallel: int = 1) -> int | None:
+    """The CPU a pair's two processes share: the allowed CPUs in turn, pair by pair, so every CPU
+    is sampled and each pair's two processes run on the same one (interleave.pin). Side by side,
+    each batch shifts by one, so the pair that starts with BASE is not always on the same CPU."""
     if not hasattr(os, "sched_getaffinity"):
         return None
     cpus = sorted(os.sched_getaffinity(0))
-    return cpus[index % len(cpus)]
+    shift = index // parallel if parallel > 1 else 0
+    return cpus[(index + shift) % len(cpus)]
 
 
 def checked_result(c, label: str, out: Path) -> dict:
@@ -320,34 +363,44 @@ def main(args: argparse.Namespace) -> int:
         what = ("benchmarks/instructions.py" if args.benchmark == "instructions" else
                 f"gembench run --config {args.config} --steps {args.steps} --stack {args.stack}")
         how = (f"both processes started at once, then taking turns of {args.burst_steps} step(s), {args.bursts} each"
+               + (f"; {args.parallel} pairs at once, each on a CPU of its own" if args.parallel > 1 else "")
                if interleaved else "one process each, one after the other")
         say(f"BASE {args.base} = {co['BASE'].sha[:10]}, HEAD {args.head} = {co['HEAD'].sha[:10]}: {args.pairs} pairs "
             f"of processes (ABBA) running `{what}`, {how}")
         results_dir = co["BASE"].path.parent / "results"
         results_dir.mkdir()
-        durations: list[float] = []
-        for r in range(args.pairs):
+        durations: list[float] = []  # per pair: its batch's time over the pairs in it
+        for start in range(0, args.pairs, args.parallel):
             t0 = time.perf_counter()
-            outs = {label: results_dir / f"pair{r + 1:02d}-{label.lower()}.json" for label in LABELS}
-            order = LABELS if r % 2 == 0 else LABELS[::-1]  # ABBA: who goes first alternates by pair
+            batch = []
+            for r in range(start, min(start + args.parallel, args.pairs)):
+                outs = {label: results_dir / f"pair{r + 1:02d}-{label.lower()}.json" for label in LABELS}
+                order = LABELS if r % 2 == 0 else LABELS[::-1]  # ABBA: who goes first alternates by pair
+                batch.append((outs, order, pair_cpu(r, args.parallel)))
             if interleaved:
-                interleaved = interleaved_pair(args, co, outs, order, results_dir, pair_cpu(r))
+                interleaved = interleaved_pairs(args, co, batch, results_dir)
                 if not interleaved:
                     say("a revision's `gembench run` predates --pace: every pair runs its two processes one "
                         "after the other instead (as --sequential)")
             if not interleaved:
-                sequential_pair(args, co, outs, order)
-            pair = {label: checked_result(co[label], label, outs[label]) for label in LABELS}
-            if args.keep_results is not None:
-                for out in outs.values():
-                    shutil.copy(out, args.keep_results / out.name)
-            rounds.append((pair["BASE"], pair["HEAD"]))
-            durations.append(time.perf_counter() - t0)
-            eta = sum(durations) / len(durations) * (args.pairs - len(durations))
-            steps = {label: paired.process_value(pair[label], "step_time_s", args.statistic) for label in LABELS}
-            step_text = "".join(f"{label} {1e3 * v:.2f} ms, " for label, v in steps.items() if v)
-            say(f"pair {r + 1}/{args.pairs} ({order[0]} first): {args.statistic} step {step_text}"
-                f"{durations[-1]:.0f} s, ~{eta / 60:.1f} min left")
+                for outs, order, _ in batch:
+                    sequential_pair(args, co, outs, order)
+            seconds = time.perf_counter() - t0
+            for k, (outs, order, cpu) in enumerate(batch):
+                r = start + k
+                pair = {label: checked_result(co[label], label, outs[label]) for label in LABELS}
+                if args.keep_results is not None:
+                    for out in outs.values():
+                        shutil.copy(out, args.keep_results / out.name)
+                rounds.append((pair["BASE"], pair["HEAD"]))
+                durations.append(seconds / len(batch))
+                eta = sum(durations) / len(durations) * (args.pairs - len(durations))
+                steps = {label: paired.process_value(pair[label], "step_time_s", args.statistic) for label in LABELS}
+                step_text = "".join(f"{label} {1e3 * v:.2f} ms, " for label, v in steps.items() if v)
+                where = f" on cpu {cpu}" if interleaved and cpu is not None else ""
+                beside = f" ({len(batch)} pairs at once)" if len(batch) > 1 else ""
+                say(f"pair {r + 1}/{args.pairs} ({order[0]} first): {args.statistic} step {step_text}"
+                    f"{seconds:.0f} s{where}{beside}, ~{eta / 60:.1f} min left")
 
     first = rounds[0][0]
     config, hw = field(first, "config.name"), field(first, "env.hardware_class")
@@ -371,7 +424,8 @@ def main(args: argparse.Namespace) -> int:
             "base": {"revision": args.base, "sha": co["BASE"].sha}, "head": {"revision": args.head, "sha": co["HEAD"].sha},
             "config": config, "hardware_class": hw, "stack": args.stack, "steps": args.steps, "warmup": args.warmup,
             "seed": args.seed, "pairs": args.pairs, "rounds": args.pairs, "order": "ABBA", "statistic": args.statistic,
-            "interleaved": bool(interleaved), "bursts": args.bursts if interleaved else None, "threads": args.threads,
+            "interleaved": bool(interleaved), "bursts": args.bursts if interleaved else None,
+            "parallel": args.parallel if interleaved else 1, "threads": args.threads,
             "alpha": alpha, "min_effect": min_effect, "margin": margin, "notes": notes, "minutes": minutes,
             "rows": paired.rows(judgements), "exit_status": code,
         }, indent=1))
@@ -380,7 +434,8 @@ def main(args: argparse.Namespace) -> int:
         f"BASE {args.base} = {co['BASE'].sha[:10]}   HEAD {args.head} = {co['HEAD'].sha[:10]}",
         f"{config} on {hw}, stack {args.stack}, seed {args.seed}: {args.pairs} process pairs ABBA x {args.steps} steps "
         f"(+{args.warmup} warm-up) per process, "
-        f"{f'taking turns, {args.bursts} turns each' if interleaved else 'one process after the other'}, "
+        f"{f'taking turns, {args.bursts} turns each' if interleaved else 'one process after the other'}"
+        f"{f', {args.parallel} pairs at once on CPUs of their own' if interleaved and args.parallel > 1 else ''}, "
         f"{args.threads} thread(s); one value per process = its {args.statistic} step; {minutes:.1f} min",
         f"paired one-sided t-tests on log(HEAD/BASE) per pair at alpha={alpha:g} (Holm across "
         f"{sum(j.method == 'paired' for j in judgements)}), regression >= {100 * min_effect:g}%, unchanged within "

@@ -177,14 +177,70 @@ def take_turns(workers: list[Worker], bursts: int, timeout: float, cpu: int | No
     revision always goes first); once both are warm they are pinned to ``cpu`` (see pin). Returns
     when both have sent "done"; raises WorkerFailed.
     """
+    take_turns_side_by_side([(workers, cpu)], bursts, timeout)
+
+
+class _Turns:
+    """One pair's turns in order, ABBA over bursts, each with what its worker sends at its end."""
+
+    def __init__(self, workers: list[Worker], bursts: int):
+        self.turns = [(w, DONE if b == bursts - 1 else READY)  # "done" after a worker's last burst
+                      for b in range(bursts) for w in (workers if b % 2 == 0 else workers[::-1])]
+        self.next = 0
+
+    def go(self) -> Worker | None:
+        """Start the next turn; its worker, or None when every turn is over."""
+        if self.next == len(self.turns):
+            return None
+        worker = self.turns[self.next][0]
+        os.write(worker.go, GO)
+        return worker
+
+    def ended(self, got: bytes) -> None:
+        """The current turn's worker sent ``got``: check it, and move on."""
+        worker, wanted = self.turns[self.next]
+        if got != wanted:
+            raise _failed(worker)
+        self.next += 1
+
+
+def take_turns_side_by_side(pairs: list[tuple[list[Worker], int | None]], bursts: int, timeout: float) -> None:
+    """Drive several started pairs at once, each pair taking its own turns on its own CPU.
+
+    ``pairs`` holds (workers, cpu) per pair. First every worker of every pair finishes its
+    start-up (a pair does not begin timing while another still imports and compiles beside it:
+    measuring runs alongside measuring); then each pair is pinned to its CPU and goes through
+    its turns as take_turns describes, independently of the others. Returns when every worker
+    has sent "done"; a worker that fails or passes ``timeout`` raises WorkerFailed.
+    """
     deadline = time.monotonic() + timeout
-    for w in workers:  # start-ups overlap: both warm up at once, no timing happens then
-        expect(w, READY, deadline)
-    pin(workers, cpu)
-    for b in range(bursts):
-        for w in (workers if b % 2 == 0 else workers[::-1]):
-            os.write(w.go, GO)
-            expect(w, DONE if b == bursts - 1 else READY, deadline)
+    waiting = {w.ready: w for workers, _ in pairs for w in workers}
+    while waiting:  # start-ups overlap: every process warms up at once, no timing happens then
+        left = deadline - time.monotonic()
+        ready, _, _ = select.select(list(waiting), [], [], max(0.0, left))
+        if not ready:
+            raise _failed(next(iter(waiting.values())), "timed out (--timeout)")
+        for fd in ready:
+            w = waiting.pop(fd)
+            if os.read(fd, 1) != READY:
+                raise _failed(w)
+    active: dict[int, tuple[_Turns, Worker]] = {}
+    for workers, cpu in pairs:
+        pin(workers, cpu)
+        turns = _Turns(workers, bursts)
+        worker = turns.go()
+        active[worker.ready] = (turns, worker)
+    while active:  # each pair's turns, independently: whoever's turn ended gives the next one
+        left = deadline - time.monotonic()
+        ready, _, _ = select.select(list(active), [], [], max(0.0, left))
+        if not ready:
+            raise _failed(next(iter(active.values()))[1], "timed out (--timeout)")
+        for fd in ready:
+            turns, worker = active.pop(fd)
+            turns.ended(os.read(fd, 1))
+            worker = turns.go()
+            if worker is not None:
+                active[worker.ready] = (turns, worker)
 
 
 def finish(workers: list[Worker], timeout: float) -> None:
