@@ -22,7 +22,7 @@ Fresh processes one after the other (--sequential) is the fallback: for --nproc 
 are not paced), for --benchmark instructions (exact counts), and automatically for a revision
 whose `gembench run` predates --pace.
 
-Why this design and its defaults (tiny, optimized stack, --pairs 12, two at once on 2 CPUs,
+Why this design and its defaults (tiny, optimized stack, --pairs 10, two at once on 2 CPUs,
 --steps 480 in turns of 5, --threads 1, --statistic fast-half). Measured on the 2-core AMD EPYC VM
 (Dec 2026):
 - a tiny process costs ~13 s before its first timed step (imports 2.7 s, torch.compile from its
@@ -86,7 +86,7 @@ from pathlib import Path
 
 from gembench.usage import UsageError
 
-DEFAULT_PAIRS = 12
+DEFAULT_PAIRS = 10
 DEFAULT_STEPS = 480
 TURN_STEPS = 5  # steps per turn unless --bursts says otherwise: the noise is faster than a turn
 MIN_EFFECT = 0.01  # a 2% slowdown must be caught: the regression threshold sits below it
