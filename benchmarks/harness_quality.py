@@ -37,11 +37,13 @@ and ratios, the minutes per comparison and the machine, then rates two ways:
   the spread);
 - bounded: the spread of one pair's log ratio, pooled over every comparison around its own mean,
   with its 95% upper bound (chi-square), and the rule's rates at the spread and at the bound for
-  normal log ratios: the figures that say how many comparisons were "enough".
+  normal log ratios: the figures that say how many comparisons were "enough". Pairs that ran at
+  once (continuous --parallel) are checked for alikeness: the correlation of batch-mates' log
+  ratios and its upper bound go into those rates, since the t-test takes every pair as independent.
 Then (--one-op) it compares BASE against a commit with one extra multiply in the training step:
 the cost counters must call that a regression every time.
 
-Each comparison takes ~5 minutes on an idle 2-core machine with the defaults: choose --comparisons
+Each comparison takes ~4-5 minutes on an idle 2-core machine with the defaults: choose --comparisons
 for the time you have (--json is rewritten after every comparison, so a stopped run keeps them).
 
 usage:
@@ -355,19 +357,48 @@ def spread_bound(outcomes: dict, confidence: float = 0.95) -> dict | None:
     return {"sd": sd, "sd_upper": math.sqrt(ss / chi2.ppf(1 - confidence, dof)), "dof": dof, "confidence": confidence}
 
 
+def batch_mates(outcomes: dict, confidence: float = 0.95) -> dict | None:
+    """How alike the log ratios of pairs run at once are (continuous --parallel): the correlation
+    of batch-mates' deviations from their comparison's mean, with its one-sided upper bound
+    (Fisher's z). A positive one shrinks what side-by-side pairs are worth; rates_at takes it in."""
+    import math
+
+    from scipy.stats import norm
+
+    xs, ys = [], []
+    for v in outcomes.values():
+        for o in v:
+            logs = [math.log(r) for r in (o["round_ratios"] or [])]
+            at_once = o.get("parallel") or 1
+            if at_once != 2 or len(logs) < 2:  # pairs one at a time have no batch-mates
+                continue
+            m = statistics.mean(logs)
+            xs += [logs[i] - m for i in range(0, len(logs) - 1, 2)]
+            ys += [logs[i + 1] - m for i in range(0, len(logs) - 1, 2)]
+    if len(xs) < 5:
+        return None
+    r = statistics.correlation(xs, ys)
+    upper = math.tanh(math.atanh(r) + norm.ppf(confidence) / math.sqrt(len(xs) - 3))
+    return {"r": r, "r_upper": upper, "batches": len(xs), "confidence": confidence}
+
+
 def rates_at(sd: float, effects: list[float], rounds: int, alpha: float, min_effect: float, margin: float,
-             trials: int = 20000, seed: int = 0) -> dict:
-    """Rates of continuous's rule for ``rounds`` pairs whose log ratios are normal with spread ``sd``."""
+             trials: int = 20000, seed: int = 0, r: float = 0.0, at_once: int = 2) -> dict:
+    """Rates of continuous's rule for ``rounds`` pairs whose log ratios are normal with spread
+    ``sd``, pairs run ``at_once`` sharing a correlation ``r`` (a negative one taken as none)."""
     import math
 
     from gembench.harness.regression import stats
 
     rng = random.Random(seed)
+    shared, own = math.sqrt(max(r, 0.0)), math.sqrt(1 - max(r, 0.0))
     out = {}
     for effect in effects:
         counts = {stats.REGRESSED: 0, stats.UNCHANGED: 0}
         for _ in range(trials):
-            ratios = [math.exp(rng.gauss(math.log1p(effect), sd)) for _ in range(rounds)]
+            batch = [rng.gauss(0, 1) for _ in range(-(-rounds // at_once))]
+            ratios = [math.exp(math.log1p(effect) + sd * (shared * batch[i // at_once] + own * rng.gauss(0, 1)))
+                      for i in range(rounds)]
             v = verdict(ratios, alpha, min_effect, margin)
             counts[v] = counts.get(v, 0) + 1
         out[effect] = {"regressed": counts[stats.REGRESSED] / trials, "unchanged": counts[stats.UNCHANGED] / trials}
@@ -445,25 +476,32 @@ def paired_main(args) -> int:
               + f"false alarms {100 * resampled['false_alarm_rate']:.1f}%, unchanged code passes "
               f"{100 * resampled['unchanged_pass_rate']:.1f}% (assumes pairs independent)")
     bound = spread_bound(outcomes)
+    mates = batch_mates(outcomes)
+    if mates:
+        print(f"paired: pairs run two at once: their log ratios correlate r = {mates['r']:.2f} over {mates['batches']} "
+              f"batches ({100 * mates['confidence']:g}% upper bound {mates['r_upper']:.2f}); the rates below take it in")
     bounded = None
     if bound and resampled:
         first = outcomes["unchanged"][0]
         effects = [0.0] + list(args.plants)
         margin = first.get("margin") or first["min_effect"]
-        bounded = {label: rates_at(sd, effects, resampled["rounds"], first["alpha"], first["min_effect"], margin)
-                   for label, sd in (("measured", bound["sd"]), ("upper", bound["sd_upper"]))}
-        for label, sd in (("measured", bound["sd"]), ("upper", bound["sd_upper"])):
+        at = {"measured": (bound["sd"], mates["r"] if mates else 0.0),
+              "upper": (bound["sd_upper"], mates["r_upper"] if mates else 0.0)}
+        bounded = {label: rates_at(sd, effects, resampled["rounds"], first["alpha"], first["min_effect"], margin, r=r)
+                   for label, (sd, r) in at.items()}
+        for label, (sd, r_mates) in at.items():
             r = bounded[label]
-            which = "measured" if label == "measured" else f"{100 * bound['confidence']:g}% upper bound of the"
+            which = "measured" if label == "measured" else f"{100 * bound['confidence']:g}% upper bounds of the"
             print(f"paired, at the {which} "
-                  f"spread of one pair, {100 * sd:.2f}% ({bound['dof']} degrees of freedom): "
+                  f"spread of one pair, {100 * sd:.2f}% ({bound['dof']} degrees of freedom)"
+                  f"{f' and correlation {r_mates:.2f}' if mates else ''}: "
                   + "".join(f"detects {100 * f:g}% {100 * r[f]['regressed']:.1f}%, " for f in args.plants)
                   + f"false alarms {100 * r[0.0]['regressed']:.2f}%, unchanged passes {100 * r[0.0]['unchanged']:.1f}% "
                   f"({resampled['rounds']} pairs, normal log ratios)")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"comparisons": n, "machine": machine, "minutes": minutes, "extra": extra, "outcomes": outcomes,
-                       "resampled": resampled, "spread": bound,
+                       "resampled": resampled, "spread": bound, "batch_mates": mates,
                        "bounded": bounded and {k: {str(e): r for e, r in v.items()} for k, v in bounded.items()}}, fh, indent=1)
     if caught:
         print(f"paired: a one-op change caught by the counters in {sum(caught)} of {len(caught)} comparisons")

@@ -92,3 +92,29 @@ def test_rates_at_a_spread_follow_the_rule():
     assert quiet[0.02]["regressed"] > 0.9 and quiet[0.0]["regressed"] < 0.01 and quiet[0.0]["unchanged"] > 0.9
     noisy = rates_at(0.04, [0.0, 0.02], rounds=8, alpha=0.01, min_effect=0.01, margin=0.02, trials=2000)
     assert noisy[0.02]["regressed"] < 0.5 and noisy[0.0]["unchanged"] < 0.2
+
+
+def test_batch_mates_finds_pairs_run_at_once_alike_and_rates_pay_for_it():
+    import math
+
+    from benchmarks.harness_quality import batch_mates, rates_at
+
+    rng = random.Random(6)
+
+    def comparison(shared):  # 8 batches of two pairs; ``shared`` of each pair's variance is its batch's
+        out = []
+        for _ in range(8):
+            b = rng.gauss(0, 1)
+            out += [math.exp(0.01 * (math.sqrt(shared) * b + math.sqrt(1 - shared) * rng.gauss(0, 1))) for _ in range(2)]
+        return {"round_ratios": out, "rounds": 16, "parallel": 2, "alpha": 0.01, "min_effect": 0.01}
+
+    alike = batch_mates({"unchanged": [comparison(0.8) for _ in range(6)]})
+    apart = batch_mates({"unchanged": [comparison(0.0) for _ in range(6)]})
+    assert alike["batches"] == 48 and alike["r"] > 0.5 and alike["r_upper"] > alike["r"]
+    assert abs(apart["r"]) < 0.35
+    one_at_a_time = [{**comparison(0.8), "parallel": 1} for _ in range(6)]
+    assert batch_mates({"unchanged": one_at_a_time}) is None  # no batch-mates to compare
+    independent = rates_at(0.012, [0.0, 0.02], rounds=10, alpha=0.01, min_effect=0.01, margin=0.02, trials=2000)
+    correlated = rates_at(0.012, [0.0, 0.02], rounds=10, alpha=0.01, min_effect=0.01, margin=0.02, trials=2000, r=0.6)
+    assert correlated[0.0]["regressed"] > independent[0.0]["regressed"]  # the t-test takes them as independent
+    assert correlated[0.0]["unchanged"] < independent[0.0]["unchanged"]
