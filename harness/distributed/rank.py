@@ -66,6 +66,7 @@ def main(args: RunConfig, env: dict) -> int:
 
     rank = env["rank"]
     watchdog = reservation = None
+    finished = False  # every rank got through its job: they can part together
     try:
         held = os.environ.get(HELD_ENV)
         if rank == 0 and args.out is not None and held != str(Path(args.out).resolve()):
@@ -85,6 +86,7 @@ def main(args: RunConfig, env: dict) -> int:
                 write_or_fallback(out, result)
             except UsageError as err:
                 print(f"gembench run: error: {err}", file=sys.stderr, flush=True)
+                finished = True
                 if os.environ.get(OUTCOME_ENV):  # our launcher turns this into exit 2
                     Path(os.environ[OUTCOME_ENV]).write_text("write-failed\n")
                     return 0
@@ -92,6 +94,7 @@ def main(args: RunConfig, env: dict) -> int:
             print(f"\nresult: {out}", flush=True)
             if noise.hidden_note(rank):
                 print(noise.hidden_note(rank), file=sys.stderr, flush=True)
+        finished = True
         return 0
     except UsageError as err:
         print(f"gembench run: error: rank {rank}: {err}", file=sys.stderr, flush=True)
@@ -105,6 +108,11 @@ def main(args: RunConfig, env: dict) -> int:
         if watchdog is not None:
             watchdog.stop()
         if dist.is_initialized():
+            if finished:  # the other ranks wait for rank 0's writing: no rank tears gloo down under a live peer
+                try:
+                    dist.barrier()
+                except Exception:  # noqa: BLE001  a peer already gone: parting is all that is left
+                    pass
             dist.destroy_process_group()
 
 
