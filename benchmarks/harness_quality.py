@@ -48,7 +48,7 @@ for the time you have (--json is rewritten after every comparison, so a stopped 
 
 usage:
   python benchmarks/harness_quality.py                     # mlp, about a minute on 2 cores
-  python benchmarks/harness_quality.py --paired --comparisons 5   # 2%, 5%, unchanged: ~75 min on 2 cores
+  python benchmarks/harness_quality.py --paired --comparisons 5   # 2%, 5%, unchanged: ~55 min on 2 cores
   python benchmarks/harness_quality.py --paired --comparisons 1 --paired-pairs 4 --stack baseline   # quicker, less power
   python -m benchmarks.harness_quality --workload tiny --rounds 20
   python benchmarks/harness_quality.py --json quality.json

@@ -40,8 +40,8 @@ Why this design and its defaults (tiny, optimized stack, --pairs 10, two at once
 - one pair at a time left a CPU idle while it took turns (a pair: start-ups 12 s on both CPUs,
   turns 13 s on one, counters 4 s). Two pairs side by side, a CPU each, take 41-45 s for the two
   (start-ups 24 s, turns 13 s, counters 4 s) against 28-31 s for one, and the spread of a pair
-  did not grow: 1.05% over 10 pairs one at a time, 1.09% and 0.59% over 12 and 16 side by side, in
-  the same hour;
+  did not grow: 1.05% over 10 pairs one at a time, 0.59% and 1.09% over 12 and 16 side by side
+  (two batches of the 16 disturbed by another job), in the same hour;
 - fast-half, the mean of a process's faster half of steps, uses 240 steps' worth of information
   where p10 uses one order statistic: over 15 comparisons (120 pairs, 105 degrees of freedom) the
   spread of a pair was 1.19% with fast-half (95% upper bound 1.35%), 1.31% with p10, 3.2% with min;
@@ -49,12 +49,18 @@ Why this design and its defaults (tiny, optimized stack, --pairs 10, two at once
   tick, so two threads on a shared 2-core machine are far noisier (measured when turns came in).
 With K pairs, a 2% slowdown is caught with 95% power at alpha = 1% when the spread of a pair is at
 most 2% * sqrt(K) / (t(0.99, K-1) + t(0.95, K-1)): 1.16% for K = 8, 1.36% for K = 10, 1.54% for
-K = 12. At the measured 1.19% (its upper bound 1.35%) and normal log ratios, K = 10 catches 2% in
-97.9% (94.2%) of comparisons, 5% in 100%, calls unchanged code unchanged in 96.4% (89.1%) and
-regressed in 0.3% (0.5%); K = 8 gives 91.6% (84.0%), 85.4% (70.5%) and 0.3% (0.6%). A comparison
-takes ~K x 30-40 s on the EPYC VM (start-up 13 s + 2 x 480 steps at ~17 ms a turn-taking step):
-5-6 min measured with the defaults (4.1 min with 8 pairs); where start-up or steps are slower (the
-Intel machine: ~8 min estimated, not measured), fewer --steps, not fewer --pairs.
+K = 12. Side by side, over 18 comparisons (198 pairs; harness_quality --paired at 4823b06 with 12
+pairs and at e3b49af with 10), the spread of a pair was 0.98% (95% upper bound 1.08%, 180 degrees
+of freedom) and the log ratios of two pairs run at once correlated r = 0.02 (upper bound 0.19,
+99 batches): the t-test may take them as independent. With those and normal log ratios, K = 10
+catches 2% in 99.8% of comparisons (99.1% at both bounds), 5% in 100%, calls unchanged code
+unchanged in 99.7% (98.3%) and regressed in 0.06% (0.24%); K = 8 gives 98.4% (95.8%), 97.1%
+(91.8%) and 0.17% (0.51%). A comparison takes ~K/2 x 40-55 s on the EPYC VM (per batch of two
+pairs: start-ups 24 s, turns 13 s, counters 4 s, as its load allows): 3.1-4.0 min measured with
+the defaults (4.1-5.3 with 12 pairs). The Intel machine was not measured: from its start-up
+(~20 s) and steps (~25 ms), ~5.5 min is estimated, and --steps 240 there should bring it under 5
+(fewer --steps, not fewer --pairs: a pair's spread grows slowly with fewer steps, its power falls
+fast with fewer pairs).
 benchmarks/harness_quality.py --paired measures all of it end to end (README: "Two commits side by
 side" has its lines).
 
@@ -65,7 +71,7 @@ exit status (as `gembench gate`):
   2  an error: unknown revision, a revision that fails to run (named, with its error), bad flag
 
 examples:
-  gembench continuous HEAD~1 HEAD                         # tiny, 10 pairs, 5-6 min on 2 cores
+  gembench continuous HEAD~1 HEAD                         # tiny, 10 pairs two at a time, 3-4 min on 2 cores
   gembench continuous origin/main HEAD --format markdown >> $GITHUB_STEP_SUMMARY
   gembench continuous v0.1 HEAD --config small --steps 50 --bursts 10 --pairs 6
   gembench continuous HEAD~1 HEAD --format json > continuous.json
