@@ -38,8 +38,9 @@ Why this design and its defaults (tiny, optimized stack, --pairs 10, two at once
 - left alone, each process of a pair kept its own vCPU for its whole life (BASE on cpu0, HEAD on
   cpu1), so its ratio also carried the two vCPUs' difference: both are pinned to one;
 - one pair at a time left a CPU idle while it took turns (a pair: start-ups 12 s on both CPUs,
-  turns 13 s on one, counters 4 s). Two pairs side by side, a CPU each, take 41-45 s for the two
-  (start-ups 24 s, turns 13 s, counters 4 s) against 28-31 s for one, and the spread of a pair
+  turns 13 s on one, counters and exits 4 s). Two pairs side by side, a CPU each, take 41-45 s
+  for the two (start-ups 24 s, turns 13 s, exits 4 s; 37-40 s since a paced worker skips torch's
+  1.8 s teardown) against 28-31 s for one, and the spread of a pair
   did not grow: 1.05% over 10 pairs one at a time, 0.59% and 1.09% over 12 and 16 side by side
   (two batches of the 16 disturbed by another job), in the same hour;
 - fast-half, the mean of a process's faster half of steps, uses 240 steps' worth of information
@@ -55,12 +56,12 @@ of freedom) and the log ratios of two pairs run at once correlated r = 0.02 (upp
 99 batches): the t-test may take them as independent. With those and normal log ratios, K = 10
 catches 2% in 99.8% of comparisons (99.1% at both bounds), 5% in 100%, calls unchanged code
 unchanged in 99.7% (98.3%) and regressed in 0.06% (0.24%); K = 8 gives 98.4% (95.8%), 97.1%
-(91.8%) and 0.17% (0.51%). A comparison takes ~K/2 x 40-55 s on the EPYC VM (per batch of two
-pairs: start-ups 24 s, turns 13 s, counters 4 s, as its load allows): 3.1-4.0 min measured with
-the defaults (4.1-5.3 with 12 pairs). The Intel machine was not measured: from its start-up
-(~20 s) and steps (~25 ms), ~5.5 min is estimated, and --steps 240 there should bring it under 5
-(fewer --steps, not fewer --pairs: a pair's spread grows slowly with fewer steps, its power falls
-fast with fewer pairs).
+(91.8%) and 0.17% (0.51%). A comparison takes ~K/2 x 40-50 s on the EPYC VM (per batch of two
+pairs: start-ups 24 s, turns 13 s, as its load allows): 3.1-4.0 min measured with the defaults
+before paced workers skipped torch's teardown (4.1-5.3 with 12 pairs). The Intel machine was not
+measured: from its start-up (~20 s) and steps (~25 ms), ~5 min is estimated; where it runs over,
+--steps 240 (fewer --steps, not fewer --pairs: a pair's spread grows slowly with fewer steps, its
+power falls fast with fewer pairs).
 benchmarks/harness_quality.py --paired measures all of it end to end (README: "Two commits side by
 side" has its lines).
 
