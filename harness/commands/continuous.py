@@ -285,10 +285,10 @@ def sequential_pair(args: argparse.Namespace, co: dict, outs: dict[str, Path], o
             raise failure(c, label, code, err)
 
 
-def interleaved_pairs(args: argparse.Namespace, co: dict, batch: list[tuple[dict[str, Path], tuple[str, str], int | None]],
-                      folder: Path) -> bool:
-    """Pairs side by side: per (outs, order, cpu) both revisions' processes at once, taking turns a
-    burst at a time on the pair's ``cpu``; False if a revision predates --pace.
+def interleaved_pairs(args: argparse.Namespace, co: dict,
+                      batch: list[tuple[int, dict[str, Path], tuple[str, str], int | None]], folder: Path) -> bool:
+    """Pairs side by side: per (index, outs, order, cpu) both revisions' processes at once, taking
+    turns a burst at a time on the pair's ``cpu``; False if a revision predates --pace.
 
     Alone (one pair), a pair's two start-ups run on two CPUs and it is pinned once warm; side by
     side, each pair is pinned from its start, so its start-ups, turns and counters stay on its CPU.
@@ -298,8 +298,8 @@ def interleaved_pairs(args: argparse.Namespace, co: dict, batch: list[tuple[dict
 
     workers, pairs = [], []
     try:
-        for k, (outs, order, cpu) in enumerate(batch):
-            sub = folder / f"{outs[order[0]].stem.split('-')[0]}"  # each pair's stderr files apart
+        for r, outs, order, cpu in batch:
+            sub = folder / f"pair{r + 1:02d}"  # each pair's stderr files apart
             sub.mkdir(exist_ok=True)
             pair = []
             for label in order:  # who goes first also starts first: which core, which pid
@@ -383,18 +383,17 @@ def main(args: argparse.Namespace) -> int:
             for r in range(start, min(start + args.parallel, args.pairs)):
                 outs = {label: results_dir / f"pair{r + 1:02d}-{label.lower()}.json" for label in LABELS}
                 order = LABELS if r % 2 == 0 else LABELS[::-1]  # ABBA: who goes first alternates by pair
-                batch.append((outs, order, pair_cpu(r, args.parallel)))
+                batch.append((r, outs, order, pair_cpu(r, args.parallel)))
             if interleaved:
                 interleaved = interleaved_pairs(args, co, batch, results_dir)
                 if not interleaved:
                     say("a revision's `gembench run` predates --pace: every pair runs its two processes one "
                         "after the other instead (as --sequential)")
             if not interleaved:
-                for outs, order, _ in batch:
+                for _, outs, order, _ in batch:
                     sequential_pair(args, co, outs, order)
             seconds = time.perf_counter() - t0
-            for k, (outs, order, cpu) in enumerate(batch):
-                r = start + k
+            for r, outs, order, cpu in batch:
                 pair = {label: checked_result(co[label], label, outs[label]) for label in LABELS}
                 if args.keep_results is not None:
                     for out in outs.values():

@@ -154,7 +154,8 @@ def pin(workers: list[Worker], cpu: int | None) -> None:
     Left to the scheduler, each of two processes that take turns keeps waking on the CPU it last
     ran on (seen on the 2-core VM: BASE on cpu0 and HEAD on cpu1 for their whole lives), so their
     ratio would also carry the difference between two vCPUs that the host loads differently.
-    Pinned together, both run on the same one. Done after the start-ups, which run in parallel.
+    Pinned together, both run on the same one. A pair alone is pinned after its start-ups, which
+    then use every CPU; pairs side by side are pinned from their start, a CPU each.
     """
     if cpu is None or not hasattr(os, "sched_setaffinity"):
         return
