@@ -360,7 +360,8 @@ def spread_bound(outcomes: dict, confidence: float = 0.95) -> dict | None:
 def batch_mates(outcomes: dict, confidence: float = 0.95) -> dict | None:
     """How alike the log ratios of pairs run at once are (continuous --parallel): the correlation
     of batch-mates' deviations from their comparison's mean, with its one-sided upper bound
-    (Fisher's z). A positive one shrinks what side-by-side pairs are worth; rates_at takes it in."""
+    (Fisher's z). A positive one shrinks what side-by-side pairs are worth; rates_at takes it in.
+    Batches of two only (2 CPUs): comparisons with other widths are left out."""
     import math
 
     from scipy.stats import norm
@@ -487,8 +488,8 @@ def paired_main(args) -> int:
         margin = first.get("margin") or first["min_effect"]
         at = {"measured": (bound["sd"], mates["r"] if mates else 0.0),
               "upper": (bound["sd_upper"], mates["r_upper"] if mates else 0.0)}
-        bounded = {label: rates_at(sd, effects, resampled["rounds"], first["alpha"], first["min_effect"], margin, r=r)
-                   for label, (sd, r) in at.items()}
+        bounded = {label: rates_at(sd, effects, resampled["rounds"], first["alpha"], first["min_effect"], margin, r=corr)
+                   for label, (sd, corr) in at.items()}
         for label, (sd, r_mates) in at.items():
             r = bounded[label]
             which = "measured" if label == "measured" else f"{100 * bound['confidence']:g}% upper bounds of the"
@@ -509,6 +510,8 @@ def paired_main(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from gembench.harness.regression.paired import STATISTICS
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--paired", action="store_true",
                    help="end to end: plant a 5%% slowdown in a throwaway commit and run `gembench continuous` on it "
@@ -526,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="with --paired: continuous's --pairs (default: continuous's)")
     p.add_argument("--paired-bursts", type=int, default=None, help="with --paired: continuous's --bursts (default: continuous's)")
     p.add_argument("--paired-steps", type=int, default=None, help="with --paired: --steps per process (default: continuous's)")
-    p.add_argument("--statistic", choices=("fast-half", "p10", "min", "median"), default=None,
+    p.add_argument("--statistic", choices=STATISTICS, default=None,
                    help="with --paired: continuous's --statistic (default: continuous's)")
     p.add_argument("--paired-parallel", type=int, default=None,
                    help="with --paired: continuous's --parallel, pairs at once (default: continuous's, one per CPU)")
