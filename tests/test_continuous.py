@@ -327,8 +327,7 @@ def test_a_pair_is_pinned_to_one_cpu_once_warm(tmp_path):
     assert side_by_side[0] != side_by_side[2]  # the pair that starts with BASE changes CPU
     log, workers = _fake_workers(tmp_path, steps=4, burst=2)
     try:
-        for w in workers:  # after their first "ready": warm, not yet timing
-            interleave.expect(w, interleave.READY, time.monotonic() + 60)
+        interleave.wait_ready(workers, time.monotonic() + 60)  # after their first "ready": warm, not yet timing
         interleave.pin(workers, cpus[1])
         for w in workers:
             for tid in os.listdir(f"/proc/{w.proc.pid}/task"):

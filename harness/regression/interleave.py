@@ -137,15 +137,24 @@ def _failed(worker: Worker, why: str | None = None) -> WorkerFailed:
     return WorkerFailed(worker, 124 if why else code, why or worker.error_text())
 
 
-def expect(worker: Worker, wanted: bytes, deadline: float) -> None:
-    """Wait for ``worker`` to send ``wanted``; a worker that ends or passes ``deadline`` raises WorkerFailed."""
-    left = deadline - time.monotonic()
-    ready, _, _ = select.select([worker.ready], [], [], max(0.0, left))
+def _readable(waiting: dict[int, Worker], deadline: float) -> list[int]:
+    """The fds of ``waiting`` (read end -> worker) with a byte to read; none by ``deadline`` raises
+    WorkerFailed for one of them."""
+    ready, _, _ = select.select(list(waiting), [], [], max(0.0, deadline - time.monotonic()))
     if not ready:
-        raise _failed(worker, "timed out (--timeout)")
-    got = os.read(worker.ready, 1)
-    if got != wanted:
-        raise _failed(worker)
+        raise _failed(next(iter(waiting.values())), "timed out (--timeout)")
+    return ready
+
+
+def wait_ready(workers: list[Worker], deadline: float) -> None:
+    """Wait for every worker's first "ready" (its start-up over); one that ends or passes
+    ``deadline`` first raises WorkerFailed."""
+    waiting = {w.ready: w for w in workers}
+    while waiting:
+        for fd in _readable(waiting, deadline):
+            w = waiting.pop(fd)
+            if os.read(fd, 1) != READY:
+                raise _failed(w)
 
 
 def pin(workers: list[Worker], cpu: int | None) -> None:
@@ -189,19 +198,22 @@ class _Turns:
                       for b in range(bursts) for w in (workers if b % 2 == 0 else workers[::-1])]
         self.next = 0
 
-    def go(self) -> Worker | None:
-        """Start the next turn; its worker, or None when every turn is over."""
+    @property
+    def worker(self) -> Worker:
+        """Whose turn it is."""
+        return self.turns[self.next][0]
+
+    def go(self) -> bool:
+        """Start the next turn; False when every turn is over."""
         if self.next == len(self.turns):
-            return None
-        worker = self.turns[self.next][0]
-        os.write(worker.go, GO)
-        return worker
+            return False
+        os.write(self.worker.go, GO)
+        return True
 
     def ended(self, got: bytes) -> None:
         """The current turn's worker sent ``got``: check it, and move on."""
-        worker, wanted = self.turns[self.next]
-        if got != wanted:
-            raise _failed(worker)
+        if got != self.turns[self.next][1]:
+            raise _failed(self.worker)
         self.next += 1
 
 
@@ -215,33 +227,19 @@ def take_turns_side_by_side(pairs: list[tuple[list[Worker], int | None]], bursts
     has sent "done"; a worker that fails or passes ``timeout`` raises WorkerFailed.
     """
     deadline = time.monotonic() + timeout
-    waiting = {w.ready: w for workers, _ in pairs for w in workers}
-    while waiting:  # start-ups overlap: every process warms up at once, no timing happens then
-        left = deadline - time.monotonic()
-        ready, _, _ = select.select(list(waiting), [], [], max(0.0, left))
-        if not ready:
-            raise _failed(next(iter(waiting.values())), "timed out (--timeout)")
-        for fd in ready:
-            w = waiting.pop(fd)
-            if os.read(fd, 1) != READY:
-                raise _failed(w)
-    active: dict[int, tuple[_Turns, Worker]] = {}
+    wait_ready([w for workers, _ in pairs for w in workers], deadline)  # start-ups overlap, untimed
+    active: dict[int, _Turns] = {}  # the read end of whoever's turn it is -> that pair's turns
     for workers, cpu in pairs:
         pin(workers, cpu)
         turns = _Turns(workers, bursts)
-        worker = turns.go()
-        active[worker.ready] = (turns, worker)
+        turns.go()
+        active[turns.worker.ready] = turns
     while active:  # each pair's turns, independently: whoever's turn ended gives the next one
-        left = deadline - time.monotonic()
-        ready, _, _ = select.select(list(active), [], [], max(0.0, left))
-        if not ready:
-            raise _failed(next(iter(active.values()))[1], "timed out (--timeout)")
-        for fd in ready:
-            turns, worker = active.pop(fd)
+        for fd in _readable({fd: t.worker for fd, t in active.items()}, deadline):
+            turns = active.pop(fd)
             turns.ended(os.read(fd, 1))
-            worker = turns.go()
-            if worker is not None:
-                active[worker.ready] = (turns, worker)
+            if turns.go():
+                active[turns.worker.ready] = turns
 
 
 def finish(workers: list[Worker], timeout: float) -> None:
