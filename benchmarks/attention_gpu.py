@@ -27,8 +27,8 @@ import numpy as np
 import torch
 from tabulate import tabulate
 
-from gembench.harness.env import git_state
-from gembench.harness.hardware import device_name, reference_peak, resolve_device
+from gembench.harness.device.env import git_state
+from gembench.harness.device.hardware import device_name, reference_peak, resolve_device
 from gembench.models.config import load_config
 from gembench.models.data import SEQUENCE_SIGMA, truncated_lognormal
 from gembench.models.ops.pytorch.hstu_attention import hstu_jagged_attention, hstu_padded_attention

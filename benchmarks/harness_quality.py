@@ -16,7 +16,7 @@ drawn from these pools and judged by the very code `gembench compare` and `gembe
 
 Workloads (--workload):
 - mlp: a small MLP forward+backward+SGD step in torch (always available).
-- tiny: `gembench.harness.runner.run_benchmark("tiny")`, the real training step.
+- tiny: `gembench.harness.train.runner.run_benchmark("tiny")`, the real training step.
 Planting (--plant): "scale" (default) makes B runs real, separately timed runs whose step times are
 multiplied by 1.05, so the effect is exactly 5% and the noise is this machine's; "spin" (mlp only)
 makes each B step really spin 5% of the median step longer; torch's worker threads compete with
@@ -24,7 +24,7 @@ the spin on two cores, so the realised effect comes out larger than 5% (printed 
   (Hook: WORKLOADS below; a new workload is a function returning one run's step times.)
 
 Paired commits (--paired): the end-to-end check of `gembench continuous`. It clones the current
-commit into a throwaway repository, commits beside it planted slowdowns in harness/step.py (every
+commit into a throwaway repository, commits beside it planted slowdowns in harness/train/step.py (every
 training step busy-waits 2%, and on another branch 5%, of its own measured duration before its
 clock stops: real CPU work, hit by contention like the step itself; --plants), and runs `gembench
 continuous BASE PLANTED` for each plant and `gembench continuous BASE BASE` (an unchanged pair)
@@ -100,7 +100,7 @@ def mlp_workload(steps: int, warmup: int, seed: int = 0):
 
 def tiny_workload(steps: int, warmup: int, seed: int = 0):
     """The real tiny training step through the harness API (one fresh run per call)."""
-    from gembench.harness.runner import run_benchmark
+    from gembench.harness.train.runner import run_benchmark
 
     def run(slow_s: float = 0.0) -> list[float]:
         return list(run_benchmark("tiny", steps=steps, warmup=warmup, seed=seed)["samples"]["step_s"])
@@ -263,7 +263,7 @@ def plant_commit(root, base: str, fraction: float) -> str:
 
 
 def _commit_beside(root, base: str, branch: str, anchor: str, code: str, what: str, message: str) -> str:
-    """Commit ``code`` after ``anchor`` in harness/step.py on ``branch`` from ``base``; the sha. The clone is left at ``base``."""
+    """Commit ``code`` after ``anchor`` in harness/train/step.py on ``branch`` from ``base``; the sha. The clone is left at ``base``."""
     step = root / "harness" / "step.py"
     _git(root, "checkout", "--quiet", "-B", branch, base)
     text = step.read_text()

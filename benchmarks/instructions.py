@@ -37,7 +37,7 @@ import sys
 import time
 from pathlib import Path
 
-from gembench.harness.tools import valgrind_version
+from gembench.harness.device.tools import valgrind_version
 
 SCHEMA = "gembench.instructions/1"
 NUMBER = 3  # statement calls per count: per-call counts are exact, more calls only cost time
@@ -126,7 +126,7 @@ def measure(names: list[str], number: int = NUMBER, progress=print) -> dict:
 
     import torch
 
-    from gembench.harness.env import fingerprint
+    from gembench.harness.device.env import fingerprint
 
     _callgrind_env()
     kernels = {}
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--number", type=int, default=NUMBER, help=f"calls per count (default {NUMBER})")
     p.add_argument("--out", type=Path, default=None, help="result JSON (default results/runs/<id>.json; never overwritten)")
     args = p.parse_args(argv)
-    from gembench.usage import UsageError
+    from gembench.errors import UsageError
     from gembench.harness.store.results import RUNS_DIR, check_writable, write_result
 
     version = valgrind_version()

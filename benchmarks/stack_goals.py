@@ -10,8 +10,8 @@ Printed, never asserted: a speed goal is a figure to watch, not a test to flake.
 
 import argparse
 
-from gembench.harness.tables import loss_line, pct, run_report
-from gembench.harness.runner import run_ab
+from gembench.harness.report.tables import loss_line, pct, run_report
+from gembench.harness.train.runner import run_ab
 
 RATIO_GOAL = 2.0
 MFU_GOAL = 0.25

@@ -14,8 +14,8 @@ import time
 import numpy as np
 import torch
 
-from gembench.harness.stack import STACKS, build_train_state
-from gembench.harness.step import run_steps
+from gembench.harness.train.stack import STACKS, build_train_state
+from gembench.harness.train.step import run_steps
 from gembench.models.config import load_config
 from gembench.models.data import SyntheticData
 

@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-from gembench.usage import UsageError
+from gembench.errors import UsageError
 
 # name -> (module, one-line help). Keep in the order a new user meets them.
 COMMANDS: dict[str, tuple[str, str]] = {

@@ -2,7 +2,7 @@
 
 Each entry of a ``.layers`` ModuleList of a top-level dense module (HSTU's SequenceArch, Wukong's
 InteractionArch) is a block; every other top-level dense module is one whole. The sparse arch is
-TorchRec's and never a dense block. harness/parallelize.py checkpoints and shards these blocks;
+TorchRec's and never a dense block. harness/train/parallelize.py checkpoints and shards these blocks;
 models/flops.py sizes the largest one for the FSDP memory estimate.
 """
 

@@ -14,7 +14,7 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gembench.usage import UsageError, read_toml
+from gembench.errors import UsageError, read_toml
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 KINDS = ("gem", "dlrm", "dcnv2")

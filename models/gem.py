@@ -10,7 +10,7 @@
     [non-sequence tokens | content tokens | summaries] ─ InteractionArch (Wukong) ─► (B, n_F+n_L, D)
     flatten ─ OverArch (shared MLP + task heads) ─► logits (B, tasks)
 
-Parallelism, precision and compilation are applied from outside (harness/stack.py).
+Parallelism, precision and compilation are applied from outside (harness/train/stack.py).
 """
 
 from __future__ import annotations

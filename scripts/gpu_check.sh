@@ -90,9 +90,9 @@ run "$big-optimized" 210 --config "$big" --stack optimized "${steps[@]}"
 # The largest batch (a multiple of 8) at which both stacks fit together, by the estimate.
 ab_batch=$("$py" - "$big" "$device" <<'EOF'
 import sys
-from gembench.harness.hardware import memory_available, resolve_device
-from gembench.harness.runner import FIT_SHARE, largest_fitting_batch
-from gembench.harness.stack import STACKS
+from gembench.harness.device.hardware import memory_available, resolve_device
+from gembench.harness.train.runner import FIT_SHARE, largest_fitting_batch
+from gembench.harness.train.stack import STACKS
 from gembench.models.config import load_config
 
 cfg, dev = load_config(sys.argv[1]), resolve_device(sys.argv[2])

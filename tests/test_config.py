@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from gembench.usage import UsageError
+from gembench.errors import UsageError
 from gembench.models.config import known_configs, load_config
 
 GOOD = """

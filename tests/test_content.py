@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from gembench.harness.stack import STACKS, model_config, pure_model
+from gembench.harness.train.stack import STACKS, model_config, pure_model
 from gembench.models.config import load_config
 from gembench.models.content import ContentArch, content_arch_flops
 from gembench.models.data import SyntheticData

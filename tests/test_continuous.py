@@ -141,7 +141,7 @@ def test_a_revision_that_fails_is_named_with_its_error_and_worktrees_go(clone, c
 
 FAKE_WORKER = """
 import sys
-from gembench.harness.regression.interleave import Pacer
+from gembench.harness.continuous.interleave import Pacer
 label, log, steps, die_after = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 argv = sys.argv
 pace = Pacer(argv[argv.index("--pace") + 1], int(argv[argv.index("--burst") + 1]))
@@ -156,7 +156,7 @@ pace.done()
 
 
 def _fake_workers(tmp_path, steps, burst, die_after=(-1, -1), labels="AB"):
-    from gembench.harness.regression import interleave
+    from gembench.harness.continuous import interleave
 
     log = tmp_path / f"turns-{labels}.txt"
     return log, [interleave.start(label, [sys.executable, "-c", FAKE_WORKER, label, str(log), str(steps), str(die)],
@@ -165,7 +165,7 @@ def _fake_workers(tmp_path, steps, burst, die_after=(-1, -1), labels="AB"):
 
 
 def test_workers_take_turns_abba_by_burst_and_never_overlap(tmp_path):
-    from gembench.harness.regression import interleave
+    from gembench.harness.continuous import interleave
 
     log, workers = _fake_workers(tmp_path, steps=7, burst=2)  # 4 turns each, the last one step
     try:
@@ -178,7 +178,7 @@ def test_workers_take_turns_abba_by_burst_and_never_overlap(tmp_path):
 
 def test_pairs_side_by_side_each_take_their_own_turns(tmp_path):
     """Two pairs driven at once: each pair's turns are ABBA and never overlap, whatever the other does."""
-    from gembench.harness.regression import interleave
+    from gembench.harness.continuous import interleave
 
     log1, pair1 = _fake_workers(tmp_path, steps=7, burst=2, labels="AB")
     log2, pair2 = _fake_workers(tmp_path, steps=7, burst=2, labels="CD")
@@ -192,7 +192,7 @@ def test_pairs_side_by_side_each_take_their_own_turns(tmp_path):
 
 
 def test_a_worker_that_dies_beside_another_pair_ends_both_pairs(tmp_path):
-    from gembench.harness.regression import interleave
+    from gembench.harness.continuous import interleave
 
     _, pair1 = _fake_workers(tmp_path, steps=6, burst=2, labels="AB")
     _, pair2 = _fake_workers(tmp_path, steps=6, burst=2, die_after=(-1, 3), labels="CD")
@@ -206,7 +206,7 @@ def test_a_worker_that_dies_beside_another_pair_ends_both_pairs(tmp_path):
 
 
 def test_a_worker_that_dies_mid_round_is_named_with_its_error(tmp_path):
-    from gembench.harness.regression import interleave
+    from gembench.harness.continuous import interleave
 
     log, workers = _fake_workers(tmp_path, steps=6, burst=2, die_after=(-1, 3))
     with pytest.raises(interleave.WorkerFailed) as info:
@@ -221,7 +221,7 @@ def test_a_worker_that_dies_mid_round_is_named_with_its_error(tmp_path):
 
 
 def test_an_old_revision_without_pace_is_recognised():
-    from gembench.harness.regression.interleave import WorkerFailed
+    from gembench.harness.continuous.interleave import WorkerFailed
 
     old = WorkerFailed.__new__(WorkerFailed)
     old.code, old.stderr = 2, "gembench run: error: unrecognized arguments: --pace 5,8 --burst 20\n"
@@ -318,7 +318,7 @@ def test_child_env_sets_threads_and_only_the_revision_path(tmp_path, monkeypatch
 def test_a_pair_is_pinned_to_one_cpu_once_warm(tmp_path):
     """Both processes of a pair end up on the same CPU (the one they are given), every thread of them."""
     from gembench.harness.commands.continuous import pair_cpu
-    from gembench.harness.regression import interleave
+    from gembench.harness.continuous import interleave
 
     cpus = sorted(os.sched_getaffinity(0))
     assert [pair_cpu(i) for i in range(4)] == [cpus[i % len(cpus)] for i in range(4)]

@@ -4,7 +4,7 @@ import pytest
 from synthetic import make_result, run_cli, save
 
 from gembench.harness.commands.promote import promote
-from gembench.usage import UsageError
+from gembench.errors import UsageError
 from gembench.harness.regression import thresholds
 from gembench.harness.regression.compare import compare
 from gembench.harness.regression.counters import judge_counter

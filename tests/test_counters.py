@@ -7,12 +7,12 @@ stack: no compile, a few seconds); `gembench run` prints them (tests/test_run.py
 import pytest
 import torch
 
-from gembench.harness import step as step_module
+from gembench.harness.train import step as step_module
 from gembench.harness.metrics import counters as C
 from gembench.harness.metrics.trace import kineto_marks_dropped, self_times, top_rows
-from gembench.harness.runner import run_benchmark
-from gembench.harness.stack import STACKS, build_train_state
-from gembench.harness.step import NoClock, run_steps, train_step
+from gembench.harness.train.runner import run_benchmark
+from gembench.harness.train.stack import STACKS, build_train_state
+from gembench.harness.train.step import NoClock, run_steps, train_step
 from gembench.models.config import load_config
 from gembench.models.data import SyntheticData
 from gembench.models.ops.pytorch.hstu_attention import hstu_jagged_attention
@@ -195,7 +195,7 @@ def test_fused_sequence_tables_split_their_rows_by_host_sizes():
     from torchrec.modules.fused_embedding_modules import FusedEmbeddingCollection
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-    from gembench.harness.stack import sync_free_fused_embedding_collection
+    from gembench.harness.train.stack import sync_free_fused_embedding_collection
 
     tables = [EmbeddingConfig(name=f"table_{f}", embedding_dim=4, num_embeddings=20, feature_names=[f])
               for f in ("a", "b")]

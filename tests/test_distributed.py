@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from gembench.harness.distributed.plan import parse_sharding
-from gembench.usage import UsageError
+from gembench.harness.train.distributed.plan import parse_sharding
+from gembench.errors import UsageError
 from gembench.models.config import load_config
 from gembench.models.data import SyntheticData
 
@@ -42,7 +42,7 @@ def test_one_result_with_per_rank_stages_imbalance_and_comm(table_wise):
     proc, r, d = table_wise
     run = r["run"]
     assert run["nproc"] == 2 and run["global_batch"] == 64 and run["per_rank_batch"] == 32
-    # the optimized stack as on one process (harness/stack.py), as it ran: compile and fused Adam included
+    # the optimized stack as on one process (harness/train/stack.py), as it ran: compile and fused Adam included
     assert run["options"] == {"fused_embeddings": True, "jagged": True, "bf16": True, "fused_optimizer": True,
                               "compile": True, "pipeline": False, "dense_parallel": "ddp",
                               "activation_checkpointing": "none", "content": "on"}

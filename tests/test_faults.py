@@ -24,7 +24,7 @@ import pytest
 import torch
 from synthetic import make_result, run_cli, save
 
-from gembench.harness import step
+from gembench.harness.train import step
 from gembench.harness.commands.promote import promote
 from gembench.harness.store import reservation, results
 
@@ -207,7 +207,7 @@ def test_full_disk_distributed_real_tmpfs(tmp_path):
 
 def test_out_checked_before_the_first_step(tmp_path, capsys, monkeypatch):
     ran = []
-    monkeypatch.setattr("gembench.harness.runner.prepare", lambda *a, **k: ran.append(1))
+    monkeypatch.setattr("gembench.harness.train.runner.prepare", lambda *a, **k: ran.append(1))
     (tmp_path / "file").write_text("a file, not a folder")
     taken = tmp_path / "r.json"
     taken.write_text("{}")
@@ -385,7 +385,7 @@ def test_divergence_finds_the_first_bad_step_and_task():
 
 @pytest.mark.parametrize("args", [[], ["--ab", "--rounds", "2"]])
 def test_out_of_memory_in_a_stage_is_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch, args):
-    import gembench.harness.runner as runner
+    import gembench.harness.train.runner as runner
 
     real = runner.build_train_state
 
@@ -411,7 +411,7 @@ def test_out_of_memory_in_a_stage_is_one_line_and_writes_nothing(tmp_path, capsy
 
 
 def test_out_of_memory_while_building_names_the_build(tmp_path, capsys, monkeypatch):
-    import gembench.harness.runner as runner
+    import gembench.harness.train.runner as runner
 
     def no_room(*a, **k):
         raise torch.OutOfMemoryError("CUDA out of memory.")

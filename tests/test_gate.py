@@ -7,7 +7,7 @@ from synthetic import make_result, run_cli, save
 
 from gembench.harness.regression import thresholds
 from gembench.harness.commands.promote import promote
-from gembench.usage import UsageError
+from gembench.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
 TOML = """

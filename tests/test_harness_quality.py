@@ -35,7 +35,7 @@ def test_paired_plants_a_committed_busy_wait_inside_the_timed_step(tmp_path):
     assert base != planted
     diff = subprocess.run(["git", "-C", str(repo), "diff", base, planted], capture_output=True, text=True, check=True).stdout
     assert "+        _spin_end = time.perf_counter() + 0.05 * (time.perf_counter() - start)" in diff
-    text = subprocess.run(["git", "-C", str(repo), "show", f"{planted}:harness/step.py"], capture_output=True, text=True,
+    text = subprocess.run(["git", "-C", str(repo), "show", f"{planted}:harness/train/step.py"], capture_output=True, text=True,
                           check=True).stdout
     compile(text, "step.py", "exec")
     # inside the one step loop (timed_steps), after the step and before its clock stops: the spin is

@@ -44,7 +44,7 @@ def test_other_torch_is_not_comparable(tmp_path, capsys):
 
 def test_without_valgrind_the_benchmark_says_so_and_writes_nothing(tmp_path, monkeypatch, capsys):
     from gembench.benchmarks import instructions
-    from gembench.harness import tools
+    from gembench.harness.device import tools
 
     monkeypatch.setattr(tools.shutil, "which", lambda name: None)
     assert instructions.main(["--out", str(tmp_path / "x.json")]) == 0

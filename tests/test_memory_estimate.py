@@ -14,9 +14,9 @@ import sys
 
 import pytest
 
-from gembench.usage import UsageError
-from gembench.harness.memory import check_fits, largest_fitting_batch
-from gembench.harness.stack import STACKS
+from gembench.errors import UsageError
+from gembench.harness.train.memory import check_fits, largest_fitting_batch
+from gembench.harness.train.stack import STACKS
 from gembench.models.config import load_config
 from gembench.models.flops import memory_estimate
 
@@ -62,7 +62,7 @@ def test_estimate_follows_the_stack():
 def test_what_does_not_fit_is_refused_naming_the_batch_that_would(monkeypatch):
     import torch
 
-    import gembench.harness.memory as memory
+    import gembench.harness.train.memory as memory
 
     cfg = load_config("medium")
     monkeypatch.setattr(memory, "memory_available", lambda device: int(139.3 * 2**30))

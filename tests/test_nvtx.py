@@ -8,9 +8,9 @@ import pytest
 import torch
 from synthetic import run_cli
 
-from gembench.harness import nvtx
-from gembench.harness.stack import build_train_state, stack_options
-from gembench.harness.step import STAGES, run_steps
+from gembench.harness.train import nvtx
+from gembench.harness.train.stack import build_train_state, stack_options
+from gembench.harness.train.step import STAGES, run_steps
 from gembench.models.blocks import dense_blocks
 from gembench.models.config import load_config
 from gembench.models.data import SyntheticData

@@ -18,15 +18,15 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from gembench.harness.metrics.mfu import summarize, train_flops
-from gembench.harness.parallelize import apply_ac, checkpointed, dense_blocks, recomputed_forward_flops
-from gembench.harness.runconfig import RunConfig
-from gembench.harness.stack import build_train_state, stack_options
-from gembench.harness.step import run_steps
+from gembench.harness.train.parallelize import apply_ac, checkpointed, dense_blocks, recomputed_forward_flops
+from gembench.harness.train.runconfig import RunConfig
+from gembench.harness.train.stack import build_train_state, stack_options
+from gembench.harness.train.step import run_steps
 from gembench.models.config import load_config
 from gembench.models.data import SyntheticData
 from gembench.models.flops import batch_forward_flops
 from gembench.models.heads import multitask_loss
-from gembench.usage import UsageError
+from gembench.errors import UsageError
 
 CPU = torch.device("cpu")
 FP32 = ("compile=off",)  # with --dtype fp32: exact arithmetic to compare, no compile to wait for
@@ -248,7 +248,7 @@ def test_hsdp_replicates_across_two_torchrun_nodes(tmp_path):
 
 def test_ablate_on_ranks_prints_the_goals_against_what_was_measured():
     from gembench.harness.commands.ablate_ranks import RANK_VARIANTS, REFERENCE, goals
-    from gembench.harness.stack import with_switches, STACKS
+    from gembench.harness.train.stack import with_switches, STACKS
 
     for _, switches, flags in RANK_VARIANTS:  # every variant is a valid command line
         with_switches(STACKS["optimized"], switches)

@@ -9,8 +9,8 @@ import json
 import pytest
 import torch
 
-from gembench.harness import calibration as C
-from gembench.harness.hardware import cpu_peak
+from gembench.harness.device import calibration as C
+from gembench.harness.device.hardware import cpu_peak
 from tests.synthetic import run_cli
 
 
@@ -96,8 +96,8 @@ def test_a_legacy_cache_file_is_migrated_best_of(cache, monkeypatch):
 
 def test_a_too_low_cached_peak_is_beaten_and_remeasured(cache, monkeypatch):
     """The issue's case: a peak cached while the machine was busy (far too low) and trusted."""
-    from gembench.harness.runner import run_benchmark
-    from gembench.harness.stack import STACKS
+    from gembench.harness.train.runner import run_benchmark
+    from gembench.harness.train.stack import STACKS
 
     plant(1e-7)  # settled, so a run would trust it forever without the beaten check
     FakeMachine(monkeypatch, 0.5)
@@ -140,8 +140,8 @@ def test_peak_command_shows_recalibrates_and_clears(cache, monkeypatch, capsys):
 
 
 def test_a_distributed_run_that_beats_its_peak_remeasures_on_rank_0(cache, monkeypatch):
-    from gembench.harness.distributed.rank import _recheck_peak
-    from gembench.harness.hardware import Peak
+    from gembench.harness.train.distributed.rank import _recheck_peak
+    from gembench.harness.device.hardware import Peak
 
     plant(1e-4, threads=1)
     # the fake machine first, slower than the planted peak: read from the cache, the peak stays

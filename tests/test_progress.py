@@ -2,7 +2,7 @@
 
 import io
 
-from gembench.harness.progress import LOG_LINES, Progress
+from gembench.harness.train.progress import LOG_LINES, Progress
 
 
 class Terminal(io.StringIO):

@@ -17,7 +17,7 @@ from gembench.harness.projection.cost import EMB_BYTES, collective_time, volumes
 from gembench.harness.store.schema import validate
 from gembench.models.config import load_config
 from gembench.models.data import expected_ids_per_example
-from gembench.usage import UsageError
+from gembench.errors import UsageError
 
 H100 = PRESETS["h100"]
 

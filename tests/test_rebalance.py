@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from gembench.harness.distributed import rebalance as R
+from gembench.harness.train.distributed import rebalance as R
 
 
 def gembench(*args, timeout=300):

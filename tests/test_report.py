@@ -7,7 +7,7 @@ import pytest
 from report_fixtures import ab_result, baseline, dist_result, full_result, write
 from synthetic import run_cli
 
-from gembench.harness.html import collect
+from gembench.harness.report.html import collect
 
 # a request-making construct anywhere in the page (namespace URIs in SVG are not requests)
 FETCHES = re.compile(r"""(\bsrc\s*=|href\s*=\s*["']?(https?:|//)|url\(\s*["']?(https?:|//)|@import|<script|<link\b)""", re.I)

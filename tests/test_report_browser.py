@@ -9,8 +9,8 @@ import pytest
 from report_fixtures import ab_result, dist_result, full_result, write
 from synthetic import run_cli
 
-from gembench.harness.html import collect
-from gembench.harness.html.browser import check_page, find_chromium
+from gembench.harness.report.html import collect
+from gembench.harness.report.html.browser import check_page, find_chromium
 
 pytestmark = pytest.mark.skipif(
     find_chromium() is None,

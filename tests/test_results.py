@@ -10,7 +10,7 @@ from synthetic import make_result, run_cli, save
 
 from gembench.harness.store import results
 from gembench.harness.commands.promote import promote
-from gembench.usage import UsageError
+from gembench.errors import UsageError
 from gembench.harness.store.schema import schema_dir
 
 pytestmark = pytest.mark.reads_shared_runs  # tiny_run / table_wise, by getfixturevalue

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from gembench.harness.commands import run as run_command
-from gembench.harness.runconfig import RunConfig
-from gembench.usage import UsageError
+from gembench.harness.train.runconfig import RunConfig
+from gembench.errors import UsageError
 
 
 def parsed(*argv: str) -> argparse.Namespace:

@@ -8,9 +8,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from gembench.harness.runner import run_ab
-from gembench.harness.stack import STACKS, build_train_state
-from gembench.harness.step import run_steps
+from gembench.harness.train.runner import run_ab
+from gembench.harness.train.stack import STACKS, build_train_state
+from gembench.harness.train.step import run_steps
 from gembench.models.config import load_config
 from gembench.models.data import SyntheticData
 

@@ -27,12 +27,12 @@ def run_configs(nproc: int = 1) -> dict:
     if nproc > 1:
         return {c: run_ranks(c, nproc) for c in CONFIGS}
     try:
-        from gembench.harness.runner import run_benchmark
+        from gembench.harness.train.runner import run_benchmark
     except ImportError:  # a commit from before the harness API: nothing to track there
         return {c: None for c in CONFIGS}
     kwargs = {}
     if SWITCHES:  # only then: older commits' run_benchmark may not know stack switches
-        from gembench.harness.stack import STACKS, with_switches
+        from gembench.harness.train.stack import STACKS, with_switches
 
         kwargs["options"] = with_switches(STACKS["optimized"], SWITCHES)
     return {c: dict(run_benchmark(c, steps=STEPS, warmup=3, **kwargs)["metrics"]) for c in CONFIGS}

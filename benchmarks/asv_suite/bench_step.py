@@ -7,7 +7,7 @@ compare).
 asv 0.6 treats a larger value as worse for every benchmark (track_ ones included), so only
 lower-is-better quantities appear here: step time, time over ideal (1/MFU: 1.0 would be a step at
 the reference peak), and peak memory. Each config is run once per commit through the harness API
-(gembench.harness.runner.run_benchmark), in setup_cache, and the tracks read that one result.
+(gembench.harness.train.runner.run_benchmark), in setup_cache, and the tracks read that one result.
 
   asv run HEAD~3..HEAD --bench bench_step        # a few commits
   asv continuous HEAD~1 HEAD --bench bench_step  # exits 1 when something got worse

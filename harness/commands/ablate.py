@@ -53,7 +53,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 def variants(single_process: bool):
     """(label, options) pairs: cumulative additions from the baseline, then single removals."""
-    from gembench.harness.stack import OPTIMIZATIONS, STACKS
+    from gembench.harness.train.stack import OPTIMIZATIONS, STACKS
 
     names = [n for n in OPTIMIZATIONS if not (single_process and n == "pipeline")]
     added, options = [("baseline", STACKS["baseline"])], STACKS["baseline"]
@@ -67,7 +67,7 @@ def variants(single_process: bool):
 def choices(single_process: bool, has_content: bool = True):
     """(label, options): the optimized stack with each other value of a choice switch (one process:
     no dense_parallel, which needs ranks; content only for a config that has some)."""
-    from gembench.harness.stack import CHOICES, STACKS
+    from gembench.harness.train.stack import CHOICES, STACKS
 
     skip = {"dense_parallel"} if single_process else set()
     skip |= set() if has_content else {"content"}
@@ -95,10 +95,10 @@ def _ablate(args: argparse.Namespace) -> int:
 
     from tabulate import tabulate
 
-    from gembench.harness.tables import pct
+    from gembench.harness.report.tables import pct
     from gembench.harness.store.reservation import write_or_fallback
-    from gembench.harness.hardware import resolve_device
-    from gembench.harness.runner import measure_stack, prepare, summarized
+    from gembench.harness.device.hardware import resolve_device
+    from gembench.harness.train.runner import measure_stack, prepare, summarized
     from gembench.models.config import load_config, with_global_batch
     from gembench.models.flops import memory_estimate, parameter_counts
 

@@ -54,10 +54,10 @@ def ablate_ranks(args) -> int:
     from tabulate import tabulate
 
     from gembench.harness.store.reservation import write_or_fallback
-    from gembench.harness.tables import pct
+    from gembench.harness.report.tables import pct
 
     if args.nproc < 2:
-        from gembench.usage import UsageError
+        from gembench.errors import UsageError
 
         raise UsageError(f"--nproc must be 2 or more for the ranks' ablation, got {args.nproc}")
     from gembench.models.config import load_config

@@ -34,7 +34,7 @@ import json
 import sys
 from pathlib import Path
 
-from gembench.usage import UsageError
+from gembench.errors import UsageError
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -123,7 +123,7 @@ def main(args: argparse.Namespace) -> int:
     if args.format == "json":
         text = json.dumps({"schema": "gembench.compare/1", "comparisons": [compare.to_json(c) for c in results]}, indent=1)
     elif args.format == "html":
-        from gembench.harness.html.build import render_compare
+        from gembench.harness.report.html.build import render_compare
 
         text = render_compare(results)
     else:

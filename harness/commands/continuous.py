@@ -91,7 +91,7 @@ import sys
 import time
 from pathlib import Path
 
-from gembench.usage import UsageError
+from gembench.errors import UsageError
 
 DEFAULT_PAIRS = 10
 DEFAULT_STEPS = 480
@@ -169,8 +169,8 @@ def run_process(cmd: list[str], env: dict, cwd: Path, timeout: float) -> tuple[i
     Its own session, so that on Ctrl-C or SIGTERM the whole group (torchrun ranks, compile workers)
     is ended here, and none outlives the command.
     """
-    from gembench.harness.regression.interleave import end_group
-    from gembench.harness.regression.worktrees import deferred_interrupts
+    from gembench.harness.continuous.interleave import end_group
+    from gembench.harness.continuous.worktrees import deferred_interrupts
 
     proc = None
     try:
@@ -234,7 +234,7 @@ def check_args(args: argparse.Namespace) -> None:
     if args.pairs < (1 if args.benchmark == "instructions" else 2):
         raise UsageError(f"--pairs must be at least 2 for an interval, got {args.pairs}")
     if args.benchmark == "instructions":
-        from gembench.harness.tools import valgrind_version
+        from gembench.harness.device.tools import valgrind_version
 
         if valgrind_version() is None:
             raise UsageError("--benchmark instructions needs valgrind (apt-get install -y valgrind, or scripts/setup.sh as root)")
@@ -293,8 +293,8 @@ def interleaved_pairs(args: argparse.Namespace, co: dict,
     Alone (one pair), a pair's two start-ups run on two CPUs and it is pinned once warm; side by
     side, each pair is pinned from its start, so its start-ups, turns and counters stay on its CPU.
     """
-    from gembench.harness.regression import interleave
-    from gembench.harness.regression.worktrees import deferred_interrupts
+    from gembench.harness.continuous import interleave
+    from gembench.harness.continuous.worktrees import deferred_interrupts
 
     workers, pairs = [], []
     try:
@@ -326,7 +326,7 @@ def interleaved_pairs(args: argparse.Namespace, co: dict,
 def default_parallel(device: str) -> int:
     """Pairs at once by default: one per CPU this process may use, but one on a GPU (which they would share)."""
     if device != "cpu":
-        from gembench.harness.hardware import resolve_device
+        from gembench.harness.device.hardware import resolve_device
 
         if resolve_device(device).type != "cpu":
             return 1

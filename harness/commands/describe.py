@@ -32,7 +32,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def describe(cfg) -> dict:
-    from gembench.harness.stack import STACKS
+    from gembench.harness.train.stack import STACKS
     from gembench.harness.metrics.mfu import TRAIN_FLOPS_PER_FORWARD
     from gembench.models.flops import forward_flops_per_example, \
         memory_estimate, parameter_counts
@@ -62,7 +62,7 @@ def describe(cfg) -> dict:
             name: memory_estimate(cfg, cfg.data.global_batch, counts, options, "cuda")
             for name, options in STACKS.items()
         },
-        # the optimized stack with each switch of GEM's dense side (harness/parallelize.py);
+        # the optimized stack with each switch of GEM's dense side (harness/train/parallelize.py);
         # per rank of SWITCH_RANKS for the data-parallel ones: the batch, the tables and (fsdp)
         # the dense state split over them
         "memory_estimate_bytes_by_switch": {
@@ -99,7 +99,7 @@ SWITCH_RANKS = 8  # one node of GPUs
 def _switch_cells(cfg):
     from dataclasses import replace
 
-    from gembench.harness.stack import STACKS
+    from gembench.harness.train.stack import STACKS
 
     opt, n, batch = STACKS["optimized"], SWITCH_RANKS, cfg.data.global_batch
     return [
@@ -115,7 +115,7 @@ def _switch_cells(cfg):
 def main(args: argparse.Namespace) -> int:
     from tabulate import tabulate
 
-    from gembench.harness.tables import si
+    from gembench.harness.report.tables import si
     from gembench.models.config import load_config
 
     from gembench.models.config import with_global_batch

@@ -29,7 +29,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gembench.usage import UsageError
+from gembench.errors import UsageError
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

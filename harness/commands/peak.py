@@ -29,8 +29,8 @@ import sys
 
 from tabulate import tabulate
 
-from gembench.harness import calibration as C
-from gembench.usage import UsageError
+from gembench.harness.device import calibration as C
+from gembench.errors import UsageError
 
 
 def configure(p: argparse.ArgumentParser) -> None:

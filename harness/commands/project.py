@@ -27,7 +27,7 @@ import datetime
 import sys
 import uuid
 
-from gembench.usage import UsageError
+from gembench.errors import UsageError
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -83,14 +83,14 @@ def project_command(args) -> int:
     from gembench.harness.projection.cluster import load_cluster
     from gembench.harness.projection.report import projection_document, print_projection
     from gembench.harness.projection.sweep import sweep
-    from gembench.harness.stack import stack_options
+    from gembench.harness.train.stack import stack_options
     from gembench.harness.store.results import check_writable, write_result
     from gembench.models.config import load_config, with_global_batch
 
     cluster = load_cluster(args.cluster)
     stack = stack_options("optimized", None, tuple(args.switches))
     if args.sharding:
-        from gembench.harness.distributed.plan import SHARDING_TYPES
+        from gembench.harness.train.distributed.plan import SHARDING_TYPES
 
         if args.sharding not in SHARDING_TYPES:
             raise UsageError(f"--sharding must be one of {', '.join(SHARDING_TYPES)}, got {args.sharding!r}")

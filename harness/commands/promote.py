@@ -19,7 +19,7 @@ import datetime as dt
 import os
 from pathlib import Path
 
-from gembench.usage import UsageError
+from gembench.errors import UsageError
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

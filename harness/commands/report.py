@@ -28,7 +28,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from gembench.usage import UsageError
+from gembench.errors import UsageError
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -47,7 +47,7 @@ def write_page(out_dir: Path, text: str) -> Path:
 
 
 def main(args: argparse.Namespace) -> int:
-    from gembench.harness.html import collect
+    from gembench.harness.report.html import collect
 
     out_dir = Path(args.out)
     if out_dir.exists() and not out_dir.is_dir():
@@ -67,7 +67,7 @@ def main(args: argparse.Namespace) -> int:
     for i, g in enumerate(groups, 1):
         print(f"gembench report: [{i}/{len(groups)}] {g.title}: {len(g.runs)} run(s)", file=sys.stderr)
         collect.gate_group(g, thresholds)
-    from gembench.harness.html import build
+    from gembench.harness.report.html import build
 
     text = build.render(groups, loaded.skipped, inputs, loaded.files, collect.head(), thresholds, loaded.projections)
     path = write_page(out_dir, text)

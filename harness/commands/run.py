@@ -129,8 +129,8 @@ def under_nsys(args) -> int:
     import shutil
     import subprocess
 
-    from gembench.harness.nvtx import ENV
-    from gembench.usage import UsageError
+    from gembench.harness.train.nvtx import ENV
+    from gembench.errors import UsageError
 
     if args.device == "cpu" or not cuda_available():
         raise UsageError("--nsys profiles CUDA work and this run has no CUDA device; on CPU use --trace DIR "
@@ -154,7 +154,7 @@ def under_nsys(args) -> int:
 def main(args: argparse.Namespace) -> int:
     import os
 
-    from gembench.harness.runconfig import RunConfig
+    from gembench.harness.train.runconfig import RunConfig
 
     run = RunConfig.from_namespace(args)
     distributed = run.nproc is not None or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
@@ -162,7 +162,7 @@ def main(args: argparse.Namespace) -> int:
     if run.nsys is not None:
         return under_nsys(run)
     if distributed:
-        from gembench.harness.distributed.launch import main as distributed_main  # torchrun ranks
+        from gembench.harness.train.distributed.launch import main as distributed_main  # torchrun ranks
 
         return distributed_main(run)
     from gembench.harness.store.reservation import Reservation
@@ -188,11 +188,11 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _run(run) -> int:
-    from gembench.harness.progress import Progress
+    from gembench.harness.train.progress import Progress
     from gembench.harness.store.reservation import write_or_fallback
-    from gembench.harness.runner import run_ab, run_benchmark
-    from gembench.harness.tables import run_report
-    from gembench.usage import UsageError
+    from gembench.harness.train.runner import run_ab, run_benchmark
+    from gembench.harness.report.tables import run_report
+    from gembench.errors import UsageError
 
     progress = Progress(not run.quiet, f"gembench run {run.config}")
 
@@ -204,7 +204,7 @@ def _run(run) -> int:
 
     pace = None
     if run.pace is not None:
-        from gembench.harness.regression.interleave import Pacer
+        from gembench.harness.continuous.interleave import Pacer
 
         try:
             pace = Pacer(run.pace, run.burst)

@@ -80,7 +80,7 @@ def summarize(step_s, stages: dict, forward_flops: list[float], examples: int,
     ``forward_flops`` holds each timed step's forward model FLOPs (they vary with the jagged
     lengths of its batch); a stage's FLOPs are its share of the training FLOPs.
     ``recomputed_flops``: each step's forward FLOPs run again by activation checkpointing
-    (harness/parallelize.py recomputed_forward_flops), executed in the backward; none if absent.
+    (harness/train/parallelize.py recomputed_forward_flops), executed in the backward; none if absent.
     """
     step_s = np.asarray(step_s, dtype=float)
     fwd = np.asarray(forward_flops, dtype=float)

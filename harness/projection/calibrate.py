@@ -23,7 +23,7 @@ import numpy as np
 
 from gembench.harness.metrics.comm import bus_factor
 from gembench.harness.projection.cluster import FAMILIES, Cluster, Link, to_toml
-from gembench.usage import UsageError
+from gembench.errors import UsageError
 
 SIZES = [2**k for k in range(12, 25, 2)]  # 4 KiB .. 16 MiB
 ITERS = 15

@@ -16,7 +16,7 @@ from tabulate import tabulate
 from gembench.harness.projection.cluster import load_cluster
 from gembench.harness.projection.cost import STAGES, measured_compute, project
 from gembench.harness.projection.offline_plan import plan_from_result
-from gembench.usage import UsageError
+from gembench.errors import UsageError
 
 STEP_GOAL, STAGE_GOAL = 0.15, 0.25
 MINOR_SHARE = 0.05
@@ -24,7 +24,7 @@ SETUP = ("dense_parallel", "activation_checkpointing", "bf16", "compile", "fused
 
 
 def check(measured: dict, one_rank: dict, cluster) -> dict:
-    from gembench.harness.stack import STACKS
+    from gembench.harness.train.stack import STACKS
     from gembench.models.config import for_device, load_config, with_global_batch
     from gembench.models.data import expected_ids_per_example
 

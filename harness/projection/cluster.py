@@ -28,7 +28,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from gembench.usage import UsageError, read_toml
+from gembench.errors import UsageError, read_toml
 
 FAMILIES = ("all_to_all", "all_reduce", "reduce_scatter", "all_gather")
 

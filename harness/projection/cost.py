@@ -29,8 +29,8 @@ import numpy as np
 
 from gembench.harness.metrics.comm import bus_factor
 from gembench.harness.metrics.mfu import STAGE_FLOP_SHARE, mfu, train_flops
-from gembench.harness.parallelize import dense_shards as parallel_shards
-from gembench.harness.parallelize import recomputed_forward_flops
+from gembench.harness.train.parallelize import dense_shards as parallel_shards
+from gembench.harness.train.parallelize import recomputed_forward_flops
 from gembench.harness.projection.cluster import Cluster
 from gembench.models.config import ModelConfig
 from gembench.models.data import id_exponents, zipf_share

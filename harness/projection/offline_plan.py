@@ -21,12 +21,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gembench.harness.calibration import cache_dir
-from gembench.harness.distributed.plan import PlanRecorder, sharders, table_constraints
+from gembench.harness.device.calibration import cache_dir
+from gembench.harness.train.distributed.plan import PlanRecorder, sharders, table_constraints
 from gembench.harness.projection.cluster import Cluster
 from gembench.models.config import ModelConfig
 from gembench.models.data import expected_ids_per_example
-from gembench.usage import UsageError
+from gembench.errors import UsageError
 
 SMALL_TABLE_BYTES = 16 * 2**30  # fp32 weights; below this a table is placed whole (table_wise)
 # Above it, pooled tables are split over one node's GPUs (table_row_wise: their partial sums are

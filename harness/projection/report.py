@@ -6,7 +6,7 @@ from dataclasses import asdict
 
 from tabulate import tabulate
 
-from gembench.harness.env import git_state
+from gembench.harness.device.env import git_state
 from gembench.harness.projection.cluster import Cluster
 from gembench.harness.projection.cost import STAGES, Compute
 from gembench.models.config import ModelConfig

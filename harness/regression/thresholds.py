@@ -11,7 +11,7 @@ import fnmatch
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gembench.usage import UsageError
+from gembench.errors import UsageError
 from gembench.harness.regression.directions import COUNTERS, GENERAL_COUNTER_LIMIT, INSTRUCTIONS_LIMIT, info
 
 DEFAULT_PATH = Path("results/thresholds.toml")
@@ -82,7 +82,7 @@ def _check_table(path: Path, where: str, table) -> dict:
 
 def load(path: str | Path, config: str, hardware_class: str) -> Limits:
     """Limits for ``config`` on ``hardware_class`` from the TOML file at ``path``."""
-    from gembench.usage import read_toml
+    from gembench.errors import read_toml
 
     path = Path(path)
     data = read_toml(path, f"no thresholds file {path}; pass --thresholds")

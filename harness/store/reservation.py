@@ -27,7 +27,7 @@ import socket
 import tempfile
 from pathlib import Path
 
-from gembench.usage import UsageError
+from gembench.errors import UsageError
 
 LOCK_SUFFIX = ".lock"
 # Set by `gembench run --nproc N` for its ranks: the --out its own reservation holds.

@@ -25,7 +25,7 @@ Schema ``gembench.result/1`` (all times in seconds, FLOPs as floats):
              lower is better, deterministic for a seed; the numbers are copied into metrics
     profile: (run --trace only) {trace: path, ranked: "CUDA kernels" | "CPU ops",
              top: [{name, calls, self_us, share}]}: the profiled step's top 10 by self time
-    distributed runs add ranks, imbalance and comm: see harness/distributed/result.py
+    distributed runs add ranks, imbalance and comm: see harness/train/distributed/result.py
 
 Baselines (``gembench.baseline/1``) bundle one or more replicate runs of one config on one hardware
 class: {schema, promoted (ISO 8601 UTC), hardware_class, config, runs: [result, ...]}. They live
@@ -49,7 +49,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from gembench.usage import UsageError
+from gembench.errors import UsageError
 from gembench.harness.store.schema import load_document, validate  # noqa: F401  (readers' API)
 
 SCHEMA = "gembench.result/1"

@@ -21,7 +21,7 @@ import os
 import re
 from pathlib import Path
 
-from gembench.usage import UsageError
+from gembench.errors import UsageError
 
 # document kind -> the one version this gembench reads; the schema file is <kind>-<version>.json
 KNOWN = {"gembench.result": 1, "gembench.baseline": 1, "gembench.instructions": 1, "gembench.projection": 1}

@@ -5,7 +5,7 @@
     attention="padded"          -> whole batch padded       (ops/pytorch/hstu_attention.py)
 
 All backends compute the same function with the same parameters (docs/design.md section 2), so a
-stack flips ``kernel`` (harness/stack.py: ``jagged``) without touching the weights.
+stack flips ``kernel`` (harness/train/stack.py: ``jagged``) without touching the weights.
 """
 
 from __future__ import annotations

@@ -10,11 +10,11 @@ import resource
 
 import torch
 
-from gembench.harness.hardware import memory_available
-from gembench.harness.stack import STACKS, StackOptions, stack_label
+from gembench.harness.device.hardware import memory_available
+from gembench.harness.train.stack import STACKS, StackOptions, stack_label
 from gembench.models.config import ModelConfig
 from gembench.models.flops import memory_estimate, parameter_counts
-from gembench.usage import UsageError
+from gembench.errors import UsageError
 
 FIT_SHARE = 0.9  # of the free memory a run may plan to use: the allocator fragments the rest
 

@@ -25,15 +25,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gembench.harness.env import fingerprint
+from gembench.harness.device.env import fingerprint
 from gembench.harness.metrics.counters import flat_metrics
 from gembench.harness.metrics.imbalance import critical_path, imbalance, stall_cost
 from gembench.harness.metrics.mfu import mfu, per_step_mfu, summarize, tflops, train_flops
 from gembench.harness.store.document import result_document
-from gembench.harness.step import divergence, finite_or_none
+from gembench.harness.train.step import divergence, finite_or_none
 
 if TYPE_CHECKING:
-    from gembench.harness.runconfig import RunConfig
+    from gembench.harness.train.runconfig import RunConfig
 
 PRIMARY_LOAD = "bytes_read"  # deterministic and proportional to memory-bound lookup work
 
@@ -144,7 +144,7 @@ def peak_section(records, summary: dict) -> dict:
     """
     import torch
 
-    from gembench.harness.hardware import peak_basis
+    from gembench.harness.device.hardware import peak_basis
 
     world = len(records)
     peaks = [r["peak_tflops"] for r in records]

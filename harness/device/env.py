@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from gembench import __version__
-from gembench.harness.hardware import cpu_model, device_name, hardware_class
+from gembench.harness.device.hardware import cpu_model, device_name, hardware_class
 
 SOURCE_DIR = Path(__file__).resolve().parents[1]
 PACKAGES = ("torch", "torchrec", "fbgemm-gpu-cpu", "fbgemm-gpu", "numpy")

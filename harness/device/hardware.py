@@ -13,9 +13,9 @@ from pathlib import Path
 
 import torch
 
-from gembench.harness import calibration
+from gembench.harness.device import calibration
 from gembench.harness.metrics.mfu import STAGE_FLOP_SHARE
-from gembench.usage import UsageError
+from gembench.errors import UsageError
 
 # Dense (no sparsity) bf16 tensor-core peaks in TFLOP/s, from vendor datasheets.
 GPU_PEAK_TFLOPS = {

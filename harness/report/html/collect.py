@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gembench.usage import UsageError
+from gembench.errors import UsageError
 from gembench.harness.store.results import (BASELINE_SCHEMA, BASELINES_DIR, RUN_KEYS, RUNS_DIR, expand_paths,
                                             field as get)
 

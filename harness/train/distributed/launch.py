@@ -21,10 +21,10 @@ import subprocess
 import sys
 from typing import TYPE_CHECKING
 
-from gembench.usage import UsageError
+from gembench.errors import UsageError
 
 if TYPE_CHECKING:
-    from gembench.harness.runconfig import RunConfig
+    from gembench.harness.train.runconfig import RunConfig
 
 HOST = "127.0.0.1"
 
@@ -45,17 +45,17 @@ def port_free(port: int, host: str = HOST) -> bool:
 
 
 def main(args: RunConfig) -> int:
-    from gembench.harness.distributed import noise
+    from gembench.harness.train.distributed import library_logs
 
-    noise.install(args.verbose)  # before TorchRec's import, which may warn
-    from gembench.harness.distributed.process_group import torchrun_env
+    library_logs.install(args.verbose)  # before TorchRec's import, which may warn
+    from gembench.harness.train.distributed.process_group import torchrun_env
 
     env = torchrun_env()
     if env is not None:
         if args.nproc is not None and args.nproc != env["world_size"]:
             raise UsageError(f"--nproc {args.nproc} but torchrun started {env['world_size']} ranks "
                              f"(WORLD_SIZE): drop --nproc under torchrun, or make them agree")
-        from gembench.harness.distributed.rank import main as rank_main
+        from gembench.harness.train.distributed.rank import main as rank_main
 
         return rank_main(args, env)
     check(args)
@@ -92,11 +92,11 @@ def check(args: RunConfig) -> None:
     already) cannot see: the batch split, the sharding spec, the backend and devices, --out."""
     import torch
 
-    from gembench.harness.distributed.rank import per_rank_batch
-    from gembench.harness.distributed.plan import parse_sharding
-    from gembench.harness.distributed.process_group import backend_for
-    from gembench.harness.hardware import resolve_device
-    from gembench.harness.parallelize import HSDP_ONE_NODE
+    from gembench.harness.train.distributed.rank import per_rank_batch
+    from gembench.harness.train.distributed.plan import parse_sharding
+    from gembench.harness.train.distributed.process_group import backend_for
+    from gembench.harness.device.hardware import resolve_device
+    from gembench.harness.train.parallelize import HSDP_ONE_NODE
     from gembench.harness.store.results import check_writable
     from gembench.models.config import load_config, with_global_batch
     from gembench.models.sparse import pooled_tables, sequence_tables
@@ -113,7 +113,7 @@ def check(args: RunConfig) -> None:
         raise UsageError(f"--sharding: sequence table(s) {', '.join(odd)} can only be table_wise, row_wise "
                          f"or column_wise in TorchRec; add e.g. {odd[0]}=row_wise to the spec")
     if args.rebalance:
-        from gembench.harness.distributed.rebalance import check as check_rebalance
+        from gembench.harness.train.distributed.rebalance import check as check_rebalance
 
         check_rebalance(args.sharding, forced, tables + sequences, args.nproc, args.pipeline)
     if args.options.dense_parallel == "hsdp":  # --nproc starts every rank on this one host

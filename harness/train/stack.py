@@ -12,7 +12,7 @@ Two named stacks bracket GEM's "doubled efficiency":
              on several ranks TorchRec's sparse-dist pipeline.
 Every optimization is one field of StackOptions, so `gembench ablate` can flip it alone. Two of
 GEM's dense-side techniques are choices rather than on/off (CHOICES): how the dense part is made
-data parallel over ranks (DDP, FSDP2 or HSDP, harness/parallelize.py) and which blocks are
+data parallel over ranks (DDP, FSDP2 or HSDP, harness/train/parallelize.py) and which blocks are
 activation-checkpointed (none, each HSTU layer, every dense block).
 """
 
@@ -27,10 +27,10 @@ import torch
 from torch import nn
 from torchrec import EmbeddingBagCollection, EmbeddingCollection
 
-from gembench.usage import UsageError
-from gembench.harness import nvtx
-from gembench.harness.parallelize import apply_ac, apply_compile
-from gembench.harness.step import TrainState
+from gembench.errors import UsageError
+from gembench.harness.train import nvtx
+from gembench.harness.train.parallelize import apply_ac, apply_compile
+from gembench.harness.train.step import TrainState
 from gembench.models.config import ModelConfig
 from gembench.models.gem import build_model
 from gembench.models.sparse import is_embedding_parameter

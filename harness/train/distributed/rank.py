@@ -21,26 +21,26 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from gembench.harness import nvtx
-from gembench.harness.distributed import noise
-from gembench.harness.distributed import engines as E
-from gembench.harness.distributed import loads as L
-from gembench.harness.distributed import plan as P
-from gembench.harness.distributed import process_group as PG
-from gembench.harness.distributed import watchdog as W
-from gembench.harness.progress import Progress
-from gembench.harness.runconfig import RunConfig
-from gembench.usage import UsageError
-from gembench.harness.hardware import cpu_peak, device_name, recheck_peak, reference_peak, resolve_device
+from gembench.harness.train import nvtx
+from gembench.harness.train.distributed import library_logs
+from gembench.harness.train.distributed import engines as E
+from gembench.harness.train.distributed import loads as L
+from gembench.harness.train.distributed import plan as P
+from gembench.harness.train.distributed import process_group as PG
+from gembench.harness.train.distributed import watchdog as W
+from gembench.harness.train.progress import Progress
+from gembench.harness.train.runconfig import RunConfig
+from gembench.errors import UsageError
+from gembench.harness.device.hardware import cpu_peak, device_name, recheck_peak, reference_peak, resolve_device
 from gembench.harness.metrics import comm
 from gembench.harness.metrics.mfu import summarize
 from gembench.harness.metrics import counters as C
 from gembench.harness.metrics import trace as TR
 from gembench.harness.metrics.imbalance import hot_share
-from gembench.harness.memory import (SavedForBackward, memory_fields, peak_memory_bytes, reset_peak_memory,
+from gembench.harness.train.memory import (SavedForBackward, memory_fields, peak_memory_bytes, reset_peak_memory,
                                      run_memory_bytes)
-from gembench.harness.runner import MAX_DISTINCT_BATCHES
-from gembench.harness.step import StageClock, timed_steps
+from gembench.harness.train.runner import MAX_DISTINCT_BATCHES
+from gembench.harness.train.step import StageClock, timed_steps
 from gembench.models.config import for_device, load_config, with_global_batch
 from gembench.models.data import SyntheticData, expected_ids_per_example
 from gembench.models.flops import batch_forward_flops, embedding_bytes, memory_estimate, parameter_counts
@@ -78,7 +78,7 @@ def main(args: RunConfig, env: dict) -> int:
         watchdog = W.Watchdog(rank, env["world_size"], args.timeout, store)
         result = run(args, env, dev, watchdog, fault)
         if rank == 0:
-            from gembench.harness.tables import distributed_report
+            from gembench.harness.report.tables import distributed_report
 
             out = args.out or RUNS_DIR / f"{result['id']}.json"
             print(distributed_report(result), flush=True)  # the figures first: the write may fail
@@ -92,8 +92,8 @@ def main(args: RunConfig, env: dict) -> int:
                     return 0
                 return 2
             print(f"\nresult: {out}", flush=True)
-            if noise.hidden_note(rank):
-                print(noise.hidden_note(rank), file=sys.stderr, flush=True)
+            if library_logs.hidden_note(rank):
+                print(library_logs.hidden_note(rank), file=sys.stderr, flush=True)
         finished = True
         return 0
     except UsageError as err:
@@ -123,9 +123,9 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
     the load measured on it (rebalance.py), on the new plan with the trained state carried over
     (carry.py); the result is the second run's, the first's figures in its ``rebalance`` section.
     """
-    from gembench.harness.distributed import rebalance as R
-    from gembench.harness.distributed.result import build_result
-    from gembench.harness.stack import model_config, on_ranks
+    from gembench.harness.train.distributed import rebalance as R
+    from gembench.harness.train.distributed.result import build_result
+    from gembench.harness.train.stack import model_config, on_ranks
 
     rank, world = env["rank"], env["world_size"]
     cfg = for_device(with_global_batch(load_config(args.config), args.batch, world), dev.type)  # --batch; CPU row cap
@@ -133,7 +133,7 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
     # the peaks first: calibrating one (large GEMMs) must not count as the run's memory
     watchdog.at("peak")
     peak, host_peak = _peaks(dev, args, env)
-    # The stack from harness/stack.py, as on one process: kernels, precision, compile, optimizer
+    # The stack from harness/train/stack.py, as on one process: kernels, precision, compile, optimizer
     # and learning rates; embeddings are always fbgemm's fused TBE under DMP, and overlap is the
     # --pipeline switch (stack.on_ranks).
     options = on_ranks(args.options, args.pipeline)
@@ -198,7 +198,7 @@ def _rebuild(old: "_Job", args: RunConfig, env: dict, dev: torch.device, cfg, op
     """The model built again on a new plan, ``old``'s trained state carried into it: (job, carried).
     torch.compile's caches of the old model are dropped (the new one compiles on its first step
     anyway), so that nothing of it outlives the caller's last reference."""
-    from gembench.harness.distributed.carry import carry_state
+    from gembench.harness.train.distributed.carry import carry_state
 
     job = _build(args, env, dev, cfg, options, local_batch, watchdog, pooling, measured)
     watchdog.at("carry")
@@ -224,8 +224,8 @@ def _build(args: RunConfig, env: dict, dev: torch.device, cfg, options, local_ba
            pooling: dict | None, measured=None) -> _Job:
     """Model, plan (TorchRec's planner told ``pooling``; ``measured``: rebalance.MeasuredLookups),
     DMP, FSDP, compile, and the step engine (the staged one; the pipeline's is made in _measure)."""
-    from gembench.harness.parallelize import apply_ac, apply_compile, apply_fsdp, dense_mesh
-    from gembench.harness.stack import pure_model
+    from gembench.harness.train.parallelize import apply_ac, apply_compile, apply_fsdp, dense_mesh
+    from gembench.harness.train.stack import pure_model
 
     watchdog.at("build")
     start_bytes = reset_peak_memory(dev)  # the rank's floor: what was loaded before the run
@@ -253,8 +253,8 @@ def _build(args: RunConfig, env: dict, dev: torch.device, cfg, options, local_ba
 def _measure(job: _Job, args: RunConfig, env: dict, dev: torch.device, cfg, options, local_batch: int, watchdog,
              fault, peak, host_peak) -> tuple[dict, list]:
     """Time, count and profile this rank's steps on ``job``: its record for rank 0, and the batches."""
-    from gembench.harness.parallelize import dense_shards, dense_state_bytes, recomputed_forward_flops
-    from gembench.harness.stack import autocast_for
+    from gembench.harness.train.parallelize import dense_shards, dense_state_bytes, recomputed_forward_flops
+    from gembench.harness.train.stack import autocast_for
 
     rank, world, dmp = env["rank"], env["world_size"], job.dmp
     watchdog.at("data")

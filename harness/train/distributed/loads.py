@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gembench.harness.distributed.plan import sharded_modules
+from gembench.harness.train.distributed.plan import sharded_modules
 
 
 def local_dims(module: nn.Module) -> list[dict[str, int]]:

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gembench.harness.regression.stats import interval, relative_change
-from gembench.harness.tables import placement
-from gembench.usage import UsageError
+from gembench.harness.report.tables import placement
+from gembench.errors import UsageError
 
 RESOLUTION = 256  # row bins per table: shard boundaries fall between bins to 0.4% of the rows
 BYTES = 4  # fp32 tables (loads.lookup_load reads the same)

@@ -23,7 +23,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from gembench.usage import UsageError
+from gembench.errors import UsageError
 
 
 @dataclass

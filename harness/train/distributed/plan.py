@@ -4,7 +4,7 @@ The sparse arch is sharded by TorchRec's DistributedModelParallel with a plan fr
 EmbeddingShardingPlanner over a Topology of this job (world size, ranks per host, device kind);
 ``--sharding`` forces a sharding type for all tables or per table through ParameterConstraints.
 Embedding tables train with TorchRec's fused row-wise Adagrad (applied inside the backward),
-at the stack's learning rate (harness/stack.py).
+at the stack's learning rate (harness/train/stack.py).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from gembench.harness.stack import ADAGRAD_EPS, EMBEDDING_LR
-from gembench.usage import UsageError
+from gembench.harness.train.stack import ADAGRAD_EPS, EMBEDDING_LR
+from gembench.errors import UsageError
 
 POOLING_DEFAULT = 1.0  # TorchRec's own default pooling factor
 MIN_POOLING = 1e-3  # a table no example looks up still needs a positive factor
@@ -80,7 +80,7 @@ def sharders():
             extra = [t for t in ("row_wise", "table_row_wise") if t not in types]
             return types + extra if compute_device_type == "cpu" else types
 
-    # the single-process stack's learning rate and eps (harness/stack.py); TorchRec's sharded
+    # the single-process stack's learning rate and eps (harness/train/stack.py); TorchRec's sharded
     # kernels offer row-wise Adagrad, not the exact per-element one
     fused = {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": EMBEDDING_LR, "eps": ADAGRAD_EPS}
     return [PooledSharder(fused_params=fused), EmbeddingCollectionSharder(fused_params=fused)]
@@ -164,7 +164,7 @@ def plan_sharding(model: nn.Module, forced: dict[str, str], env: dict, device: t
 def shard(model: nn.Module, plan, device: torch.device, ddp: bool) -> nn.Module:
     """DMP over the model. With ``ddp`` (the pipeline's default) DMP wraps the dense part in DDP,
     which overlaps the gradient sync with the backward; otherwise the dense parameters stay plain:
-    staged runs sync them in a stage of their own, and FSDP2 (harness/parallelize.py) shards them."""
+    staged runs sync them in a stage of their own, and FSDP2 (harness/train/parallelize.py) shards them."""
     from torchrec.distributed.model_parallel import DataParallelWrapper, DistributedModelParallel
 
     class NoWrap(DataParallelWrapper):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gembench.harness import nvtx
+from gembench.harness.train import nvtx
 from gembench.models.heads import task_losses
 
 STAGES = ("data", "sparse_forward", "dense_forward", "loss", "backward", "optimizer")
@@ -27,7 +27,7 @@ class StageClock:
     def __init__(self, device: torch.device, stages=STAGES):
         self.cuda = device.type == "cuda"
         self.marks: list[tuple[str, object]] = []
-        self.ranges = nvtx.StageRanges(stages)  # NVTX ranges by stage, when on (harness/nvtx.py)
+        self.ranges = nvtx.StageRanges(stages)  # NVTX ranges by stage, when on (harness/train/nvtx.py)
 
     def mark(self, name: str) -> None:
         self.ranges.mark(name)
@@ -163,7 +163,7 @@ def timed_steps(one_step, total: int, kept: range, device: torch.device, stages=
     samples = StepSamples(stages={s: [] for s in stages})
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     losses = []
-    capture = contextlib.ExitStack()  # nsys's capture range: the kept steps (harness/nvtx.py)
+    capture = contextlib.ExitStack()  # nsys's capture range: the kept steps (harness/train/nvtx.py)
     for i in range(total):
         if pace is not None and i in kept:
             pace(i - kept.start)

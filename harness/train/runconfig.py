@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from gembench.harness.stack import StackOptions, check_one_process, stack_options
+from gembench.harness.train.stack import StackOptions, check_one_process, stack_options
 from gembench.harness.store.results import writable_folder
-from gembench.usage import UsageError
+from gembench.errors import UsageError
 
 
 def check_counts(steps: int, warmup: int) -> None:
@@ -39,7 +39,7 @@ class RunConfig:
     peak_tflops: float | None = None
     out: Path | None = None
     trace: Path | None = None
-    nsys: Path | None = None  # rerun under Nsight Systems into this report (harness/nvtx.py)
+    nsys: Path | None = None  # rerun under Nsight Systems into this report (harness/train/nvtx.py)
     quiet: bool = False
     verbose: bool = False
     # several ranks

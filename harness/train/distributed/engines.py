@@ -19,7 +19,7 @@ enqueued, batch i waited for), input_dist (start + wait of batch i+1's dist), fo
 (lookup + output_dist + dense forward of batch i), backward (incl. DDP's all-reduce and the
 embedding-gradient all-to-alls), optimizer.
 
-The dense optimizer is the stack's (harness/stack.py), as on one process.
+The dense optimizer is the stack's (harness/train/stack.py), as on one process.
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from gembench.harness import nvtx
-from gembench.harness.distributed.plan import dense_parameters, sharded_modules
-from gembench.harness.stack import StackOptions, dense_optimizer
+from gembench.harness.train import nvtx
+from gembench.harness.train.distributed.plan import dense_parameters, sharded_modules
+from gembench.harness.train.stack import StackOptions, dense_optimizer
 from gembench.models.heads import multitask_loss
 
 STAGES = ("data", "input_dist", "embedding_lookup", "output_dist", "dense_forward", "backward",

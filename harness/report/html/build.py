@@ -11,11 +11,11 @@ import datetime as dt
 import re
 import socket
 
-from gembench.harness.html import figures
-from gembench.harness.html.collect import Group, failed_metrics, overall, short
-from gembench.harness.html.page import badge, details, esc, figure, page, table
+from gembench.harness.report.html import figures
+from gembench.harness.report.html.collect import Group, failed_metrics, overall, short
+from gembench.harness.report.html.page import badge, details, esc, figure, page, table
 from gembench.harness.store.results import field as get
-from gembench.harness.tables import LOAD_LABELS, largest_loss, pct, si
+from gembench.harness.report.tables import LOAD_LABELS, largest_loss, pct, si
 
 
 def mfu_pct(value: float | None) -> str:

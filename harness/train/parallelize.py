@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from gembench.models.blocks import dense_blocks, dense_roots
-from gembench.usage import UsageError
+from gembench.errors import UsageError
 
 
 def checkpointed(model: nn.Module, mode: str) -> list[tuple[str, nn.Module]]:

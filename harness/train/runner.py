@@ -14,21 +14,21 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gembench.harness import nvtx
-from gembench.harness.env import fingerprint
-from gembench.usage import UsageError
-from gembench.harness.hardware import Peak, memory_available, peak_basis, recheck_peak, reference_peak, resolve_device
-from gembench.harness.memory import (FIT_SHARE, SavedForBackward, check_fits, fit_hint, memory_fields,
+from gembench.harness.train import nvtx
+from gembench.harness.device.env import fingerprint
+from gembench.errors import UsageError
+from gembench.harness.device.hardware import Peak, memory_available, peak_basis, recheck_peak, reference_peak, resolve_device
+from gembench.harness.train.memory import (FIT_SHARE, SavedForBackward, check_fits, fit_hint, memory_fields,
                                      peak_memory_bytes, reset_peak_memory, run_memory_bytes)
 from gembench.harness.metrics import counters as C
-from gembench.harness.runconfig import check_counts
+from gembench.harness.train.runconfig import check_counts
 from gembench.harness.metrics import trace as TR
 from gembench.harness.metrics.mfu import per_step_mfu, summarize, train_flops
-from gembench.harness.parallelize import recomputed_forward_flops
+from gembench.harness.train.parallelize import recomputed_forward_flops
 from gembench.harness.store.document import result_document
-from gembench.harness.stack import STACKS, StackOptions, build_train_state, model_config
+from gembench.harness.train.stack import STACKS, StackOptions, build_train_state, model_config
 from gembench.harness.regression.stats import paired_ratio_interval
-from gembench.harness.step import NoClock, StepSamples, divergence, finite_or_none, out_of_memory, run_steps, train_step
+from gembench.harness.train.step import NoClock, StepSamples, divergence, finite_or_none, out_of_memory, run_steps, train_step
 from gembench.models.config import ModelConfig, for_device, load_config, with_global_batch
 from gembench.models.data import SyntheticData
 from gembench.models.flops import batch_forward_flops, embedding_bytes, memory_estimate, parameter_counts

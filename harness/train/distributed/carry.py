@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from gembench.harness.distributed.rebalance import Carried
+from gembench.harness.train.distributed.rebalance import Carried
 
 
 def _sharded():

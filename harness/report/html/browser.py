@@ -271,10 +271,10 @@ def save_small_png(src: Path, dst: Path, colors: int = 128) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """python -m gembench.harness.html.browser PAGE [--screenshot PNG]: exit 1 on any problem."""
+    """python -m gembench.harness.report.html.browser PAGE [--screenshot PNG]: exit 1 on any problem."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m gembench.harness.html.browser", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m gembench.harness.report.html.browser", description=main.__doc__)
     parser.add_argument("page", type=Path)
     parser.add_argument("--screenshot", type=Path, default=None, help="write a PNG of the page")
     parser.add_argument("--width", type=int, default=1280)

@@ -12,7 +12,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from gembench.usage import UsageError
+from gembench.errors import UsageError
 
 
 def torchrun_env() -> dict | None:
