@@ -8,8 +8,9 @@ field, flag or rank at fault and say what to do.
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 
 class UsageError(Exception):

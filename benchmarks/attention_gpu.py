@@ -131,8 +131,10 @@ def main() -> None:
     device = resolve_device(args.device)
     cuda = device.type == "cuda"
     if not cuda:
-        print("No CUDA device: the Triton kernels are not timed (tests/test_hstu_triton.py checks them "
-              "in Triton's interpreter); CPU paths at reduced shapes.\n")
+        print(
+            "No CUDA device: the Triton kernels are not timed (tests/test_hstu_triton.py checks them "
+            "in Triton's interpreter); CPU paths at reduced shapes.\n"
+        )
     batch = args.batch or (512 if cuda else 16)
     max_len = args.max_len or (None if cuda else 128)
     dtype_name = args.dtype or ("bf16" if cuda else "fp32")
@@ -144,10 +146,14 @@ def main() -> None:
     call = (q, k, v, rab, offsets, cap, grad_out)
     commit, dirty = git_state()
     peak = reference_peak(device)
-    print(f"device {device_name(device)}, dtype {dtype_name}, peak {peak.tflops_per_device:.4g} TFLOP/s "
-          f"({peak.source}), commit {commit[:10]}{' (dirty)' if dirty else ''}")
-    print(f"batch {batch} sequences, H={heads}, d_head={d_head}, lengths 2..{cap} (mean {np.mean(lengths):.0f}, "
-          f"T={int(q.shape[0])}), model FLOPs fwd+bwd = 3 H (d_qk + d_v) sum n^2 = {flops / 1e12:.4g} TFLOP\n")
+    print(
+        f"device {device_name(device)}, dtype {dtype_name}, peak {peak.tflops_per_device:.4g} TFLOP/s "
+        f"({peak.source}), commit {commit[:10]}{' (dirty)' if dirty else ''}"
+    )
+    print(
+        f"batch {batch} sequences, H={heads}, d_head={d_head}, lengths 2..{cap} (mean {np.mean(lengths):.0f}, "
+        f"T={int(q.shape[0])}), model FLOPs fwd+bwd = 3 H (d_qk + d_v) sum n^2 = {flops / 1e12:.4g} TFLOP\n"
+    )
     rows = []
     for name, fn in paths(device).items():
         if args.only and name not in args.only:
@@ -161,18 +167,40 @@ def main() -> None:
         tflops = flops / (ms / 1e3) / 1e12
         launches = count_launches(fn, call) if cuda else None
         syncs = count_syncs(fn, call) if cuda else None
-        rows.append([name, f"{ms:.3f}", f"{tflops:.3g}", f"{100 * tflops / peak.tflops_per_device:.2f}%",
-                     "n/a (CPU)" if syncs is None else syncs, "n/a (CPU)" if launches is None else launches])
-    print(tabulate(rows, headers=["path", "fwd+bwd ms (median)", "TFLOP/s (model, causal)", "of peak",
-                                  "host syncs", "kernel launches"], colalign=("left",) + ("right",) * 5))
+        rows.append(
+            [
+                name,
+                f"{ms:.3f}",
+                f"{tflops:.3g}",
+                f"{100 * tflops / peak.tflops_per_device:.2f}%",
+                "n/a (CPU)" if syncs is None else syncs,
+                "n/a (CPU)" if launches is None else launches,
+            ]
+        )
+    print(
+        tabulate(
+            rows,
+            headers=[
+                "path",
+                "fwd+bwd ms (median)",
+                "TFLOP/s (model, causal)",
+                "of peak",
+                "host syncs",
+                "kernel launches",
+            ],
+            colalign=("left",) + ("right",) * 5,
+        )
+    )
     triton_row = next((r for r in rows if r[0] == "triton" and r[1] != "out of memory"), None)
     print("\ngoals (triton, one H200, batch 512)")
     if triton_row is None:
         print("  not measured here (needs CUDA)")
         return
     tflops, syncs, launches = float(triton_row[2]), triton_row[4], triton_row[5]
-    print(f"  throughput  {tflops:.3g} TFLOP/s  goal >= {GOAL_TFLOPS:g} (aim {AIM_TFLOPS:g}): "
-          f"{'met' if tflops >= GOAL_TFLOPS else 'not met'}")
+    print(
+        f"  throughput  {tflops:.3g} TFLOP/s  goal >= {GOAL_TFLOPS:g} (aim {AIM_TFLOPS:g}): "
+        f"{'met' if tflops >= GOAL_TFLOPS else 'not met'}"
+    )
     print(f"  host syncs  {syncs}  goal {GOAL_SYNCS}: {'met' if syncs == GOAL_SYNCS else 'not met'}")
     print(f"  launches    {launches}  goal <= {GOAL_LAUNCHES}: {'met' if launches <= GOAL_LAUNCHES else 'not met'}")
 

@@ -35,8 +35,11 @@ def compile_config(kernel, pointers: dict, constants: dict, config, target) -> d
     names = kernel.fn.arg_names
     signature = {n: "constexpr" if n in consts else pointers.get(n, "i32") for n in names}
     t0 = time.perf_counter()
-    compiled = triton.compile(ASTSource(kernel.fn, signature, constexprs=consts), target=target,
-                              options={"num_warps": config.num_warps, "num_stages": config.num_stages})
+    compiled = triton.compile(
+        ASTSource(kernel.fn, signature, constexprs=consts),
+        target=target,
+        options={"num_warps": config.num_warps, "num_stages": config.num_stages},
+    )
     seconds = time.perf_counter() - t0
     usage = {}
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
@@ -50,8 +53,14 @@ def compile_config(kernel, pointers: dict, constants: dict, config, target) -> d
             if key in ("REG", "STACK") and value.isdigit():
                 usage[key] = int(value)
     ptx = compiled.asm["ptx"]
-    return {"regs": usage.get("REG"), "stack": usage.get("STACK"), "smem": compiled.metadata.shared,
-            "wgmma": ptx.count("wgmma.mma_async"), "mma.sync": ptx.count("mma.sync"), "s": seconds}
+    return {
+        "regs": usage.get("REG"),
+        "stack": usage.get("STACK"),
+        "smem": compiled.metadata.shared,
+        "wgmma": ptx.count("wgmma.mma_async"),
+        "mma.sync": ptx.count("mma.sync"),
+        "s": seconds,
+    }
 
 
 def main() -> int:
@@ -71,24 +80,62 @@ def main() -> int:
     target = GPUTarget("cuda", 90, 32)
     t = TYPES[args.dtype]
     block_d = max(16, triton.next_power_of_2(args.head_dim))
-    constants = dict(D_QK=args.head_dim, D_V=args.head_dim, BLOCK_DQK=block_d, BLOCK_DV=block_d,
-                     PRECISION="ieee" if args.dtype == "fp32" else "tf32")
+    constants = dict(
+        D_QK=args.head_dim,
+        D_V=args.head_dim,
+        BLOCK_DQK=block_d,
+        BLOCK_DV=block_d,
+        PRECISION="ieee" if args.dtype == "fp32" else "tf32",
+    )
     kernels = [
         (K.hstu_fwd_kernel, {**{n: f"*{t}" for n in ("Q", "K", "V", "OUT")}, "RAB": "*fp32", "OFFSETS": "*i64"}),
-        (K.hstu_bwd_kernel, {**{n: f"*{t}" for n in ("Q", "K", "V", "DO", "DQ", "DK", "DV")},
-                             "RAB": "*fp32", "OFFSETS": "*i64", "DRAB": "*fp32"}),
+        (
+            K.hstu_bwd_kernel,
+            {
+                **{n: f"*{t}" for n in ("Q", "K", "V", "DO", "DQ", "DK", "DV")},
+                "RAB": "*fp32",
+                "OFFSETS": "*i64",
+                "DRAB": "*fp32",
+            },
+        ),
     ]
     rows = []
     for kernel, pointers in kernels:
         for config in kernel.configs[:1] if args.first else kernel.configs:
             r = compile_config(kernel, pointers, constants, config, target)
-            rows.append([kernel.fn.__name__, " ".join(f"{k}={v}" for k, v in config.kwargs.items()),
-                         config.num_warps, config.num_stages, r["regs"], r["stack"], r["smem"],
-                         r["wgmma"], r["mma.sync"], f"{r['s']:.1f}"])
+            rows.append(
+                [
+                    kernel.fn.__name__,
+                    " ".join(f"{k}={v}" for k, v in config.kwargs.items()),
+                    config.num_warps,
+                    config.num_stages,
+                    r["regs"],
+                    r["stack"],
+                    r["smem"],
+                    r["wgmma"],
+                    r["mma.sync"],
+                    f"{r['s']:.1f}",
+                ]
+            )
             print(f"compiled {rows[-1][0]} {rows[-1][1]}", file=sys.stderr, flush=True)
     print(f"sm_90, {args.dtype}, d_head {args.head_dim}, triton {triton.__version__}")
-    print(tabulate(rows, headers=["kernel", "tile", "warps", "stages", "regs", "spill stack B", "smem B",
-                                  "wgmma (ptx)", "mma.sync (ptx)", "compile s"]))
+    print(
+        tabulate(
+            rows,
+            headers=[
+                "kernel",
+                "tile",
+                "warps",
+                "stages",
+                "regs",
+                "spill stack B",
+                "smem B",
+                "wgmma (ptx)",
+                "mma.sync (ptx)",
+                "compile s",
+            ],
+        )
+    )
     return 0
 
 

@@ -46,13 +46,28 @@ def crosscheck(name: str) -> tuple[list, list]:
     f, t = forward.get_total_flops(), train.get_total_flops()
     # the content blocks are plain Linear layers: torch's own GEMM formulas count them (independent)
     counts = forward.get_flop_counts()
-    modules = {"content_arch": ["GEM.content_arch"],
-               "item_content": [f"GEM.item_content.{s.name}" for s in cfg.sequences]}
-    content = [[name, block, si(blocks[block], "FLOP"), si(c, "FLOP"), f"{c / blocks[block]:.4f}"]
-               for block, names in modules.items() if blocks.get(block)
-               for c in [sum(sum(counts.get(m, {}).values()) for m in names)]]
-    return ([name, si(analytic, "FLOP"), si(f, "FLOP"), f"{f / analytic:.4f}",
-             si(train_flops(analytic), "FLOP"), si(t, "FLOP"), f"{t / train_flops(analytic):.4f}"], content)
+    modules = {
+        "content_arch": ["GEM.content_arch"],
+        "item_content": [f"GEM.item_content.{s.name}" for s in cfg.sequences],
+    }
+    content = [
+        [name, block, si(blocks[block], "FLOP"), si(c, "FLOP"), f"{c / blocks[block]:.4f}"]
+        for block, names in modules.items()
+        if blocks.get(block)
+        for c in [sum(sum(counts.get(m, {}).values()) for m in names)]
+    ]
+    return (
+        [
+            name,
+            si(analytic, "FLOP"),
+            si(f, "FLOP"),
+            f"{f / analytic:.4f}",
+            si(train_flops(analytic), "FLOP"),
+            si(t, "FLOP"),
+            f"{t / train_flops(analytic):.4f}",
+        ],
+        content,
+    )
 
 
 def independent_rows(name: str, batch: int = 4) -> list:
@@ -64,37 +79,87 @@ def independent_rows(name: str, batch: int = 4) -> list:
     rows = []
     for backward in (False, True):
         a = hstu_attention_check(batch, n, h.dim, h.heads, backward=backward)
-        rows.append([name, f"HSTU attention, {'training' if backward else 'forward'}", f"{batch} x {n}",
-                     si(a["analytic"], "FLOP"), f"{a['jagged'] / a['analytic']:.4f}",
-                     si(a["padded"], "FLOP"), f"{a['padded'] / (2 * a['analytic']):.4f}"])
+        rows.append(
+            [
+                name,
+                f"HSTU attention, {'training' if backward else 'forward'}",
+                f"{batch} x {n}",
+                si(a["analytic"], "FLOP"),
+                f"{a['jagged'] / a['analytic']:.4f}",
+                si(a["padded"], "FLOP"),
+                f"{a['padded'] / (2 * a['analytic']):.4f}",
+            ]
+        )
         p = summary_check(batch, n + 1, h.dim, cfg.sparse.dim, x.pma_seeds, x.recent, h.heads, backward=backward)
-        rows.append([name, f"PMA summary, {'training' if backward else 'forward'}", f"{batch} x {n + 1}",
-                     si(p["analytic"], "FLOP"), f"{p['jagged'] / p['analytic']:.4f}",
-                     si(p["dense"], "FLOP"), f"{p['dense'] / p['analytic']:.4f}"])
+        rows.append(
+            [
+                name,
+                f"PMA summary, {'training' if backward else 'forward'}",
+                f"{batch} x {n + 1}",
+                si(p["analytic"], "FLOP"),
+                f"{p['jagged'] / p['analytic']:.4f}",
+                si(p["dense"], "FLOP"),
+                f"{p['dense'] / p['analytic']:.4f}",
+            ]
+        )
     return rows
 
 
 def main(names: list[str]) -> None:
     checked = [crosscheck(n) for n in names]
     rows = [whole for whole, _ in checked]
-    print(tabulate(rows, headers=["config", "forward analytic", "forward counted", "ratio",
-                                  "train analytic (3x)", "train counted", "ratio"],
-                   colalign=("left",) + ("right",) * 6, disable_numparse=True))
-    print("\n(for HSTU attention and the PMA summary the counted side above is gembench's registered "
-          "formula, the analytic one again: not independent)\n")
+    print(
+        tabulate(
+            rows,
+            headers=[
+                "config",
+                "forward analytic",
+                "forward counted",
+                "ratio",
+                "train analytic (3x)",
+                "train counted",
+                "ratio",
+            ],
+            colalign=("left",) + ("right",) * 6,
+            disable_numparse=True,
+        )
+    )
+    print(
+        "\n(for HSTU attention and the PMA summary the counted side above is gembench's registered "
+        "formula, the analytic one again: not independent)\n"
+    )
     rows = [r for n in names for r in independent_rows(n)]
-    print(tabulate(rows, headers=["config", "block (equal lengths)", "B x n", "analytic",
-                                  "registered/analytic (circular)", "aten counted (independent)",
-                                  "independent ratio"],
-                   colalign=("left", "left", "right", "right", "right", "right", "right"),
-                   disable_numparse=True))
-    print("independent ratio: HSTU = padded full-square count / (2 x causal analytic); "
-          "PMA = dense count / analytic. 1.0000 = the analytic count is right.")
+    print(
+        tabulate(
+            rows,
+            headers=[
+                "config",
+                "block (equal lengths)",
+                "B x n",
+                "analytic",
+                "registered/analytic (circular)",
+                "aten counted (independent)",
+                "independent ratio",
+            ],
+            colalign=("left", "left", "right", "right", "right", "right", "right"),
+            disable_numparse=True,
+        )
+    )
+    print(
+        "independent ratio: HSTU = padded full-square count / (2 x causal analytic); "
+        "PMA = dense count / analytic. 1.0000 = the analytic count is right."
+    )
     content = [row for _, rows in checked for row in rows]
     if content:
         print("\nthe ad's content (configs with [content]), forward, counted by torch's GEMM formulas (independent):")
-        print(tabulate(content, headers=["config", "block", "analytic", "counted", "ratio"],
-                       colalign=("left", "left", "right", "right", "right"), disable_numparse=True))
+        print(
+            tabulate(
+                content,
+                headers=["config", "block", "analytic", "counted", "ratio"],
+                colalign=("left", "left", "right", "right", "right"),
+                disable_numparse=True,
+            )
+        )
 
 
 if __name__ == "__main__":

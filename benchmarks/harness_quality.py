@@ -49,7 +49,7 @@ for the time you have (--json is rewritten after every comparison, so a stopped 
 usage:
   python benchmarks/harness_quality.py                     # mlp, about a minute on 2 cores
   python benchmarks/harness_quality.py --paired --comparisons 5   # 2%, 5%, unchanged: ~55 min on 2 cores
-  python benchmarks/harness_quality.py --paired --comparisons 1 --paired-pairs 4 --stack baseline   # quicker, less power
+  python benchmarks/harness_quality.py --paired --comparisons 1 --paired-pairs 4 --stack baseline  # quicker
   python -m benchmarks.harness_quality --workload tiny --rounds 20
   python benchmarks/harness_quality.py --json quality.json
 """
@@ -76,7 +76,9 @@ def mlp_workload(steps: int, warmup: int, seed: int = 0):
     import torch
 
     torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 1))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 1)
+    )
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     x, y = torch.randn(256, 256), torch.randn(256, 1)
 
@@ -122,7 +124,11 @@ def as_result(rid: str, step_s: list[float]) -> dict:
         "run": {"global_batch": 256},
         "env": env,
         "samples": {"step_s": step_s, "mfu": mfu},
-        "metrics": {"step_time_s": statistics.median(step_s), "mfu": statistics.mean(mfu), "examples_per_s": 256 / statistics.mean(step_s)},
+        "metrics": {
+            "step_time_s": statistics.median(step_s),
+            "mfu": statistics.mean(mfu),
+            "examples_per_s": 256 / statistics.mean(step_s),
+        },
     }
 
 
@@ -138,7 +144,7 @@ def collect(workload: str, rounds: int, steps: int, warmup: int, plant: str = "s
     pool_a, pool_b = [], []
     t0 = time.perf_counter()
     for r in range(rounds):
-        for kind in ("AB" if r % 2 == 0 else "BA"):
+        for kind in "AB" if r % 2 == 0 else "BA":
             if kind == "A":
                 pool_a.append(run())
             elif plant == "spin":
@@ -149,7 +155,9 @@ def collect(workload: str, rounds: int, steps: int, warmup: int, plant: str = "s
     return {"a": pool_a, "b": pool_b, "seconds": seconds, "run_s": seconds / (2 * rounds), "base_step_s": base}
 
 
-def evaluate(pools: dict, replicates: int = 5, trials: int = 1000, alpha: float = 0.01, min_effect: float = 0.03, seed: int = 0) -> dict:
+def evaluate(
+    pools: dict, replicates: int = 5, trials: int = 1000, alpha: float = 0.01, min_effect: float = 0.03, seed: int = 0
+) -> dict:
     """False-alarm and detection rates from resampled comparisons of the measured pools."""
     from gembench.harness.regression.compare import compare
 
@@ -170,8 +178,12 @@ def evaluate(pools: dict, replicates: int = 5, trials: int = 1000, alpha: float 
     hits = sum(regressed(rng.sample(a, n), rng.sample(b, n))[1] for _ in range(trials))
     decide_s = (time.perf_counter() - t0) / (2 * trials)
     out["replicates"] = {
-        "n_per_side": n, "trials": trials, "false_alarm_rate": false / trials, "detection_rate": hits / trials,
-        "decide_s": decide_s, "time_to_decision_s": 2 * n * pools["run_s"] + decide_s,
+        "n_per_side": n,
+        "trials": trials,
+        "false_alarm_rate": false / trials,
+        "detection_rate": hits / trials,
+        "decide_s": decide_s,
+        "time_to_decision_s": 2 * n * pools["run_s"] + decide_s,
     }
     # Single runs: every pair of distinct A runs, every A x B pair; batch medians of step samples.
     pairs_aa = list(itertools.combinations(range(len(a)), 2))
@@ -181,14 +193,20 @@ def evaluate(pools: dict, replicates: int = 5, trials: int = 1000, alpha: float 
     hits = sum(regressed([a[i]], [b[j]])[1] for i, j in pairs_ab)
     decide_s = (time.perf_counter() - t0) / (len(pairs_aa) + len(pairs_ab))
     out["single_run_batch_medians"] = {
-        "n_per_side": 1, "trials": [len(pairs_aa), len(pairs_ab)], "false_alarm_rate": false / len(pairs_aa),
-        "detection_rate": hits / len(pairs_ab), "decide_s": decide_s, "time_to_decision_s": 2 * pools["run_s"] + decide_s,
+        "n_per_side": 1,
+        "trials": [len(pairs_aa), len(pairs_ab)],
+        "false_alarm_rate": false / len(pairs_aa),
+        "detection_rate": hits / len(pairs_ab),
+        "decide_s": decide_s,
+        "time_to_decision_s": 2 * pools["run_s"] + decide_s,
     }
     med_a = statistics.mean(statistics.median(s) for s in pools["a"])
     med_b = statistics.mean(statistics.median(s) for s in pools["b"])
     runs = [statistics.median(s) for s in pools["a"]]
     out["noise"] = {
-        "runs_per_pool": len(a), "steps_per_run": len(pools["a"][0]), "base_step_s": pools["base_step_s"],
+        "runs_per_pool": len(a),
+        "steps_per_run": len(pools["a"][0]),
+        "base_step_s": pools["base_step_s"],
         "run_to_run_cv": statistics.stdev(runs) / statistics.mean(runs),
         "within_run_cv": statistics.mean(statistics.stdev(s) / statistics.mean(s) for s in pools["a"]),
         "measured_planted_effect": med_b / med_a - 1,
@@ -208,7 +226,8 @@ def report(figures: dict, workload: str) -> str:
         f"run-to-run CV {100 * noise['run_to_run_cv']:.2f}%, within-run CV {100 * noise['within_run_cv']:.2f}%, "
         f"planted slowdown measured {100 * noise['measured_planted_effect']:+.2f}% (target +5%), "
         f"measuring took {noise['collect_s']:.1f} s",
-        f"decision rule: alpha={figures['alpha']:g} (Holm over mfu, step_time_s, examples_per_s), min effect {100 * figures['min_effect']:g}%",
+        f"decision rule: alpha={figures['alpha']:g} (Holm over mfu, step_time_s, examples_per_s), "
+        f"min effect {100 * figures['min_effect']:g}%",
         "",
     ]
     rows = []
@@ -216,12 +235,21 @@ def report(figures: dict, workload: str) -> str:
         f = figures[mode]
         ok_fa = f["false_alarm_rate"] <= GOALS["false_alarm_rate"][1]
         ok_det = f["detection_rate"] >= GOALS["detection_rate"][1]
-        rows.append([
-            f"{mode} (n={f['n_per_side']}/side)", f"{100 * f['false_alarm_rate']:.2f}% {'ok' if ok_fa else 'MISSED'}",
-            f"{100 * f['detection_rate']:.1f}% {'ok' if ok_det else 'MISSED'}", f"{f['time_to_decision_s']:.2f} s",
-            f"{1e3 * f['decide_s']:.2f} ms", str(f["trials"]),
-        ])
-    lines.append(tabulate(rows, ["mode", "false alarms (goal <=1%)", "detects 5% (goal >=95%)", "measure+decide", "decide", "trials"]))
+        rows.append(
+            [
+                f"{mode} (n={f['n_per_side']}/side)",
+                f"{100 * f['false_alarm_rate']:.2f}% {'ok' if ok_fa else 'MISSED'}",
+                f"{100 * f['detection_rate']:.1f}% {'ok' if ok_det else 'MISSED'}",
+                f"{f['time_to_decision_s']:.2f} s",
+                f"{1e3 * f['decide_s']:.2f} ms",
+                str(f["trials"]),
+            ]
+        )
+    lines.append(
+        tabulate(
+            rows, ["mode", "false alarms (goal <=1%)", "detects 5% (goal >=95%)", "measure+decide", "decide", "trials"]
+        )
+    )
     return "\n".join(lines)
 
 
@@ -239,8 +267,12 @@ PLANT_CODE = (
 def _git(repo, *args: str) -> str:
     import subprocess
 
-    proc = subprocess.run(["git", "-C", str(repo), "-c", "user.name=harness-quality", "-c", "user.email=hq@localhost", *args],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        ["git", "-C", str(repo), "-c", "user.name=harness-quality", "-c", "user.email=hq@localhost", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if proc.returncode != 0:
         raise SystemExit(f"harness_quality: git {' '.join(args)} failed: {proc.stderr.strip()}")
     return proc.stdout.strip()
@@ -257,13 +289,22 @@ def planted_repository(root, fraction: float = PLANTED) -> tuple[str, str]:
 
 
 def plant_commit(root, base: str, fraction: float) -> str:
-    """Commit, on a branch of its own from ``base`` in the throwaway ``root``, a ``fraction`` busy-wait in every step."""
-    return _commit_beside(root, base, f"planted-{fraction:g}", PLANT_AT, PLANT_CODE.format(fraction=fraction),
-                          "the slowdown", f"plant a {100 * fraction:g}% slowdown in every step (harness_quality --paired)")
+    """Commit, on a branch of its own from ``base`` in the throwaway ``root``, a ``fraction``
+    busy-wait in every step."""
+    return _commit_beside(
+        root,
+        base,
+        f"planted-{fraction:g}",
+        PLANT_AT,
+        PLANT_CODE.format(fraction=fraction),
+        "the slowdown",
+        f"plant a {100 * fraction:g}% slowdown in every step (harness_quality --paired)",
+    )
 
 
 def _commit_beside(root, base: str, branch: str, anchor: str, code: str, what: str, message: str) -> str:
-    """Commit ``code`` after ``anchor`` in harness/train/step.py on ``branch`` from ``base``; the sha. The clone is left at ``base``."""
+    """Commit ``code`` after ``anchor`` in harness/train/step.py on ``branch`` from ``base``; the sha.
+    The clone is left at ``base``."""
     step = root / "harness" / "step.py"
     _git(root, "checkout", "--quiet", "-B", branch, base)
     text = step.read_text()
@@ -277,23 +318,47 @@ def _commit_beside(root, base: str, branch: str, anchor: str, code: str, what: s
 
 
 ONE_OP_AT = "        loss = per_task.mean()  # multitask_loss, from the per-task losses already in hand\n"
-ONE_OP_CODE = "        loss = loss * 1.0  # planted by benchmarks/harness_quality.py --paired: one more op in the step\n"
+ONE_OP_CODE = (
+    "        loss = loss * 1.0  # planted by benchmarks/harness_quality.py --paired: one more op in the step\n"
+)
 
 
 def one_op_commit(root, base: str) -> str:
     """Commit, on top of ``base`` in the throwaway ``root``, one extra multiply in the training step."""
-    return _commit_beside(root, base, "one-op", ONE_OP_AT, ONE_OP_CODE, "the extra op",
-                          "plant one extra op in every step (harness_quality --paired)")
+    return _commit_beside(
+        root,
+        base,
+        "one-op",
+        ONE_OP_AT,
+        ONE_OP_CODE,
+        "the extra op",
+        "plant one extra op in every step (harness_quality --paired)",
+    )
 
 
 def continuous(repo, base: str, head: str, extra: list[str]) -> tuple[int, dict]:
     """One `gembench continuous` command, as CI would run it: (exit status, its JSON report)."""
     import subprocess
 
-    cmd = [sys.executable, "-m", "gembench", "continuous", base, head, "--repo", str(repo), "--format", "json", "--quiet", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "gembench",
+        "continuous",
+        base,
+        head,
+        "--repo",
+        str(repo),
+        "--format",
+        "json",
+        "--quiet",
+        *extra,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=repo)
     if proc.returncode not in (0, 1, 4):
-        raise SystemExit(f"harness_quality: {' '.join(cmd[2:])} failed (exit {proc.returncode}): {proc.stderr.strip()[-500:]}")
+        raise SystemExit(
+            f"harness_quality: {' '.join(cmd[2:])} failed (exit {proc.returncode}): {proc.stderr.strip()[-500:]}"
+        )
     return proc.returncode, json.loads(proc.stdout)
 
 
@@ -301,7 +366,9 @@ def verdict(ratios: list[float], alpha: float, min_effect: float, margin: float)
     """continuous's verdict on pairs with these HEAD/BASE ratios (stats.judge, paired)."""
     from gembench.harness.regression import stats
 
-    return stats.judge({"step_time_s": ([1.0] * len(ratios), ratios, "paired", True)}, alpha, min_effect, margin)[0].verdict
+    return stats.judge({"step_time_s": ([1.0] * len(ratios), ratios, "paired", True)}, alpha, min_effect, margin)[
+        0
+    ].verdict
 
 
 def resample_rounds(outcomes: dict, trials: int, seed: int = 0) -> dict | None:
@@ -383,8 +450,18 @@ def batch_mates(outcomes: dict, confidence: float = 0.95) -> dict | None:
     return {"r": r, "r_upper": upper, "batches": len(xs), "confidence": confidence}
 
 
-def rates_at(sd: float, effects: list[float], rounds: int, alpha: float, min_effect: float, margin: float,
-             trials: int = 20000, seed: int = 0, r: float = 0.0, at_once: int = 2) -> dict:
+def rates_at(
+    sd: float,
+    effects: list[float],
+    rounds: int,
+    alpha: float,
+    min_effect: float,
+    margin: float,
+    trials: int = 20000,
+    seed: int = 0,
+    r: float = 0.0,
+    at_once: int = 2,
+) -> dict:
     """Rates of continuous's rule for ``rounds`` pairs whose log ratios are normal with spread
     ``sd``, pairs run ``at_once`` sharing a correlation ``r`` (a negative one taken as none)."""
     import math
@@ -398,8 +475,10 @@ def rates_at(sd: float, effects: list[float], rounds: int, alpha: float, min_eff
         counts = {stats.REGRESSED: 0, stats.UNCHANGED: 0}
         for _ in range(trials):
             batch = [rng.gauss(0, 1) for _ in range(-(-rounds // at_once))]
-            ratios = [math.exp(math.log1p(effect) + sd * (shared * batch[i // at_once] + own * rng.gauss(0, 1)))
-                      for i in range(rounds)]
+            ratios = [
+                math.exp(math.log1p(effect) + sd * (shared * batch[i // at_once] + own * rng.gauss(0, 1)))
+                for i in range(rounds)
+            ]
             v = verdict(ratios, alpha, min_effect, margin)
             counts[v] = counts.get(v, 0) + 1
         out[effect] = {"regressed": counts[stats.REGRESSED] / trials, "unchanged": counts[stats.UNCHANGED] / trials}
@@ -411,9 +490,14 @@ def paired_main(args) -> int:
     from pathlib import Path
 
     extra = ["--config", args.config, "--stack", args.stack]
-    for flag, value in (("--pairs", args.paired_rounds), ("--steps", args.paired_steps), ("--bursts", args.paired_bursts),
-                        ("--statistic", args.statistic), ("--threads", args.threads),
-                        ("--parallel", args.paired_parallel)):
+    for flag, value in (
+        ("--pairs", args.paired_rounds),
+        ("--steps", args.paired_steps),
+        ("--bursts", args.paired_bursts),
+        ("--statistic", args.statistic),
+        ("--threads", args.threads),
+        ("--parallel", args.paired_parallel),
+    ):
         if value is not None:
             extra += [flag, str(value)]
     t0 = time.perf_counter()
@@ -425,85 +509,149 @@ def paired_main(args) -> int:
         heads.update({f"planted {100 * f:g}%": plant_commit(repo, base, f) for f in args.plants[1:]})
         heads["unchanged"] = base
         outcomes = {kind: [] for kind in heads}
-        print(f"paired: throwaway repository {repo}: BASE {base[:10]}, "
-              + ", ".join(f"{k.upper()} {sha[:10]}" for k, sha in heads.items() if k != "unchanged")
-              + f" (busy-wait per step); gembench continuous {' '.join(extra)}", flush=True)
+        print(
+            f"paired: throwaway repository {repo}: BASE {base[:10]}, "
+            + ", ".join(f"{k.upper()} {sha[:10]}" for k, sha in heads.items() if k != "unchanged")
+            + f" (busy-wait per step); gembench continuous {' '.join(extra)}",
+            flush=True,
+        )
         for i in range(args.comparisons):
             for kind, head in heads.items():
                 started = time.perf_counter()
-                keep = ["--keep-results", str(Path(args.keep) / f"comparison{i + 1}-{kind.replace(' ', '-').replace('%', '')}")] if args.keep else []
+                keep = (
+                    [
+                        "--keep-results",
+                        str(Path(args.keep) / f"comparison{i + 1}-{kind.replace(' ', '-').replace('%', '')}"),
+                    ]
+                    if args.keep
+                    else []
+                )
                 code, report_ = continuous(repo, base, head, extra + keep)
                 machine = report_.get("hardware_class", machine)
                 row = next((r for r in report_["rows"] if r["metric"] == "step_time_s"), None)
                 ratio, ci = (row["ratio"], row["ratio_ci95"]) if row else (None, None)
-                outcomes[kind].append({"exit": code, "verdict": row and row["verdict"], "ratio": ratio, "ci95": ci,
-                                       "minutes": (time.perf_counter() - started) / 60, "rounds": report_["rounds"],
-                                       "alpha": report_["alpha"], "min_effect": report_["min_effect"],
-                                       "margin": report_.get("margin"), "parallel": report_.get("parallel"),
-                                       "round_ratios": row and row["round_ratios"]})
+                outcomes[kind].append(
+                    {
+                        "exit": code,
+                        "verdict": row and row["verdict"],
+                        "ratio": ratio,
+                        "ci95": ci,
+                        "minutes": (time.perf_counter() - started) / 60,
+                        "rounds": report_["rounds"],
+                        "alpha": report_["alpha"],
+                        "min_effect": report_["min_effect"],
+                        "margin": report_.get("margin"),
+                        "parallel": report_.get("parallel"),
+                        "round_ratios": row and row["round_ratios"],
+                    }
+                )
                 ci_text = f"[{ci[0]:.4f}, {ci[1]:.4f}]" if ci else "-"
-                print(f"paired: comparison {i + 1}/{args.comparisons} {kind:<12} exit {code}, step_time_s HEAD/BASE "
-                      f"{ratio if ratio is None else f'{ratio:.4f}'} 95% CI {ci_text} {row and row['verdict']}, "
-                      f"{(time.perf_counter() - started) / 60:.1f} min", flush=True)
+                print(
+                    f"paired: comparison {i + 1}/{args.comparisons} {kind:<12} exit {code}, step_time_s HEAD/BASE "
+                    f"{ratio if ratio is None else f'{ratio:.4f}'} 95% CI {ci_text} {row and row['verdict']}, "
+                    f"{(time.perf_counter() - started) / 60:.1f} min",
+                    flush=True,
+                )
                 if args.json:  # after every comparison: a long run stopped early keeps what it measured
                     with open(args.json, "w") as fh:
-                        json.dump({"comparisons": i + 1, "machine": machine, "extra": extra, "outcomes": outcomes}, fh, indent=1)
+                        json.dump(
+                            {"comparisons": i + 1, "machine": machine, "extra": extra, "outcomes": outcomes},
+                            fh,
+                            indent=1,
+                        )
         caught = []
         if args.one_op:
             one_op = one_op_commit(repo, base)
         for i in range(args.one_op):  # counters are exact: two short pairs decide
-            code, report_ = continuous(repo, base, one_op, ["--config", args.config, "--stack", args.stack,
-                                                            "--pairs", "2", "--steps", "10"])
-            counts = {r["metric"]: (r["base"], r["head"]) for r in report_["rows"]
-                      if r["method"] == "count" and r["verdict"] == "regressed"}
+            code, report_ = continuous(
+                repo, base, one_op, ["--config", args.config, "--stack", args.stack, "--pairs", "2", "--steps", "10"]
+            )
+            counts = {
+                r["metric"]: (r["base"], r["head"])
+                for r in report_["rows"]
+                if r["method"] == "count" and r["verdict"] == "regressed"
+            }
             caught.append(code == 1 and bool(counts))
-            print(f"paired: one-op change {i + 1}/{args.one_op}: exit {code}, counters regressed: "
-                  f"{', '.join(f'{k} {a:g} -> {b:g}' for k, (a, b) in counts.items()) or 'none'}", flush=True)
+            print(
+                f"paired: one-op change {i + 1}/{args.one_op}: exit {code}, counters regressed: "
+                f"{', '.join(f'{k} {a:g} -> {b:g}' for k, (a, b) in counts.items()) or 'none'}",
+                flush=True,
+            )
     minutes = (time.perf_counter() - t0) / 60
     n = args.comparisons
     per = statistics.mean(o["minutes"] for v in outcomes.values() for o in v)
-    print(f"paired on {machine}: {n} comparison(s) of each kind, {per:.1f} min per comparison, {minutes:.0f} min in all")
+    print(
+        f"paired on {machine}: {n} comparison(s) of each kind, {per:.1f} min per comparison, {minutes:.0f} min in all"
+    )
     for kind, v in outcomes.items():
         exits = [o["exit"] for o in v]
-        what = (f"unchanged (exit 0) {exits.count(0)}/{n}, false alarms (exit 1) {exits.count(1)}/{n}" if kind == "unchanged"
-                else f"detected (exit 1) {exits.count(1)}/{n}")
-        print(f"paired: {kind:<12} {what}, inconclusive (exit 4) {exits.count(4)}/{n}; "
-              f"HEAD/BASE {', '.join(format(o['ratio'], '.4f') for o in v if o['ratio'])}")
+        what = (
+            f"unchanged (exit 0) {exits.count(0)}/{n}, false alarms (exit 1) {exits.count(1)}/{n}"
+            if kind == "unchanged"
+            else f"detected (exit 1) {exits.count(1)}/{n}"
+        )
+        print(
+            f"paired: {kind:<12} {what}, inconclusive (exit 4) {exits.count(4)}/{n}; "
+            f"HEAD/BASE {', '.join(format(o['ratio'], '.4f') for o in v if o['ratio'])}"
+        )
     resampled = resample_rounds(outcomes, args.trials)
     if resampled:
-        print(f"paired, resampled: {resampled['trials']} comparisons of {resampled['rounds']} pairs drawn from the measured "
-              f"pairs ({', '.join(f'{k} {p}' for k, p in resampled['pool'].items())}): "
-              + "".join(f"detected {100 * r:.1f}% of {k}, " for k, r in resampled["detection_rate"].items())
-              + f"false alarms {100 * resampled['false_alarm_rate']:.1f}%, unchanged code passes "
-              f"{100 * resampled['unchanged_pass_rate']:.1f}% (assumes pairs independent)")
+        print(
+            f"paired, resampled: {resampled['trials']} comparisons of {resampled['rounds']} pairs "
+            "drawn from the measured "
+            f"pairs ({', '.join(f'{k} {p}' for k, p in resampled['pool'].items())}): "
+            + "".join(f"detected {100 * r:.1f}% of {k}, " for k, r in resampled["detection_rate"].items())
+            + f"false alarms {100 * resampled['false_alarm_rate']:.1f}%, unchanged code passes "
+            f"{100 * resampled['unchanged_pass_rate']:.1f}% (assumes pairs independent)"
+        )
     bound = spread_bound(outcomes)
     mates = batch_mates(outcomes)
     if mates:
-        print(f"paired: pairs run two at once: their log ratios correlate r = {mates['r']:.2f} over {mates['batches']} "
-              f"batches ({100 * mates['confidence']:g}% upper bound {mates['r_upper']:.2f}); the rates below take it in")
+        print(
+            f"paired: pairs run two at once: their log ratios correlate r = {mates['r']:.2f} over {mates['batches']} "
+            f"batches ({100 * mates['confidence']:g}% upper bound {mates['r_upper']:.2f}); the rates below take it in"
+        )
     bounded = None
     if bound and resampled:
         first = outcomes["unchanged"][0]
         effects = [0.0] + list(args.plants)
         margin = first.get("margin") or first["min_effect"]
-        at = {"measured": (bound["sd"], mates["r"] if mates else 0.0),
-              "upper": (bound["sd_upper"], mates["r_upper"] if mates else 0.0)}
-        bounded = {label: rates_at(sd, effects, resampled["rounds"], first["alpha"], first["min_effect"], margin, r=corr)
-                   for label, (sd, corr) in at.items()}
+        at = {
+            "measured": (bound["sd"], mates["r"] if mates else 0.0),
+            "upper": (bound["sd_upper"], mates["r_upper"] if mates else 0.0),
+        }
+        bounded = {
+            label: rates_at(sd, effects, resampled["rounds"], first["alpha"], first["min_effect"], margin, r=corr)
+            for label, (sd, corr) in at.items()
+        }
         for label, (sd, r_mates) in at.items():
             r = bounded[label]
             which = "measured" if label == "measured" else f"{100 * bound['confidence']:g}% upper bounds of the"
-            print(f"paired, at the {which} "
-                  f"spread of one pair, {100 * sd:.2f}% ({bound['dof']} degrees of freedom)"
-                  f"{f' and correlation {r_mates:.2f}' if mates else ''}: "
-                  + "".join(f"detects {100 * f:g}% {100 * r[f]['regressed']:.1f}%, " for f in args.plants)
-                  + f"false alarms {100 * r[0.0]['regressed']:.2f}%, unchanged passes {100 * r[0.0]['unchanged']:.1f}% "
-                  f"({resampled['rounds']} pairs, normal log ratios)")
+            print(
+                f"paired, at the {which} "
+                f"spread of one pair, {100 * sd:.2f}% ({bound['dof']} degrees of freedom)"
+                f"{f' and correlation {r_mates:.2f}' if mates else ''}: "
+                + "".join(f"detects {100 * f:g}% {100 * r[f]['regressed']:.1f}%, " for f in args.plants)
+                + f"false alarms {100 * r[0.0]['regressed']:.2f}%, unchanged passes {100 * r[0.0]['unchanged']:.1f}% "
+                f"({resampled['rounds']} pairs, normal log ratios)"
+            )
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"comparisons": n, "machine": machine, "minutes": minutes, "extra": extra, "outcomes": outcomes,
-                       "resampled": resampled, "spread": bound, "batch_mates": mates,
-                       "bounded": bounded and {k: {str(e): r for e, r in v.items()} for k, v in bounded.items()}}, fh, indent=1)
+            json.dump(
+                {
+                    "comparisons": n,
+                    "machine": machine,
+                    "minutes": minutes,
+                    "extra": extra,
+                    "outcomes": outcomes,
+                    "resampled": resampled,
+                    "spread": bound,
+                    "batch_mates": mates,
+                    "bounded": bounded and {k: {str(e): r for e, r in v.items()} for k, v in bounded.items()},
+                },
+                fh,
+                indent=1,
+            )
     if caught:
         print(f"paired: a one-op change caught by the counters in {sum(caught)} of {len(caught)} comparisons")
     return 0
@@ -513,28 +661,71 @@ def main(argv: list[str] | None = None) -> int:
     from gembench.harness.regression.paired import STATISTICS
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--paired", action="store_true",
-                   help="end to end: plant a 5%% slowdown in a throwaway commit and run `gembench continuous` on it "
-                        "and on an unchanged pair, --pairs times")
-    p.add_argument("--comparisons", "--pairs", dest="comparisons", type=int, default=2,
-                   help="with --paired: `gembench continuous` commands of each kind (each plant, unchanged; default 2)")
-    p.add_argument("--plants", default="0.02,0.05", metavar="F,F",
-                   help="with --paired: planted slowdowns, fractions of each step's time (default 0.02,0.05)")
-    p.add_argument("--one-op", type=int, default=2, metavar="N",
-                   help="with --paired: also compare against a commit with one extra op in the step N times "
-                        "(2 short rounds each: the counters must catch it; default 2)")
+    p.add_argument(
+        "--paired",
+        action="store_true",
+        help="end to end: plant a 5%% slowdown in a throwaway commit and run `gembench continuous` on it "
+        "and on an unchanged pair, --pairs times",
+    )
+    p.add_argument(
+        "--comparisons",
+        "--pairs",
+        dest="comparisons",
+        type=int,
+        default=2,
+        help="with --paired: `gembench continuous` commands of each kind (each plant, unchanged; default 2)",
+    )
+    p.add_argument(
+        "--plants",
+        default="0.02,0.05",
+        metavar="F,F",
+        help="with --paired: planted slowdowns, fractions of each step's time (default 0.02,0.05)",
+    )
+    p.add_argument(
+        "--one-op",
+        type=int,
+        default=2,
+        metavar="N",
+        help="with --paired: also compare against a commit with one extra op in the step N times "
+        "(2 short rounds each: the counters must catch it; default 2)",
+    )
     p.add_argument("--config", default="tiny", help="with --paired: config (default tiny)")
-    p.add_argument("--stack", choices=("optimized", "baseline"), default="optimized", help="with --paired: stack (default optimized)")
-    p.add_argument("--paired-rounds", "--paired-pairs", dest="paired_rounds", type=int, default=None,
-                   help="with --paired: continuous's --pairs (default: continuous's)")
-    p.add_argument("--paired-bursts", type=int, default=None, help="with --paired: continuous's --bursts (default: continuous's)")
-    p.add_argument("--paired-steps", type=int, default=None, help="with --paired: --steps per process (default: continuous's)")
-    p.add_argument("--statistic", choices=STATISTICS, default=None,
-                   help="with --paired: continuous's --statistic (default: continuous's)")
-    p.add_argument("--paired-parallel", type=int, default=None,
-                   help="with --paired: continuous's --parallel, pairs at once (default: continuous's, one per CPU)")
+    p.add_argument(
+        "--stack",
+        choices=("optimized", "baseline"),
+        default="optimized",
+        help="with --paired: stack (default optimized)",
+    )
+    p.add_argument(
+        "--paired-rounds",
+        "--paired-pairs",
+        dest="paired_rounds",
+        type=int,
+        default=None,
+        help="with --paired: continuous's --pairs (default: continuous's)",
+    )
+    p.add_argument(
+        "--paired-bursts", type=int, default=None, help="with --paired: continuous's --bursts (default: continuous's)"
+    )
+    p.add_argument(
+        "--paired-steps", type=int, default=None, help="with --paired: --steps per process (default: continuous's)"
+    )
+    p.add_argument(
+        "--statistic",
+        choices=STATISTICS,
+        default=None,
+        help="with --paired: continuous's --statistic (default: continuous's)",
+    )
+    p.add_argument(
+        "--paired-parallel",
+        type=int,
+        default=None,
+        help="with --paired: continuous's --parallel, pairs at once (default: continuous's, one per CPU)",
+    )
     p.add_argument("--threads", type=int, default=None, help="with --paired: continuous's --threads")
-    p.add_argument("--keep", default=None, metavar="DIR", help="with --paired: keep every process's result under DIR/pairI-KIND/")
+    p.add_argument(
+        "--keep", default=None, metavar="DIR", help="with --paired: keep every process's result under DIR/pairI-KIND/"
+    )
     p.add_argument("--workload", choices=sorted(WORKLOADS), default="mlp")
     p.add_argument("--rounds", type=int, default=30, help="ABBA rounds: runs per pool (default 30)")
     p.add_argument("--steps", type=int, default=30, help="timed steps per run (default 30)")
@@ -543,9 +734,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trials", type=int, default=1000, help="resampled comparisons per figure (default 1000)")
     p.add_argument("--alpha", type=float, default=0.01)
     p.add_argument("--min-effect", type=float, default=0.03)
-    p.add_argument("--plant", choices=("scale", "spin"), default="scale",
-                   help="scale: B runs are real runs with step times x1.05 (exact effect, default); "
-                   "spin: B steps really spin 5%% longer (mlp only; contention makes the effect inexact)")
+    p.add_argument(
+        "--plant",
+        choices=("scale", "spin"),
+        default="scale",
+        help="scale: B runs are real runs with step times x1.05 (exact effect, default); "
+        "spin: B steps really spin 5%% longer (mlp only; contention makes the effect inexact)",
+    )
     p.add_argument("--json", default=None, help="also write the figures to this file")
     args = p.parse_args(argv)
     if args.paired:

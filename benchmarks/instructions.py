@@ -46,25 +46,32 @@ NUMBER = 3  # statement calls per count: per-call counts are exact, more calls o
 _COMMON = "import torch\ntorch.set_grad_enabled(False)\nfrom gembench.benchmarks import test_kernels as tk\n"
 KERNELS: dict[str, tuple[str, str]] = {
     "hstu_attention_jagged": (
-        _COMMON + "from gembench.models.ops.pytorch.hstu_attention import hstu_jagged_attention\nq, k, v, rab, offsets, cap = tk._jagged()",
-        "hstu_jagged_attention(q, k, v, rab, offsets)"),
+        _COMMON
+        + "from gembench.models.ops.pytorch.hstu_attention import hstu_jagged_attention\nq, k, v, rab, offsets, cap = tk._jagged()",
+        "hstu_jagged_attention(q, k, v, rab, offsets)",
+    ),
     "hstu_attention_padded": (
-        _COMMON + "from gembench.models.ops.pytorch.hstu_attention import hstu_padded_attention\nq, k, v, rab, offsets, cap = tk._jagged()",
-        "hstu_padded_attention(q, k, v, rab, offsets, cap)"),
+        _COMMON
+        + "from gembench.models.ops.pytorch.hstu_attention import hstu_padded_attention\nq, k, v, rab, offsets, cap = tk._jagged()",
+        "hstu_padded_attention(q, k, v, rab, offsets, cap)",
+    ),
     "wukong_fm": (
         _COMMON + "torch.manual_seed(0)\nx = torch.randn(512, 16, 32)\ny = torch.randn(16, 16)",
-        "torch.matmul(x, torch.matmul(x.transpose(1, 2), y))"),
+        "torch.matmul(x, torch.matmul(x.transpose(1, 2), y))",
+    ),
     "wukong_layer": (
         _COMMON + "from gembench.models.wukong import WukongLayer\ntorch.manual_seed(0)\n"
         "layer = WukongLayer(n_in=16, dim=32, n_fm=16, n_lcb=16, rank=16, mlp=[256, 256]).eval()\n"
         "x = torch.randn(512, 16, 32)",
-        "layer(x)"),
+        "layer(x)",
+    ),
     "embedding_lookup_plain_embeddingbag": (
         _COMMON + "torch.manual_seed(0)\nbags = [torch.nn.EmbeddingBag(5000, 32, mode='sum') for _ in range(8)]\n"
         "lengths, values = tk._ids()\nper_table = lengths.view(8, 512)\n"
         "chunks = torch.split(values, per_table.sum(1).tolist())\n"
         "offsets = [torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(per_table[t], 0)[:-1]]) for t in range(8)]",
-        "torch.cat([bag(ids, off) for bag, ids, off in zip(bags, chunks, offsets)], dim=1)"),
+        "torch.cat([bag(ids, off) for bag, ids, off in zip(bags, chunks, offsets)], dim=1)",
+    ),
     "embedding_lookup_fbgemm_tbe": (
         _COMMON + "from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode\n"
         "from fbgemm_gpu.split_table_batched_embeddings_ops_training import ComputeDevice, SplitTableBatchedEmbeddingBagsCodegen\n"
@@ -72,14 +79,16 @@ KERNELS: dict[str, tuple[str, str]] = {
         "tbe = SplitTableBatchedEmbeddingBagsCodegen([(5000, 32, EmbeddingLocation.HOST, ComputeDevice.CPU)] * 8, "
         "pooling_mode=PoolingMode.SUM)\n"
         "lengths, values = tk._ids()\noffsets = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(lengths, 0)])",
-        "tbe(values, offsets)"),
+        "tbe(values, offsets)",
+    ),
     "embedding_lookup_torchrec_ebc": (
         _COMMON + "from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor\n"
         "torch.manual_seed(0)\nkeys = [f'f{i}' for i in range(8)]\n"
         "ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(name=f't{i}', embedding_dim=32, num_embeddings=5000, "
         "feature_names=[k]) for i, k in enumerate(keys)], device=torch.device('cpu'))\n"
         "lengths, values = tk._ids()\nkjt = KeyedJaggedTensor.from_lengths_sync(keys=keys, values=values, lengths=lengths)",
-        "ebc(kjt).values()"),
+        "ebc(kjt).values()",
+    ),
 }
 
 
@@ -133,8 +142,12 @@ def measure(names: list[str], number: int = NUMBER, progress=print) -> dict:
     for i, name in enumerate(names, 1):
         t0 = time.perf_counter()
         per_call = count(name, number)[0]
-        kernels[name] = {"instructions_per_call": per_call, "number": number, "stmt": KERNELS[name][1],
-                         "seconds": round(time.perf_counter() - t0, 1)}
+        kernels[name] = {
+            "instructions_per_call": per_call,
+            "number": number,
+            "stmt": KERNELS[name][1],
+            "seconds": round(time.perf_counter() - t0, 1),
+        }
         progress(f"instructions: {i}/{len(names)} {name}: {per_call:,} per call ({kernels[name]['seconds']:.0f} s)")
     created = dt.datetime.now(dt.timezone.utc)
     return {
@@ -142,8 +155,12 @@ def measure(names: list[str], number: int = NUMBER, progress=print) -> dict:
         "id": f"{created:%Y%m%dT%H%M%SZ}-instructions-{secrets.token_hex(3)}",
         "created": created.isoformat(timespec="seconds"),
         "config": {"name": "kernels", "hash": definitions_hash(names, number), "kernels": names},
-        "run": {"number": number, "tool": "torch.utils.benchmark.Timer.collect_callgrind, counts(denoise=True)",
-                "valgrind": valgrind_version(), "num_threads": 1},
+        "run": {
+            "number": number,
+            "tool": "torch.utils.benchmark.Timer.collect_callgrind, counts(denoise=True)",
+            "valgrind": valgrind_version(),
+            "num_threads": 1,
+        },
         "env": fingerprint(torch.device("cpu")),
         "kernels": kernels,
         "metrics": {f"instructions.{n}": k["instructions_per_call"] for n, k in kernels.items()},
@@ -155,25 +172,37 @@ def report(doc: dict) -> str:
 
     rows = [[n, f"{k['instructions_per_call']:,}", f"{k['seconds']:.0f} s"] for n, k in doc["kernels"].items()]
     env = doc["env"]
-    head = (f"instruction counts per call ({doc['run']['valgrind']}, 1 thread, denoised), {env['cpu_model']}, "
-            f"torch {env['packages'].get('torch')}, commit {str(env['git_commit'])[:10]}")
+    head = (
+        f"instruction counts per call ({doc['run']['valgrind']}, 1 thread, denoised), {env['cpu_model']}, "
+        f"torch {env['packages'].get('torch')}, commit {str(env['git_commit'])[:10]}"
+    )
     return head + "\n\n" + tabulate(rows, ["kernel", "instructions", "took"], disable_numparse=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--kernel", action="append", choices=sorted(KERNELS), default=None,
-                   help="kernel to count (repeatable; default all)")
+    p.add_argument(
+        "--kernel",
+        action="append",
+        choices=sorted(KERNELS),
+        default=None,
+        help="kernel to count (repeatable; default all)",
+    )
     p.add_argument("--number", type=int, default=NUMBER, help=f"calls per count (default {NUMBER})")
-    p.add_argument("--out", type=Path, default=None, help="result JSON (default results/runs/<id>.json; never overwritten)")
+    p.add_argument(
+        "--out", type=Path, default=None, help="result JSON (default results/runs/<id>.json; never overwritten)"
+    )
     args = p.parse_args(argv)
     from gembench.errors import UsageError
     from gembench.harness.store.results import RUNS_DIR, check_writable, write_result
 
     version = valgrind_version()
     if version is None:
-        print("instructions: valgrind is not installed; skipped (Debian: apt-get install -y valgrind, "
-              "or scripts/setup.sh as root)", file=sys.stderr)
+        print(
+            "instructions: valgrind is not installed; skipped (Debian: apt-get install -y valgrind, "
+            "or scripts/setup.sh as root)",
+            file=sys.stderr,
+        )
         return 0
     try:
         if args.number < 1:

@@ -2,7 +2,8 @@
 
 The grid issue 19 asks for (tiny and small on 2 gloo ranks), one `gembench run --nproc N` per cell,
 printed with the ratio and whether it is inside 0.7-1.5. The test suite holds the same eight cells
-without compile (tests/test_parallelize.py: tiny in fp32; tests/test_rank_memory.py: small in bf16); this prints them for any
+without compile (tests/test_parallelize.py: tiny in fp32; tests/test_rank_memory.py: small in bf16);
+this prints them for any
 stack (about 4 minutes on 2 cores with the default, compiled one).
 
   python benchmarks/rank_memory.py                        # tiny and small, the optimized stack
@@ -32,9 +33,27 @@ def main() -> None:
         for config in args.configs.split(","):
             for dense, checkpointing in CELLS:
                 out = Path(tmp) / f"{config}-{dense}-{checkpointing}.json"
-                cmd = [sys.executable, "-m", "gembench", "run", "--config", config, "--nproc", str(args.nproc),
-                       "--steps", "2", "--warmup", "1", "--out", str(out), "--quiet",
-                       "--set", f"dense_parallel={dense}", "--set", f"activation_checkpointing={checkpointing}"]
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "gembench",
+                    "run",
+                    "--config",
+                    config,
+                    "--nproc",
+                    str(args.nproc),
+                    "--steps",
+                    "2",
+                    "--warmup",
+                    "1",
+                    "--out",
+                    str(out),
+                    "--quiet",
+                    "--set",
+                    f"dense_parallel={dense}",
+                    "--set",
+                    f"activation_checkpointing={checkpointing}",
+                ]
                 for switch in args.switches:
                     cmd += ["--set", switch]
                 print(f"{config} {dense} {checkpointing} ...", file=sys.stderr, flush=True)
@@ -44,12 +63,23 @@ def main() -> None:
                     continue
                 for rank in json.loads(out.read_text())["ranks"]:
                     ratio = rank["memory_estimate_ratio"]
-                    rows.append([config, dense, checkpointing, rank["rank"],
-                                 f"{rank['peak_memory_estimate_bytes'] / 2**20:,.0f}",
-                                 f"{rank['peak_memory_run_bytes'] / 2**20:,.0f}",
-                                 f"{ratio:.2f} {'ok' if 0.7 <= ratio <= 1.5 else 'OUTSIDE 0.7-1.5'}"])
-    print(tabulate(rows, headers=["config", "dense", "checkpointing", "rank", "estimate MiB", "measured MiB",
-                                  "estimate / measured"]))
+                    rows.append(
+                        [
+                            config,
+                            dense,
+                            checkpointing,
+                            rank["rank"],
+                            f"{rank['peak_memory_estimate_bytes'] / 2**20:,.0f}",
+                            f"{rank['peak_memory_run_bytes'] / 2**20:,.0f}",
+                            f"{ratio:.2f} {'ok' if 0.7 <= ratio <= 1.5 else 'OUTSIDE 0.7-1.5'}",
+                        ]
+                    )
+    print(
+        tabulate(
+            rows,
+            headers=["config", "dense", "checkpointing", "rank", "estimate MiB", "measured MiB", "estimate / measured"],
+        )
+    )
 
 
 if __name__ == "__main__":

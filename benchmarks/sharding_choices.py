@@ -25,9 +25,14 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-CHOICES = {"untold": ["--sharding", "untold"], "auto": ["--sharding", "auto"],
-           "table_wise": ["--sharding", "table_wise"], "row_wise": ["--sharding", "row_wise"],
-           "column_wise": ["--sharding", "column_wise"], "rebalanced": ["--rebalance"]}
+CHOICES = {
+    "untold": ["--sharding", "untold"],
+    "auto": ["--sharding", "auto"],
+    "table_wise": ["--sharding", "table_wise"],
+    "row_wise": ["--sharding", "row_wise"],
+    "column_wise": ["--sharding", "column_wise"],
+    "rebalanced": ["--rebalance"],
+}
 
 SHORT = {"table_wise": "TW", "row_wise": "RW", "column_wise": "CW", "table_row_wise": "TWRW", "data_parallel": "DP"}
 
@@ -60,8 +65,24 @@ def main() -> None:
             cfg = config_with_layout(source, layout, folder)
             for choice, flags in CHOICES.items():
                 out = folder / f"{choice}.json"
-                cmd = [sys.executable, "-m", "gembench", "run", "--config", str(cfg), "--nproc", str(args.nproc),
-                       "--steps", str(args.steps), "--warmup", "2", *flags, "--out", str(out), "--quiet"]
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "gembench",
+                    "run",
+                    "--config",
+                    str(cfg),
+                    "--nproc",
+                    str(args.nproc),
+                    "--steps",
+                    str(args.steps),
+                    "--warmup",
+                    "2",
+                    *flags,
+                    "--out",
+                    str(out),
+                    "--quiet",
+                ]
                 print(f"{layout} {choice} ...", file=sys.stderr, flush=True)
                 proc = subprocess.run(cmd, capture_output=True, text=True)
                 if proc.returncode != 0:
@@ -73,14 +94,38 @@ def main() -> None:
                 kinds: dict[str, int] = {}
                 for t in r["plan"].values():
                     kinds[t["sharding"]] = kinds.get(t["sharding"], 0) + 1
-                rows.append([layout, choice, " ".join(f"{SHORT.get(k, k)} {n}" for k, n in sorted(kinds.items())), f"{read['max_mean']:.3f}",
-                             f"{100 * imb['stall_cost']:.1f}%", f"{100 * imb['hot_1pct_share']:.1f}%",
-                             f"{100 * r['comm']['exposed_comm_fraction']:.1f}%",
-                             f"{1e3 * r['summary']['step_time_s']['p50']:.1f}"])
-    print(f"{args.config} on {args.nproc} gloo ranks, {args.steps} timed steps each; load average at the start "
-          f"{load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}")
-    print(tabulate(rows, headers=["IDs", "sharding", "plan", "lookup bytes max/mean", "stall cost",
-                                  "hottest 1% rows' lookups", "exposed comm", "step ms"], disable_numparse=True))
+                rows.append(
+                    [
+                        layout,
+                        choice,
+                        " ".join(f"{SHORT.get(k, k)} {n}" for k, n in sorted(kinds.items())),
+                        f"{read['max_mean']:.3f}",
+                        f"{100 * imb['stall_cost']:.1f}%",
+                        f"{100 * imb['hot_1pct_share']:.1f}%",
+                        f"{100 * r['comm']['exposed_comm_fraction']:.1f}%",
+                        f"{1e3 * r['summary']['step_time_s']['p50']:.1f}",
+                    ]
+                )
+    print(
+        f"{args.config} on {args.nproc} gloo ranks, {args.steps} timed steps each; load average at the start "
+        f"{load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}"
+    )
+    print(
+        tabulate(
+            rows,
+            headers=[
+                "IDs",
+                "sharding",
+                "plan",
+                "lookup bytes max/mean",
+                "stall cost",
+                "hottest 1% rows' lookups",
+                "exposed comm",
+                "step ms",
+            ],
+            disable_numparse=True,
+        )
+    )
 
 
 if __name__ == "__main__":

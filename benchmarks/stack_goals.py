@@ -25,16 +25,21 @@ def main() -> None:
     p.add_argument("--steps-per-round", type=int, default=2)
     p.add_argument("--warmup", type=int, default=3)
     args = p.parse_args()
-    result = run_ab(args.config, rounds=args.rounds, steps_per_round=args.steps_per_round,
-                    warmup=args.warmup, device=args.device)
+    result = run_ab(
+        args.config, rounds=args.rounds, steps_per_round=args.steps_per_round, warmup=args.warmup, device=args.device
+    )
     print(run_report(result))
     ab, mfu = result["ab"], result["summary"]["mfu"]
     lo, hi = ab["mfu_ratio_ci95"]
     print("\ngoals")
-    print(f"  optimized/baseline MFU  {ab['mfu_ratio']:.2f}x [{lo:.2f}, {hi:.2f}]  goal >= {RATIO_GOAL}: "
-          f"{'met' if lo >= RATIO_GOAL else 'not met' if hi < RATIO_GOAL else 'inconclusive'}")
-    print(f"  optimized MFU           {pct(mfu)} of {result['peak']['tflops_per_device']:.4g} TFLOP/s "
-          f"({result['peak']['source']})  goal >= {pct(MFU_GOAL)}: {'met' if mfu >= MFU_GOAL else 'not met'}")
+    print(
+        f"  optimized/baseline MFU  {ab['mfu_ratio']:.2f}x [{lo:.2f}, {hi:.2f}]  goal >= {RATIO_GOAL}: "
+        f"{'met' if lo >= RATIO_GOAL else 'not met' if hi < RATIO_GOAL else 'inconclusive'}"
+    )
+    print(
+        f"  optimized MFU           {pct(mfu)} of {result['peak']['tflops_per_device']:.4g} TFLOP/s "
+        f"({result['peak']['source']})  goal >= {pct(MFU_GOAL)}: {'met' if mfu >= MFU_GOAL else 'not met'}"
+    )
     print(f"  {loss_line(result)}")
 
 

@@ -36,17 +36,21 @@ def main() -> None:
     ratios, totals = [], {True: 0.0, False: 0.0}
     for r in range(args.rounds):
         spent = {}
-        for timed in ((True, False) if r % 2 else (False, True)):
+        for timed in (True, False) if r % 2 else (False, True):
             start = time.perf_counter()
             run_steps(state, batches, args.steps, 0, timed=timed)
             spent[timed] = time.perf_counter() - start
             totals[timed] += spent[timed]
         ratios.append(spent[True] / spent[False] - 1)
     print(f"{args.config} ({args.stack}): {args.rounds} rounds x {args.steps} steps each way")
-    print(f"untimed {1e3 * totals[False] / (args.rounds * args.steps):.1f} ms/step, "
-          f"timed {1e3 * totals[True] / (args.rounds * args.steps):.1f} ms/step")
-    print(f"stage-timing overhead: median {100 * np.median(ratios):+.2f}% "
-          f"(rounds: {', '.join(f'{100 * x:+.1f}%' for x in ratios)}); goal < 2%")
+    print(
+        f"untimed {1e3 * totals[False] / (args.rounds * args.steps):.1f} ms/step, "
+        f"timed {1e3 * totals[True] / (args.rounds * args.steps):.1f} ms/step"
+    )
+    print(
+        f"stage-timing overhead: median {100 * np.median(ratios):+.2f}% "
+        f"(rounds: {', '.join(f'{100 * x:+.1f}%' for x in ratios)}); goal < 2%"
+    )
 
 
 if __name__ == "__main__":

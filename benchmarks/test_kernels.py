@@ -54,9 +54,11 @@ def test_hstu_attention_padded(benchmark):
     _bench(benchmark, hstu_padded_attention, q, k, v, rab, offsets, cap)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(),
-                    reason="needs CUDA: the Triton kernels are timed on a GPU (tests/test_hstu_triton.py checks them "
-                           "on CPU in Triton's interpreter)")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="needs CUDA: the Triton kernels are timed on a GPU (tests/test_hstu_triton.py checks them "
+    "on CPU in Triton's interpreter)",
+)
 def test_hstu_attention_triton_fwd_bwd(benchmark):
     """Forward+backward of the Triton kernels, bf16, medium-like lengths (batch 128, up to 1024)."""
     from gembench.models.ops.triton.hstu_attention import triton_hstu_attention
@@ -111,7 +113,10 @@ def test_embedding_lookup_torchrec_ebc(benchmark):
 
     keys = [f"f{i}" for i in range(8)]
     ebc = EmbeddingBagCollection(
-        tables=[EmbeddingBagConfig(name=f"t{i}", embedding_dim=32, num_embeddings=5000, feature_names=[k]) for i, k in enumerate(keys)],
+        tables=[
+            EmbeddingBagConfig(name=f"t{i}", embedding_dim=32, num_embeddings=5000, feature_names=[k])
+            for i, k in enumerate(keys)
+        ],
         device=torch.device("cpu"),
     )
     lengths, values = _ids()
@@ -141,9 +146,14 @@ def test_embedding_lookup_plain_embeddingbag(benchmark):
 def test_embedding_lookup_fbgemm_tbe(benchmark):
     """fbgemm's table-batched embedding (TBE) on CPU: all 8 tables in one fused kernel."""
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
-    from fbgemm_gpu.split_table_batched_embeddings_ops_training import ComputeDevice, SplitTableBatchedEmbeddingBagsCodegen
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+        ComputeDevice,
+        SplitTableBatchedEmbeddingBagsCodegen,
+    )
 
-    tbe = SplitTableBatchedEmbeddingBagsCodegen([(5000, 32, EmbeddingLocation.HOST, ComputeDevice.CPU)] * 8, pooling_mode=PoolingMode.SUM)
+    tbe = SplitTableBatchedEmbeddingBagsCodegen(
+        [(5000, 32, EmbeddingLocation.HOST, ComputeDevice.CPU)] * 8, pooling_mode=PoolingMode.SUM
+    )
     lengths, values = _ids()
     offsets = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(lengths, 0)])
     with torch.no_grad():

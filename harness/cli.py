@@ -19,11 +19,20 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "describe": ("gembench.harness.commands.describe", "parameters, memory and FLOPs of a config, without running it"),
     "compare": ("gembench.harness.commands.compare", "compare runs metric by metric: change, interval, verdict"),
     "gate": ("gembench.harness.commands.gate", "CI gate: thresholds and regressions vs the baseline (exit 0/1/2/3/4)"),
-    "continuous": ("gembench.harness.commands.continuous", "run two commits side by side (ABBA), paired verdict per metric (exit 0/1/2/4)"),
+    "continuous": (
+        "gembench.harness.commands.continuous",
+        "run two commits side by side (ABBA), paired verdict per metric (exit 0/1/2/4)",
+    ),
     "promote": ("gembench.harness.commands.promote", "make runs the committed baseline for their config and hardware"),
     "peak": ("gembench.harness.commands.peak", "show, re-measure (--recalibrate) or forget (--clear) the CPU peaks"),
-    "project": ("gembench.harness.commands.project", "MFU, imbalance and exposed comm at 8 to 4,096 GPUs: planner + cost model"),
-    "report": ("gembench.harness.commands.report", "one self-contained HTML page: MFU across commits, stages, ranks, comm"),
+    "project": (
+        "gembench.harness.commands.project",
+        "MFU, imbalance and exposed comm at 8 to 4,096 GPUs: planner + cost model",
+    ),
+    "report": (
+        "gembench.harness.commands.report",
+        "one self-contained HTML page: MFU across commits, stages, ranks, comm",
+    ),
 }
 
 EPILOG = """\

@@ -11,16 +11,20 @@ import dataclasses
 import hashlib
 import json
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from gembench.errors import UsageError, read_toml
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 KINDS = ("gem", "dlrm", "dcnv2")
-HASHED_WHEN_SET = (("sparse", "cpu_rows_cap", 0), ("data", "zipf", ()), ("data", "pooling_kinds", ()),
-                   ("data", "id_layout", "hashed"),
-                   (None, "content", None))  # (section or None: top level, field, default): see ModelConfig.hash
+HASHED_WHEN_SET = (
+    ("sparse", "cpu_rows_cap", 0),
+    ("data", "zipf", ()),
+    ("data", "pooling_kinds", ()),
+    ("data", "id_layout", "hashed"),
+    (None, "content", None),
+)  # (section or None: top level, field, default): see ModelConfig.hash
 CONTENT_DTYPES = ("fp32", "bf16")
 
 
@@ -191,8 +195,10 @@ def with_global_batch(cfg: ModelConfig, batch: int | None, nproc: int = 1) -> Mo
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise UsageError(f"--batch must be a positive number of examples, got {batch!r}")
     if batch % nproc:
-        raise UsageError(f"--batch {batch} does not split evenly over --nproc {nproc} ranks: "
-                         f"pick a multiple of {nproc}, e.g. {max(nproc, batch - batch % nproc)}")
+        raise UsageError(
+            f"--batch {batch} does not split evenly over --nproc {nproc} ranks: "
+            f"pick a multiple of {nproc}, e.g. {max(nproc, batch - batch % nproc)}"
+        )
     return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, global_batch=batch))
 
 
@@ -299,8 +305,11 @@ def validate(cfg: ModelConfig) -> None:
     need(len(d.zipf) in (0, n), "data.zipf", f"must have one exponent per pooled table ({n}) or none")
     need(all(a >= 0 for a in d.zipf), "data.zipf", "must all be >= 0 (0 is uniform)")
     need(len(d.pooling_kinds) in (0, n), "data.pooling_kinds", f"must have one entry per pooled table ({n}) or none")
-    need(all(k in ("fixed", "uniform", "lognormal") for k in d.pooling_kinds), "data.pooling_kinds",
-         "must each be fixed, uniform or lognormal")
+    need(
+        all(k in ("fixed", "uniform", "lognormal") for k in d.pooling_kinds),
+        "data.pooling_kinds",
+        "must each be fixed, uniform or lognormal",
+    )
     need(d.id_layout in ("hashed", "sorted"), "data.id_layout", "must be hashed or sorted")
     need(s.dim > 0, "sparse.dim", "must be positive")
     need(len(s.rows) > 0, "sparse.rows", "must list at least one table")
@@ -329,18 +338,27 @@ def validate(cfg: ModelConfig) -> None:
             need(cfg.cross.pma_seeds >= 0 and cfg.cross.recent >= 0, "cross", "sizes must be >= 0")
     if cfg.content is not None:
         c = cfg.content
-        need(cfg.kind == "gem", "content", f"is read by GEM's ContentArch only; kind = {cfg.kind!r} has no "
-             "content block: drop the [content] section")
-        need(all(w > 0 for w in c.vectors), "content.vectors", "must be positive widths (a width of 0 is no vector: "
-             "leave it out)")
+        need(
+            cfg.kind == "gem",
+            "content",
+            f"is read by GEM's ContentArch only; kind = {cfg.kind!r} has no content block: drop the [content] section",
+        )
+        need(
+            all(w > 0 for w in c.vectors),
+            "content.vectors",
+            "must be positive widths (a width of 0 is no vector: leave it out)",
+        )
         need(len(c.names) in (0, len(c.vectors)), "content.names", f"must name every vector ({len(c.vectors)}) or none")
         need(c.tokens >= 0, "content.tokens", "must be 0 (none) or a positive count of content tokens")
         need(c.tokens == 0 or c.token_dim > 0, "content.token_dim", "must be a positive width when content.tokens > 0")
         need(c.sequence_dim >= 0, "content.sequence_dim", "must be 0 (none) or a positive width")
         need(all(w > 0 for w in c.mlp), "content.mlp", "must be positive widths")
         need(c.dtype in CONTENT_DTYPES, "content.dtype", f"must be one of {', '.join(CONTENT_DTYPES)}")
-        need(c.vectors or c.tokens or c.sequence_dim, "content", "has nothing in it: give vectors, tokens or "
-             "sequence_dim, or drop the section")
+        need(
+            c.vectors or c.tokens or c.sequence_dim,
+            "content",
+            "has nothing in it: give vectors, tokens or sequence_dim, or drop the section",
+        )
     if cfg.kind == "dcnv2":
         need(cfg.dcn is not None, "dcn", "is required for kind = 'dcnv2'")
         need(cfg.dcn.layers > 0 and cfg.dcn.rank > 0, "dcn", "layers and rank must be positive")

@@ -67,9 +67,7 @@ def nonseq_summary_flops(n_tokens: int, dim_in: int, dim_seq: int, batch: int = 
     return float(2 * batch * n_tokens * dim_in * dim_seq)
 
 
-def summary_flops(
-    lengths: Lengths, dim_seq: int, dim_out: int, pma_seeds: int, recent: int, heads: int
-) -> float:
+def summary_flops(lengths: Lengths, dim_seq: int, dim_out: int, pma_seeds: int, recent: int, heads: int) -> float:
     """Forward FLOPs of :class:`SequenceSummary` for a batch.
 
     ``lengths`` are the sequence lengths the summary sees, CLS included. Per sequence of n tokens,
@@ -117,9 +115,7 @@ class NonSeqSummary(nn.Module):
         return self.proj(x.reshape(x.shape[0], -1))
 
 
-def prepend_cls(
-    values: torch.Tensor, offsets: torch.Tensor, cls: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+def prepend_cls(values: torch.Tensor, offsets: torch.Tensor, cls: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Puts ``cls[b]`` in front of sequence b of a jagged batch; differentiable in both.
 
     Args:
@@ -201,9 +197,7 @@ class SequenceSummary(nn.Module):
         pooled = pooled.view(H, B, kp, dh).permute(1, 2, 0, 3).reshape(B, kp, d)
         return self.pma_out(pooled)
 
-    def forward(
-        self, values: torch.Tensor, offsets: torch.Tensor, max_len: Optional[int] = None
-    ) -> torch.Tensor:
+    def forward(self, values: torch.Tensor, offsets: torch.Tensor, max_len: Optional[int] = None) -> torch.Tensor:
         """
         Args:
             values (torch.Tensor): (T, dim_seq) jagged values, CLS first in each sequence.

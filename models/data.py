@@ -49,15 +49,17 @@ class Batch:
         return self.dense.shape[0]
 
     def _tensors(self) -> list[torch.Tensor]:
-        return [t for t in (self.dense, self.labels, self.content, self.content_tokens, self.item_content)
-                if t is not None]
+        return [
+            t for t in (self.dense, self.labels, self.content, self.content_tokens, self.item_content) if t is not None
+        ]
 
     @property
     def input_bytes(self) -> int:
         """Bytes of the batch as it is moved to the device: tensors, and IDs, lengths and weights."""
         kjts = [k for k in (self.sparse, self.seq) if k is not None]
-        tensors = self._tensors() + [t for k in kjts for t in (k.values(), k.lengths(), k.weights_or_none())
-                                     if t is not None]
+        tensors = self._tensors() + [
+            t for k in kjts for t in (k.values(), k.lengths(), k.weights_or_none()) if t is not None
+        ]
         return int(sum(t.numel() * t.element_size() for t in tensors))
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
@@ -67,7 +69,8 @@ class Batch:
             sparse=self.sparse.to(device, non_blocking=non_blocking),
             seq=None if self.seq is None else self.seq.to(device, non_blocking=non_blocking),
             labels=move(self.labels),
-            content=move(self.content), content_tokens=move(self.content_tokens),
+            content=move(self.content),
+            content_tokens=move(self.content_tokens),
             item_content=move(self.item_content),
         )
 
@@ -80,12 +83,20 @@ class Batch:
 
     def pin_memory(self) -> "Batch":
         pin = lambda t: None if t is None else t.pin_memory()  # noqa: E731
-        return Batch(pin(self.dense), self.sparse.pin_memory(), None if self.seq is None else self.seq.pin_memory(),
-                     pin(self.labels), pin(self.content), pin(self.content_tokens), pin(self.item_content))
+        return Batch(
+            pin(self.dense),
+            self.sparse.pin_memory(),
+            None if self.seq is None else self.seq.pin_memory(),
+            pin(self.labels),
+            pin(self.content),
+            pin(self.content_tokens),
+            pin(self.item_content),
+        )
 
 
-def zipf_ids(rng: np.random.Generator, rows: int, alpha: float, size: int, hashed: bool = True,
-             salt: str = "") -> np.ndarray:
+def zipf_ids(
+    rng: np.random.Generator, rows: int, alpha: float, size: int, hashed: bool = True, salt: str = ""
+) -> np.ndarray:
     """Draw ``size`` IDs in [0, rows) from a bounded power law of exponent ``alpha``.
 
     Inverse-CDF of the continuous law p(x) ~ x^-alpha on [1, rows + 1): O(size), no table of
@@ -114,6 +125,7 @@ def zipf_ids(rng: np.random.Generator, rows: int, alpha: float, size: int, hashe
 def zipf_share(lo: float, hi: float, rows: int, alpha: float) -> float:
     """Share of zipf_ids(..., hashed=False) draws that land in rows [lo, hi): the law's CDF,
     F(x) = ((x + 1)^(1 - alpha) - 1) / ((rows + 1)^(1 - alpha) - 1), at hi minus at lo."""
+
     def cdf(x: float) -> float:
         if alpha == 0:
             return x / rows
@@ -121,6 +133,7 @@ def zipf_share(lo: float, hi: float, rows: int, alpha: float) -> float:
             return math.log(x + 1) / math.log(rows + 1)
         e = 1.0 - alpha
         return ((x + 1) ** e - 1) / ((rows + 1) ** e - 1)
+
     return cdf(min(hi, rows)) - cdf(max(lo, 0))
 
 
@@ -131,8 +144,9 @@ def _coprime_stride(rows: int) -> int:
     return stride
 
 
-def truncated_lognormal(rng: np.random.Generator, mean: float, sigma: float, size: int,
-                        low: int, high: int) -> np.ndarray:
+def truncated_lognormal(
+    rng: np.random.Generator, mean: float, sigma: float, size: int, low: int, high: int
+) -> np.ndarray:
     """Integers from a lognormal whose (untruncated) mean is ``mean``, clipped to [low, high]."""
     mu = math.log(mean) - sigma**2 / 2
     return np.clip(np.rint(rng.lognormal(mu, sigma, size)), low, high).astype(np.int64)
@@ -141,8 +155,7 @@ def truncated_lognormal(rng: np.random.Generator, mean: float, sigma: float, siz
 class SyntheticData:
     """Reproducible batches for one config. ``batch(i)`` is the i-th batch of this rank."""
 
-    def __init__(self, cfg: ModelConfig, seed: int = 0, batch_size: int | None = None,
-                 rank: int = 0):
+    def __init__(self, cfg: ModelConfig, seed: int = 0, batch_size: int | None = None, rank: int = 0):
         self.cfg = cfg
         self.seed = seed
         self.rank = rank
@@ -173,8 +186,7 @@ class SyntheticData:
         for t, rows in enumerate(cfg.sparse.rows):
             n = self.pooling_factors(rng, t)
             lengths.append(n)
-            values.append(zipf_ids(rng, rows, self.table_alpha(t), int(n.sum()), self.hashed,
-                                  self.feature_names[t]))
+            values.append(zipf_ids(rng, rows, self.table_alpha(t), int(n.sum()), self.hashed, self.feature_names[t]))
         sparse = _kjt(self.feature_names, lengths, values)
         seq = None
         if cfg.sequences:
@@ -240,8 +252,9 @@ def _kjt(keys: list[str], lengths: list[np.ndarray], values: list[np.ndarray]) -
 def id_exponents(cfg: ModelConfig) -> dict[str, float]:
     """Each table's Zipf exponent, by table name, as the batches draw its IDs."""
     data = SyntheticData(cfg, batch_size=1)
-    return {f"table_t{t}": data.table_alpha(t) for t in range(len(cfg.sparse.rows))} | \
-        {f"table_{s.name}": cfg.data.zipf_item for s in cfg.sequences}
+    return {f"table_t{t}": data.table_alpha(t) for t in range(len(cfg.sparse.rows))} | {
+        f"table_{s.name}": cfg.data.zipf_item for s in cfg.sequences
+    }
 
 
 def expected_ids_per_example(cfg: ModelConfig, samples: int = 65536) -> dict[str, float]:

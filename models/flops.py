@@ -23,6 +23,7 @@ from gembench.models.hstu import sequence_arch_flops
 from gembench.models.sparse import is_embedding_parameter
 from gembench.models.wukong import interaction_arch_flops
 
+
 def sequence_lengths(batch, cfg: ModelConfig) -> dict[str, np.ndarray]:
     """Real lengths per sequence feature of a batch (without the CLS token)."""
     if batch.seq is None:
@@ -67,10 +68,7 @@ def batch_forward_flops(cfg: ModelConfig, batch) -> dict[str, float]:
 def expected_lengths(cfg: ModelConfig, samples: int = 65536, seed: int = 0) -> dict[str, np.ndarray]:
     """A large seeded sample of sequence lengths: per-example FLOPs depend on E[n^2], not E[n]^2."""
     rng = np.random.default_rng(seed)
-    return {
-        s.name: truncated_lognormal(rng, s.mean_len, SEQUENCE_SIGMA, samples, 1, s.max_len)
-        for s in cfg.sequences
-    }
+    return {s.name: truncated_lognormal(rng, s.mean_len, SEQUENCE_SIGMA, samples, 1, s.max_len) for s in cfg.sequences}
 
 
 def forward_flops_per_example(cfg: ModelConfig) -> dict[str, float]:
@@ -90,8 +88,12 @@ def embedding_bytes(cfg: ModelConfig, batch, bytes_per_element: int = 4) -> dict
     seq_rows = 0 if batch.seq is None else int(batch.seq.values().numel())
     read = (pooled_rows * cfg.sparse.dim + seq_rows * (cfg.hstu.dim if cfg.hstu else 0)) * bytes_per_element
     pooled_out = batch.size * len(cfg.sparse.rows) * cfg.sparse.dim * bytes_per_element
-    return {"lookups": pooled_rows + seq_rows, "read": float(read), "written": float(read),
-            "pooled_output": float(pooled_out)}
+    return {
+        "lookups": pooled_rows + seq_rows,
+        "read": float(read),
+        "written": float(read),
+        "pooled_output": float(pooled_out),
+    }
 
 
 def parameter_counts(cfg: ModelConfig) -> dict[str, int]:
@@ -103,8 +105,12 @@ def parameter_counts(cfg: ModelConfig) -> dict[str, int]:
     embedding = sum(p.numel() for n, p in model.named_parameters() if is_embedding_parameter(n))
     dense = sum(p.numel() for p in model.parameters()) - embedding
     rows = sum(cfg.sparse.rows) + sum(s.rows for s in cfg.sequences)
-    return {"embedding_rows": rows, "embedding_params": embedding, "dense_params": dense,
-            "largest_block_params": largest_block_params(model)}
+    return {
+        "embedding_rows": rows,
+        "embedding_params": embedding,
+        "dense_params": dense,
+        "largest_block_params": largest_block_params(model),
+    }
 
 
 # Training memory (see memory_estimate). Bytes per element of each kind of state.
@@ -140,9 +146,16 @@ def embedding_param_split(cfg: ModelConfig) -> tuple[int, int]:
     return pooled, sequence
 
 
-def memory_estimate(cfg: ModelConfig, batch_size: int, counts: dict | None = None, stack=None,
-                    device_type: str = "cuda", shards: int = 1, embedding_share: float = 1.0,
-                    on_rank: bool = False) -> dict[str, float]:
+def memory_estimate(
+    cfg: ModelConfig,
+    batch_size: int,
+    counts: dict | None = None,
+    stack=None,
+    device_type: str = "cuda",
+    shards: int = 1,
+    embedding_share: float = 1.0,
+    on_rank: bool = False,
+) -> dict[str, float]:
     """Training memory of one process (or one rank), in bytes, for the stack that will run: its peak.
 
     ``stack`` is any object with the StackOptions fields fused_embeddings, jagged, bf16, compile,
@@ -213,8 +226,9 @@ def memory_estimate(cfg: ModelConfig, batch_size: int, counts: dict | None = Non
             if jagged and device_type != "cuda":  # (on CUDA the Triton kernels keep scores in SRAM)
                 # Inside the op, per tile: scores and SiLU (forward), their gradients (backward).
                 tile = min(batch_size, ATTENTION_TILE)
-                transient = max(transient, 4 * h.heads * tile * float(n.max()) ** 2 * act
-                                + h.heads * float(n.max()) ** 2 * 4)
+                transient = max(
+                    transient, 4 * h.heads * tile * float(n.max()) ** 2 * act + h.heads * float(n.max()) ** 2 * 4
+                )
             elif not jagged:
                 square = batch_size * h.heads * (s.max_len + 1) ** 2
                 pad = batch_size * (s.max_len + 1) * h.dim
@@ -238,6 +252,12 @@ def memory_estimate(cfg: ModelConfig, batch_size: int, counts: dict | None = Non
         table = CPU_RUNTIME_BYTES_RANK if on_rank else CPU_RUNTIME_BYTES
         runtime = table["compile" if getattr(stack, "compile", True) else f"eager {dtype}"]
     steady = emb + dense + acts + transient
-    return {"embeddings": float(emb), "dense": float(dense), "activations": float(acts),
-            "transient": float(transient), "build": float(build), "runtime": float(runtime),
-            "total": float(max(build, steady) + runtime)}
+    return {
+        "embeddings": float(emb),
+        "dense": float(dense),
+        "activations": float(acts),
+        "transient": float(transient),
+        "build": float(build),
+        "runtime": float(runtime),
+        "total": float(max(build, steady) + runtime),
+    }

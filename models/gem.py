@@ -51,18 +51,22 @@ class GEM(nn.Module):
         self.sparse_arch = SparseArch(cfg, device)
         self.dense_arch = MLP(cfg.data.dense_features, list(cfg.dense.mlp), device=device)
         self.nonseq_summary = NonSeqSummary(n_nonseq, d, h.dim).to(device)
-        self.sequence_arch = nn.ModuleDict({
-            s.name: SequenceArch(h.layers, h.dim, h.heads, s.max_len + 1, attention=attention).to(device)
-            for s in cfg.sequences
-        })
-        self.sequence_summary = nn.ModuleDict({
-            s.name: SequenceSummary(h.dim, d, x.pma_seeds, x.recent, h.heads).to(device)
-            for s in cfg.sequences
-        })
+        self.sequence_arch = nn.ModuleDict(
+            {
+                s.name: SequenceArch(h.layers, h.dim, h.heads, s.max_len + 1, attention=attention).to(device)
+                for s in cfg.sequences
+            }
+        )
+        self.sequence_summary = nn.ModuleDict(
+            {s.name: SequenceSummary(h.dim, d, x.pma_seeds, x.recent, h.heads).to(device) for s in cfg.sequences}
+        )
         c = cfg.content  # None, or a block only for what the config gives
         self.content_arch = ContentArch(c, d, device=device) if c is not None and c.candidate_tokens else None
-        self.item_content = (nn.ModuleDict({s.name: ItemContent(c.sequence_dim, h.dim, device) for s in cfg.sequences})
-                             if c is not None and c.sequence_dim else None)
+        self.item_content = (
+            nn.ModuleDict({s.name: ItemContent(c.sequence_dim, h.dim, device) for s in cfg.sequences})
+            if c is not None and c.sequence_dim
+            else None
+        )
         self.interaction_arch = InteractionArch(
             w.layers, interaction_tokens(cfg), d, w.n_fm, w.n_lcb, w.rank, list(w.mlp)
         ).to(device)

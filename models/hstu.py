@@ -130,9 +130,7 @@ class SequenceArch(nn.Module):
         y = arch(x, offsets, max_len=256)  # (T, 64) -> (T, 64)
     """
 
-    def __init__(
-        self, num_layers: int, dim: int, heads: int, max_len: int, attention: str = "jagged"
-    ) -> None:
+    def __init__(self, num_layers: int, dim: int, heads: int, max_len: int, attention: str = "jagged") -> None:
         super().__init__()
         self.layers = nn.ModuleList(HSTULayer(dim, heads, max_len, attention) for _ in range(num_layers))
 

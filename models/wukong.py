@@ -15,9 +15,7 @@ import torch
 from torch import nn
 
 
-def wukong_layer_flops(
-    n_in: int, dim: int, n_fm: int, n_lcb: int, rank: int, mlp: Sequence[int]
-) -> float:
+def wukong_layer_flops(n_in: int, dim: int, n_fm: int, n_lcb: int, rank: int, mlp: Sequence[int]) -> float:
     """Forward FLOPs per example of one :class:`WukongLayer` (multiply-add = 2 FLOPs).
 
     docs/design.md section 2 / arXiv 2403.02545:
@@ -64,9 +62,7 @@ class WukongLayer(nn.Module):
         y = layer(torch.randn(32, 8, 16))  # (32, 8, 16)
     """
 
-    def __init__(
-        self, n_in: int, dim: int, n_fm: int, n_lcb: int, rank: int, mlp: Sequence[int]
-    ) -> None:
+    def __init__(self, n_in: int, dim: int, n_fm: int, n_lcb: int, rank: int, mlp: Sequence[int]) -> None:
         super().__init__()
         self.n_in, self.dim, self.n_fm, self.n_lcb, self.rank = n_in, dim, n_fm, n_lcb, rank
         self.n_out = n_fm + n_lcb
@@ -133,8 +129,7 @@ class InteractionArch(nn.Module):
     ) -> None:
         super().__init__()
         self.layers = nn.ModuleList(
-            WukongLayer(n_in if i == 0 else n_fm + n_lcb, dim, n_fm, n_lcb, rank, mlp)
-            for i in range(num_layers)
+            WukongLayer(n_in if i == 0 else n_fm + n_lcb, dim, n_fm, n_lcb, rank, mlp) for i in range(num_layers)
         )
         self.n_out = n_fm + n_lcb if num_layers else n_in
 

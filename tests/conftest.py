@@ -21,13 +21,19 @@ def _small_peak_cache(tmp_path_factory):
 # -- real runs made once per session, for tests that only read their result -------------------
 # (`pytest -n 2 --dist loadgroup`: the files that read them share one worker, see below)
 
+
 def gembench_cli(*args, timeout=600):
     """`python -m gembench ARGS` as a user runs it, library warnings off (PYTHONWARNINGS=ignore)."""
     import subprocess
     import sys
 
-    return subprocess.run([sys.executable, "-m", "gembench", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    return subprocess.run(
+        [sys.executable, "-m", "gembench", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
 
 
 @pytest.fixture(scope="session")
@@ -39,10 +45,27 @@ def tiny_run(tmp_path_factory):
     import sys
 
     out = tmp_path_factory.mktemp("tiny-run") / "r.json"
-    proc = subprocess.run([sys.executable, "-m", "gembench", "run", "--config", "tiny", "--steps", "5",
-                           "--trace", str(out.parent / "tr"), "--out", str(out), "--quiet"],
-                          capture_output=True, text=True, timeout=600,
-                          env={k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gembench",
+            "run",
+            "--config",
+            "tiny",
+            "--steps",
+            "5",
+            "--trace",
+            str(out.parent / "tr"),
+            "--out",
+            str(out),
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"},
+    )
     assert proc.returncode == 0, proc.stderr
     return proc, json.loads(out.read_text()), out
 
@@ -56,8 +79,11 @@ def skew_config(tmp_path_factory):
     from gembench.models.config import load_config
 
     text = open(load_config("tiny").source).read()
-    skew = re.sub(r"pooling = \[[^\]]*\]", "pooling = [64, 1, 1, 1, 1, 1, 1, 1]",
-                  text.replace('pooling = "uniform"', 'pooling = "fixed"'))
+    skew = re.sub(
+        r"pooling = \[[^\]]*\]",
+        "pooling = [64, 1, 1, 1, 1, 1, 1, 1]",
+        text.replace('pooling = "uniform"', 'pooling = "fixed"'),
+    )
     skew = skew.replace("max_len = 32", "max_len = 2").replace("mean_len = 16", "mean_len = 1")
     path = tmp_path_factory.mktemp("cfg") / "skew.toml"
     path.write_text(skew.replace('name = "tiny"', 'name = "skew"'))
@@ -70,9 +96,25 @@ def table_wise(skew_config, tmp_path_factory):
     import json
 
     d = tmp_path_factory.mktemp("tw")
-    proc = gembench_cli("run", "--config", str(skew_config), "--nproc", "2", "--steps", "3", "--warmup", "1",
-                        "--sharding", "table_wise", "--trace", str(d / "traces"), "--out", str(d / "r.json"),
-                        "--quiet", timeout=300)
+    proc = gembench_cli(
+        "run",
+        "--config",
+        str(skew_config),
+        "--nproc",
+        "2",
+        "--steps",
+        "3",
+        "--warmup",
+        "1",
+        "--sharding",
+        "table_wise",
+        "--trace",
+        str(d / "traces"),
+        "--out",
+        str(d / "r.json"),
+        "--quiet",
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc, json.loads((d / "r.json").read_text()), d
 
@@ -82,8 +124,11 @@ SHARED_RUNS = {"tiny_run", "table_wise"}  # a file that reads one by request.get
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "reads_shared_runs: the file reads a session's shared run "
-                            "through request.getfixturevalue (grouped with the others that do)")
+    config.addinivalue_line(
+        "markers",
+        "reads_shared_runs: the file reads a session's shared run "
+        "through request.getfixturevalue (grouped with the others that do)",
+    )
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into node ids
@@ -91,8 +136,11 @@ def pytest_collection_modifyitems(config, items):
     """For `pytest -n 2 --dist loadgroup` (the README's command): a test file goes to one worker
     whole (its module fixtures, real runs, are made once), and the files that read the session's
     shared runs go together, so each shared run is made once in the whole session."""
-    shared_files = {item.path for item in items
-                    if SHARED_RUNS & set(item.fixturenames) or item.get_closest_marker("reads_shared_runs")}
+    shared_files = {
+        item.path
+        for item in items
+        if SHARED_RUNS & set(item.fixturenames) or item.get_closest_marker("reads_shared_runs")
+    }
     for item in items:
         group = "shared-runs" if item.path in shared_files else item.path.name
         item.add_marker(pytest.mark.xdist_group(group))
@@ -104,5 +152,7 @@ def pytest_collection_finish(session):
     pytest-xdist 3.8 does: xdist writes a node id field pytest 9 no longer reads)."""
     items, config = session.items, session.config
     if getattr(config.option, "loadgroup", False) and items and "@" not in items[0].nodeid:
-        raise pytest.UsageError("pytest-xdist's --dist loadgroup ignores the test groups with this pytest; "
-                                "install the pinned one: pip install -c scripts/constraints.txt -e '.[test]'")
+        raise pytest.UsageError(
+            "pytest-xdist's --dist loadgroup ignores the test groups with this pytest; "
+            "install the pinned one: pip install -c scripts/constraints.txt -e '.[test]'"
+        )

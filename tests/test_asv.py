@@ -19,10 +19,10 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -66,8 +66,11 @@ def _absent_from_asv_env() -> list[str]:
     matrix = {norm(k.removeprefix("pip+")) for k in _read_jsonc(ROOT / "asv.conf.json")["matrix"]["req"]}
     missing = {norm(r) for r in wanted} - matrix
     missing.discard("asv")  # the asv command itself runs under the same PYTHONPATH (see _asv)
-    modules = {mod for mod, dists in importlib.metadata.packages_distributions().items()
-               if any(norm(d) in missing for d in dists)}
+    modules = {
+        mod
+        for mod, dists in importlib.metadata.packages_distributions().items()
+        if any(norm(d) in missing for d in dists)
+    }
     assert {"pytest", "matplotlib"} <= modules, modules  # the list is read, not empty by accident
     return sorted(modules)
 
@@ -76,24 +79,41 @@ def _asv(tmp_path: Path, *args: str, benchmark_dir: Path | None = None, timeout:
     """asv from the repository root on a copy of its conf (results in tmp_path, HOME too: the
     machine file), with asv's environment's missing modules made unimportable."""
     conf = _read_jsonc(ROOT / "asv.conf.json")
-    conf.update(results_dir=str(tmp_path / "results"), html_dir=str(tmp_path / "html"),
-                env_dir=str(tmp_path / "env"), repo=str(ROOT),
-                benchmark_dir=str(benchmark_dir or ROOT / conf["benchmark_dir"]))
+    conf.update(
+        results_dir=str(tmp_path / "results"),
+        html_dir=str(tmp_path / "html"),
+        env_dir=str(tmp_path / "env"),
+        repo=str(ROOT),
+        benchmark_dir=str(benchmark_dir or ROOT / conf["benchmark_dir"]),
+    )
     conf_path = tmp_path / "asv.conf.json"
     conf_path.write_text(json.dumps(conf))
     # --python=same runs benchmarks with this environment's PYTHONPATH; a virtualenv run would
     # take ASV_PYTHONPATH
     blocker = str(ROOT / "tests" / "asv_env")
-    env = dict(os.environ, HOME=str(tmp_path), PYTHONPATH=blocker, ASV_PYTHONPATH=blocker,
-               GEMBENCH_ASV_ABSENT=",".join(_absent_from_asv_env()),
-               GEMBENCH_ASV_CONFIGS="tiny", GEMBENCH_ASV_STEPS="5",
-               GEMBENCH_ASV_SET="compile=off")  # what is checked is that the suite runs, not compile
+    env = dict(
+        os.environ,
+        HOME=str(tmp_path),
+        PYTHONPATH=blocker,
+        ASV_PYTHONPATH=blocker,
+        GEMBENCH_ASV_ABSENT=",".join(_absent_from_asv_env()),
+        GEMBENCH_ASV_CONFIGS="tiny",
+        GEMBENCH_ASV_STEPS="5",
+        GEMBENCH_ASV_SET="compile=off",
+    )  # what is checked is that the suite runs, not compile
     asv = [sys.executable, "-m", "asv"]
     if not (tmp_path / ".asv-machine.json").exists():
-        subprocess.run([*asv, "machine", "--yes", "--machine", "ci"], cwd=ROOT, env=env, check=True,
-                       capture_output=True, timeout=120)
-    proc = subprocess.run([*asv, *args, "--config", str(conf_path)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+        subprocess.run(
+            [*asv, "machine", "--yes", "--machine", "ci"],
+            cwd=ROOT,
+            env=env,
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+    proc = subprocess.run(
+        [*asv, *args, "--config", str(conf_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
     return proc, proc.stdout + proc.stderr
 
 
@@ -102,10 +122,14 @@ def test_asv_suite_passes_asv_check(tmp_path):
     assert proc.returncode == 0 and "No problems found" in out, out[-3000:]
 
 
-@pytest.mark.parametrize("plant, named", [
-    ("import pytest\n", "No module named 'pytest'"),
-    ("\n\ndef time_x(a):\n    return a\n", "time_x"),
-], ids=["test-only-import", "helper-named-like-a-benchmark"])
+@pytest.mark.parametrize(
+    "plant, named",
+    [
+        ("import pytest\n", "No module named 'pytest'"),
+        ("\n\ndef time_x(a):\n    return a\n", "time_x"),
+    ],
+    ids=["test-only-import", "helper-named-like-a-benchmark"],
+)
 def test_asv_check_fails_on_a_planted_break(tmp_path, plant, named):
     suite = tmp_path / "asv_suite"
     shutil.copytree(ROOT / "benchmarks" / "asv_suite", suite, ignore=shutil.ignore_patterns("__pycache__"))
@@ -119,8 +143,7 @@ def test_asv_check_fails_on_a_planted_break(tmp_path, plant, named):
 
 def test_asv_quick_run_of_the_suite(tmp_path):
     """Every tracked benchmark runs once on tiny (one process and 2 ranks) and reports a value."""
-    proc, out = _asv(tmp_path, "run", "--python=same", "--quick", "--machine", "ci", "--show-stderr",
-                     timeout=900)
+    proc, out = _asv(tmp_path, "run", "--python=same", "--quick", "--machine", "ci", "--show-stderr", timeout=900)
     assert proc.returncode == 0, out[-4000:]
     names = [n for n in json.loads((tmp_path / "results" / "benchmarks.json").read_text()) if n != "version"]
     ok = re.findall(r"··· (\S+)\s+ok$", out, re.M)
@@ -130,7 +153,9 @@ def test_asv_quick_run_of_the_suite(tmp_path):
 
 
 def _git(repo: Path, *args: str) -> None:
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True, capture_output=True)
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True, capture_output=True
+    )
 
 
 def _write(repo: Path, loops: int) -> None:
@@ -143,7 +168,8 @@ def test_asv_continuous_flags_a_planted_slowdown(tmp_path):
         pytest.skip("git is not installed")
     repo = tmp_path / "repo"
     repo.mkdir()
-    (repo / "pyproject.toml").write_text(textwrap.dedent("""\
+    (repo / "pyproject.toml").write_text(
+        textwrap.dedent("""\
         [build-system]
         requires = ["setuptools"]
         build-backend = "setuptools.build_meta"
@@ -152,7 +178,8 @@ def test_asv_continuous_flags_a_planted_slowdown(tmp_path):
         version = "0.0.1"
         [tool.setuptools]
         packages = ["slowpkg"]
-        """))
+        """)
+    )
     (repo / "asv.conf.json").write_text(json.dumps(CONF, indent=1))
     (repo / "benchmarks").mkdir()
     (repo / "benchmarks" / "__init__.py").write_text("")
@@ -168,10 +195,15 @@ def test_asv_continuous_flags_a_planted_slowdown(tmp_path):
     _git(repo, "commit", "-q", "-am", "slow")
 
     asv = [sys.executable, "-m", "asv"]
-    subprocess.run([*asv, "machine", "--yes", "--machine", "ci"], cwd=repo, check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [*asv, "machine", "--yes", "--machine", "ci"], cwd=repo, check=True, capture_output=True, timeout=120
+    )
     proc = subprocess.run(
         [*asv, "continuous", "--machine", "ci", "--factor", "1.5", "--show-stderr", "HEAD~1", "HEAD"],
-        cwd=repo, capture_output=True, text=True, timeout=540,
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=540,
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-4000:]

@@ -17,7 +17,6 @@ from gembench.models.cross import (
     summary_flops,
 )
 from gembench.models.hstu import (
-    HSTULayer,
     SequenceArch,
     hstu_attention_flops,
     hstu_layer_flops,

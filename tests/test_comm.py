@@ -43,13 +43,17 @@ def toy_trace():
     return [
         ev("gembench/step", 0, 100, cat="user_annotation"),
         ev("## all2all_data:kjt values ##", 1, 5, cat="user_annotation"),
-        ev("c10d::alltoall_base_", 2, 2, dims=[[12], [10], [], [], []],
-           types=["long int", "long int", "", "ScalarList", "ScalarList"]),
+        ev(
+            "c10d::alltoall_base_",
+            2,
+            2,
+            dims=[[12], [10], [], [], []],
+            types=["long int", "long int", "", "ScalarList", "ScalarList"],
+        ),
         ev("gloo:all_to_all", 4, 16, tid=9, dims=[[10]], types=["long int"]),
         ev("aten::mm", 10, 30),  # compute 10-40 overlaps the all-to-all's 10-20
         ev("gembench/output_dist", 40, 20, cat="user_annotation"),
-        ev("c10d::_reduce_scatter_base_", 41, 1, dims=[[4, 8], [8, 8], [], []],
-           types=["float", "float", "", "Scalar"]),
+        ev("c10d::_reduce_scatter_base_", 41, 1, dims=[[4, 8], [8, 8], [], []], types=["float", "float", "", "Scalar"]),
         ev("gloo:all_reduce", 42, 10, tid=8, dims=[[8, 8]], types=["float"]),
         ev("All2All_Pooled_Wait", 42, 10),  # blocks: not compute
         ev("gembench/grad_sync", 60, 30, cat="user_annotation"),
@@ -86,7 +90,9 @@ def test_analyze_one_step_by_hand():
 
 def test_classify_backward_and_forward():
     assert comm.classify("all_to_all", ["## All2All_Pooled_fwd ##"]) == "embedding_all_to_all"
-    assert comm.classify("all_to_all", ["autograd::engine::evaluate_function: X", "## All2All_Pooled_bwd ##"]) \
+    assert (
+        comm.classify("all_to_all", ["autograd::engine::evaluate_function: X", "## All2All_Pooled_bwd ##"])
         == "embedding_grad_all_to_all"
+    )
     assert comm.classify("all_gather", ["## ReduceScatterBase_bwd (all_gather) ##"]) == "embedding_grad_all_gather"
     assert comm.classify("all_reduce", ["DistributedDataParallel.forward", "backward"]) == "dense_grad_all_reduce"

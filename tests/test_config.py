@@ -64,20 +64,29 @@ def test_unknown_config_lists_known():
         load_config("nope")
 
 
-@pytest.mark.parametrize("edit, message", [
-    (("global_batch = 8\n", ""), "missing field 'data.global_batch'"),
-    (("global_batch = 8", "global_batch = 8\nbatchsize = 3"), "unknown field 'data.batchsize'"),
-    (("global_batch = 8", 'global_batch = "8"'), "'data.global_batch' must be int"),
-    (("rows = [100, 50]", "rows = []"), "'sparse.rows' must list at least one table"),
-    (("mean_len = 4", "mean_len = 9"), r"'sequences\[0\].mean_len' must be in 1..max_len"),
-    (("dim = 8\nrows", "dim = -8\nrows"), "'sparse.dim' must be positive"),
-    (("heads = 2", "heads = 3"), "'hstu.dim' must be divisible"),
-    (("pooling = [2, 1]", "pooling = [2]"), "'sparse.pooling' must have one entry per table"),
-    (("global_batch = 8", "global_batch = 8\nzipf = [1.1]"), r"'data.zipf' must have one exponent per pooled table \(2\)"),
-    (("global_batch = 8", "global_batch = 8\nzipf = [1.1, -1.0]"), "'data.zipf' must all be >= 0"),
-    (("global_batch = 8", 'global_batch = 8\npooling_kinds = ["fixed", "poisson"]'), "'data.pooling_kinds' must each be"),
-    (("global_batch = 8", 'global_batch = 8\nid_layout = "random"'), "'data.id_layout' must be hashed or sorted"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (("global_batch = 8\n", ""), "missing field 'data.global_batch'"),
+        (("global_batch = 8", "global_batch = 8\nbatchsize = 3"), "unknown field 'data.batchsize'"),
+        (("global_batch = 8", 'global_batch = "8"'), "'data.global_batch' must be int"),
+        (("rows = [100, 50]", "rows = []"), "'sparse.rows' must list at least one table"),
+        (("mean_len = 4", "mean_len = 9"), r"'sequences\[0\].mean_len' must be in 1..max_len"),
+        (("dim = 8\nrows", "dim = -8\nrows"), "'sparse.dim' must be positive"),
+        (("heads = 2", "heads = 3"), "'hstu.dim' must be divisible"),
+        (("pooling = [2, 1]", "pooling = [2]"), "'sparse.pooling' must have one entry per table"),
+        (
+            ("global_batch = 8", "global_batch = 8\nzipf = [1.1]"),
+            r"'data.zipf' must have one exponent per pooled table \(2\)",
+        ),
+        (("global_batch = 8", "global_batch = 8\nzipf = [1.1, -1.0]"), "'data.zipf' must all be >= 0"),
+        (
+            ("global_batch = 8", 'global_batch = 8\npooling_kinds = ["fixed", "poisson"]'),
+            "'data.pooling_kinds' must each be",
+        ),
+        (("global_batch = 8", 'global_batch = 8\nid_layout = "random"'), "'data.id_layout' must be hashed or sorted"),
+    ],
+)
 def test_bad_field_names_file_and_field(tmp_path, edit, message):
     path = tmp_path / "bad.toml"
     old, new = edit
@@ -105,11 +114,14 @@ def test_batch_override_changes_global_batch_and_hash():
     assert with_global_batch(cfg, cfg.data.global_batch).hash == cfg.hash  # same batch, same config
 
 
-@pytest.mark.parametrize("batch, nproc, message", [
-    (0, 1, "--batch must be a positive"),
-    (-8, 1, "--batch must be a positive"),
-    (63, 2, "--batch 63 does not split evenly over --nproc 2"),
-])
+@pytest.mark.parametrize(
+    "batch, nproc, message",
+    [
+        (0, 1, "--batch must be a positive"),
+        (-8, 1, "--batch must be a positive"),
+        (63, 2, "--batch 63 does not split evenly over --nproc 2"),
+    ],
+)
 def test_bad_batch_is_a_usage_error(batch, nproc, message):
     from gembench.models.config import with_global_batch
 

@@ -92,29 +92,41 @@ def test_configs_without_content_are_unchanged_and_the_switch_drops_it(tmp_path)
     assert model_config(cfg, off).hash == dataclasses.replace(cfg, content=None).hash
     model = pure_model(cfg, off, torch.device("cpu"))
     assert model.content_arch is None and model.item_content is None
-    on, without = (memory_estimate(c, 64, None, STACKS["optimized"], "cuda")["activations"]
-                   for c in (cfg, model_config(cfg, off)))
+    on, without = (
+        memory_estimate(c, 64, None, STACKS["optimized"], "cuda")["activations"] for c in (cfg, model_config(cfg, off))
+    )
     assert on > without  # the content's inputs and saved activations
 
 
 def test_describe_shows_the_content_block(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "gembench", "describe", "--config", "medium"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "gembench", "describe", "--config", "medium"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "content per candidate      image 512, text 768; per sequence item 32 (bf16)" in proc.stdout
     line = next(x for x in proc.stdout.splitlines() if x.startswith("content_arch"))
     assert "787,712" in line  # its parameters: two MLPs 512->512->128 and 768->512->128
 
 
-@pytest.mark.parametrize("section, message", [
-    ("vectors = [64, 0]\n", "'content.vectors' must be positive widths"),
-    ("vectors = [64]\ntokens = -1\n", "'content.tokens' must be 0 (none) or a positive count"),
-])
+@pytest.mark.parametrize(
+    "section, message",
+    [
+        ("vectors = [64, 0]\n", "'content.vectors' must be positive widths"),
+        ("vectors = [64]\ntokens = -1\n", "'content.tokens' must be 0 (none) or a positive count"),
+    ],
+)
 def test_bad_content_is_one_line_naming_the_field(tmp_path, section, message):
     path = tmp_path / "bad.toml"
     path.write_text(open(load_config("tiny").source).read() + "\n[content]\n" + section)
-    proc = subprocess.run([sys.executable, "-m", "gembench", "describe", "--config", str(path)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "gembench", "describe", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and message in proc.stderr and str(path) in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
 
@@ -122,8 +134,9 @@ def test_bad_content_is_one_line_naming_the_field(tmp_path, section, message):
 def test_content_on_a_dlrm_config_is_refused(tmp_path):
     path = tmp_path / "dlrm-content.toml"
     path.write_text(open(load_config("dlrm").source).read() + "\n[content]\nvectors = [64]\n")
-    proc = subprocess.run([sys.executable, "-m", "gembench", "run", "--config", str(path)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "gembench", "run", "--config", str(path)], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 2 and "'content' is read by GEM's ContentArch only" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
 
@@ -135,9 +148,31 @@ def test_content_runs_on_ranks_through_torchrecs_pipeline(tmp_path):
 
     cfg = tiny_with_content(tmp_path, CONTENT)
     out = tmp_path / "r.json"
-    proc = subprocess.run([sys.executable, "-m", "gembench", "run", "--config", cfg.source, "--nproc", "2",
-                           "--pipeline", "--steps", "2", "--warmup", "1", "--set", "compile=off", "--out", str(out),
-                           "--quiet"], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gembench",
+            "run",
+            "--config",
+            cfg.source,
+            "--nproc",
+            "2",
+            "--pipeline",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--set",
+            "compile=off",
+            "--out",
+            str(out),
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(out.read_text())
     assert r["config"]["hash"] == cfg.hash and r["flops"]["per_block"]["content_arch"] > 0

@@ -27,10 +27,16 @@ def _rounds(effect, noise=0.01, drift=0.3, n=8, seed=0, counters=None, head_coun
     out = []
     for r in range(n):
         shared = math.exp(rng.uniform(-drift, drift))
-        base = make_result(f"b{r}", step_s=0.01 * shared * rng.lognormvariate(0, noise), noise=0.005, seed=2 * r,
-                           counters=counters)
-        head = make_result(f"h{r}", step_s=0.01 * shared * (1 + effect) * rng.lognormvariate(0, noise), noise=0.005,
-                           seed=2 * r + 1, counters=head_counters or counters)
+        base = make_result(
+            f"b{r}", step_s=0.01 * shared * rng.lognormvariate(0, noise), noise=0.005, seed=2 * r, counters=counters
+        )
+        head = make_result(
+            f"h{r}",
+            step_s=0.01 * shared * (1 + effect) * rng.lognormvariate(0, noise),
+            noise=0.005,
+            seed=2 * r + 1,
+            counters=head_counters or counters,
+        )
         out.append((base, head))
     return out
 
@@ -72,17 +78,24 @@ def test_process_value_median_or_best_step():
     assert paired.process_value(r, "step_time_s", "min") == min(steps)
     assert paired.process_value(r, "step_time_s", "p10") == sorted(steps)[10]
     assert paired.process_value(r, "mfu", "p10") == sorted(r["samples"]["mfu"], reverse=True)[10]
-    assert paired.process_value(r, "step_time_s", "fast-half") == pytest.approx(sum(sorted(steps)[:len(steps) // 2]) / (len(steps) // 2))
-    assert paired.process_value(r, "mfu", "fast-half") == pytest.approx(  # the better half: the higher MFUs
-        sum(sorted(r["samples"]["mfu"], reverse=True)[:len(steps) // 2]) / (len(steps) // 2))
+    assert paired.process_value(r, "step_time_s", "fast-half") == pytest.approx(
+        sum(sorted(steps)[: len(steps) // 2]) / (len(steps) // 2)
+    )
+    assert (
+        paired.process_value(r, "mfu", "fast-half")
+        == pytest.approx(  # the better half: the higher MFUs
+            sum(sorted(r["samples"]["mfu"], reverse=True)[: len(steps) // 2]) / (len(steps) // 2)
+        )
+    )
     assert paired.process_value(r, "mfu", "min") == max(r["samples"]["mfu"])  # higher is better: the best step
     assert paired.process_value(r, "peak_memory_bytes") == 123_456_789  # no samples: the headline value
 
 
 def test_counters_judged_exactly_beside_the_times():
     counts = {"aten_ops": 900, "host_syncs": 2, "h2d_bytes": 4096, "kernels": None, "graph_breaks": 0, "recompiles": 0}
-    j = paired.judge_rounds(_rounds(0.0, seed=5, counters=counts, head_counters={**counts, "aten_ops": 901}),
-                            ["step_time_s"], 0.01, 0.03)
+    j = paired.judge_rounds(
+        _rounds(0.0, seed=5, counters=counts, head_counters={**counts, "aten_ops": 901}), ["step_time_s"], 0.01, 0.03
+    )
     by = {x.metric: x for x in j}
     assert by["aten_ops"].verdict == "regressed" and by["aten_ops"].method == "count"
     assert by["h2d_bytes"].verdict == "unchanged" and "kernels" not in by
@@ -99,8 +112,12 @@ def test_counters_judged_exactly_beside_the_times():
 
 
 def _git(repo, *args):
-    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
-                          check=True, capture_output=True, text=True).stdout.strip()
+    return subprocess.run(
+        ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
 
 
 @pytest.fixture
@@ -132,8 +149,10 @@ def test_a_revision_that_fails_is_named_with_its_error_and_worktrees_go(clone, c
     code, _, err = run_cli(["continuous", "HEAD", "HEAD~1", "--repo", str(clone), "--quiet", *mode], capsys)
     assert code == 2, err
     line = [ln for ln in err.splitlines() if ln.strip()][-1]
-    assert line == f"gembench continuous: error: BASE HEAD ({broken[:10]}) failed to run (exit 1): " \
-                   "RuntimeError: planted failure for the test"
+    assert (
+        line == f"gembench continuous: error: BASE HEAD ({broken[:10]}) failed to run (exit 1): "
+        "RuntimeError: planted failure for the test"
+    )
     assert len(_worktrees(clone)) == 1
 
 
@@ -159,9 +178,17 @@ def _fake_workers(tmp_path, steps, burst, die_after=(-1, -1), labels="AB"):
     from gembench.harness.continuous import interleave
 
     log = tmp_path / f"turns-{labels}.txt"
-    return log, [interleave.start(label, [sys.executable, "-c", FAKE_WORKER, label, str(log), str(steps), str(die)],
-                                  dict(os.environ), tmp_path, tmp_path, burst)
-                 for label, die in zip(labels, die_after)]
+    return log, [
+        interleave.start(
+            label,
+            [sys.executable, "-c", FAKE_WORKER, label, str(log), str(steps), str(die)],
+            dict(os.environ),
+            tmp_path,
+            tmp_path,
+            burst,
+        )
+        for label, die in zip(labels, die_after)
+    ]
 
 
 def test_workers_take_turns_abba_by_burst_and_never_overlap(tmp_path):
@@ -173,7 +200,7 @@ def test_workers_take_turns_abba_by_burst_and_never_overlap(tmp_path):
         interleave.finish(workers, timeout=60)
     finally:
         interleave.close(workers)
-    assert log.read_text() == "BB" "AA" "AA" "BB" "BB" "AA" "A" "B"
+    assert log.read_text() == "BBAAAABBBBAAAB"
 
 
 def test_pairs_side_by_side_each_take_their_own_turns(tmp_path):
@@ -187,8 +214,8 @@ def test_pairs_side_by_side_each_take_their_own_turns(tmp_path):
         interleave.finish(pair1 + pair2, timeout=60)
     finally:
         interleave.close(pair1 + pair2)
-    assert log1.read_text() == "AA" "BB" "BB" "AA" "AA" "BB" "B" "A"
-    assert log2.read_text() == "DD" "CC" "CC" "DD" "DD" "CC" "C" "D"
+    assert log1.read_text() == "AABBBBAAAABBBA"
+    assert log2.read_text() == "DDCCCCDDDDCCCD"
 
 
 def test_a_worker_that_dies_beside_another_pair_ends_both_pairs(tmp_path):
@@ -240,9 +267,27 @@ def test_pace_refuses_what_it_cannot_drive(capsys):
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupt_removes_worktrees_and_ends_the_running_process(clone, sig):
     env = {**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.Popen([sys.executable, "-m", "gembench", "continuous", "HEAD", "HEAD", "--repo", str(clone),
-                             "--stack", "baseline", "--steps", "500"], stderr=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True, env=env, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gembench",
+            "continuous",
+            "HEAD",
+            "HEAD",
+            "--repo",
+            str(clone),
+            "--stack",
+            "baseline",
+            "--steps",
+            "500",
+        ],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
     try:
         first = proc.stderr.readline()
         assert "pairs of processes (ABBA)" in first, first
@@ -250,7 +295,9 @@ def test_interrupt_removes_worktrees_and_ends_the_running_process(clone, sig):
         assert len(paths) == 2 and all(Path(p).exists() for p in paths)
         children = []
         for _ in range(50):  # the first benchmark process has started
-            children = subprocess.run(["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True, text=True).stdout.split()
+            children = subprocess.run(
+                ["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True, text=True
+            ).stdout.split()
             if children:
                 break
             time.sleep(0.1)
@@ -270,8 +317,24 @@ def test_interrupt_removes_worktrees_and_ends_the_running_process(clone, sig):
 
 def test_real_run_over_head_1_head_of_a_clone(clone, capsys):
     """Two rounds of tiny (baseline stack: no compile) with 2 steps: ~1 minute on 2 idle cores."""
-    code, out, err = run_cli(["continuous", "HEAD~1", "HEAD", "--repo", str(clone), "--steps", "2", "--rounds", "2",
-                              "--stack", "baseline", "--format", "json"], capsys)
+    code, out, err = run_cli(
+        [
+            "continuous",
+            "HEAD~1",
+            "HEAD",
+            "--repo",
+            str(clone),
+            "--steps",
+            "2",
+            "--rounds",
+            "2",
+            "--stack",
+            "baseline",
+            "--format",
+            "json",
+        ],
+        capsys,
+    )
     assert code in (0, 1, 4), err
     import json
 
@@ -292,8 +355,24 @@ def test_a_revision_older_than_pace_makes_every_round_sequential(clone, capsys):
     assert 'paced.add_argument("--pace",' in text
     run_py.write_text(text.replace('paced.add_argument("--pace",', 'paced.add_argument("--no-such-pace", dest="pace",'))
     _git(clone, "commit", "--quiet", "-am", "as before --pace")
-    code, out, err = run_cli(["continuous", "HEAD", "HEAD~1", "--repo", str(clone), "--steps", "2", "--rounds", "2",
-                              "--stack", "baseline", "--format", "json"], capsys)
+    code, out, err = run_cli(
+        [
+            "continuous",
+            "HEAD",
+            "HEAD~1",
+            "--repo",
+            str(clone),
+            "--steps",
+            "2",
+            "--rounds",
+            "2",
+            "--stack",
+            "baseline",
+            "--format",
+            "json",
+        ],
+        capsys,
+    )
     assert code in (0, 1, 4), err
     assert "predates --pace: every pair runs its two processes one after the other" in err
     import json
@@ -314,7 +393,9 @@ def test_child_env_sets_threads_and_only_the_revision_path(tmp_path, monkeypatch
     assert env["PYTHONHASHSEED"] == os.environ.get("PYTHONHASHSEED", "0")  # one seed for both revisions
 
 
-@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs, Linux")
+@pytest.mark.skipif(
+    not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs, Linux"
+)
 def test_a_pair_is_pinned_to_one_cpu_once_warm(tmp_path):
     """Both processes of a pair end up on the same CPU (the one they are given), every thread of them."""
     from gembench.harness.commands.continuous import pair_cpu

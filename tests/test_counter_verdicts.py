@@ -3,8 +3,8 @@
 import pytest
 from synthetic import make_result, run_cli, save
 
-from gembench.harness.commands.promote import promote
 from gembench.errors import UsageError
+from gembench.harness.commands.promote import promote
 from gembench.harness.regression import thresholds
 from gembench.harness.regression.compare import compare
 from gembench.harness.regression.counters import judge_counter
@@ -32,7 +32,11 @@ def test_one_more_op_regresses_one_fewer_improves():
     assert _verdicts(compare(a, [make_result("b", counters=_with(aten_ops=1201))]))["aten_ops"] == "regressed"
     assert _verdicts(compare(a, [make_result("b", counters=_with(aten_ops=1199))]))["aten_ops"] == "improved"
     # a graph break appearing from zero has no relative change, and still regresses
-    j = [j for j in compare(a, [make_result("b", counters=_with(graph_breaks=1))]).judgements if j.metric == "graph_breaks"][0]
+    j = [
+        j
+        for j in compare(a, [make_result("b", counters=_with(graph_breaks=1))]).judgements
+        if j.metric == "graph_breaks"
+    ][0]
     assert j.verdict == "regressed" and j.change is None and j.method == "count"
 
 

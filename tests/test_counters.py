@@ -7,9 +7,9 @@ stack: no compile, a few seconds); `gembench run` prints them (tests/test_run.py
 import pytest
 import torch
 
-from gembench.harness.train import step as step_module
 from gembench.harness.metrics import counters as C
 from gembench.harness.metrics.trace import kineto_marks_dropped, self_times, top_rows
+from gembench.harness.train import step as step_module
 from gembench.harness.train.runner import run_benchmark
 from gembench.harness.train.stack import STACKS, build_train_state
 from gembench.harness.train.step import NoClock, run_steps, train_step
@@ -58,10 +58,22 @@ def test_device_counts_from_trace_events():
     events = [
         {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 10, "dur": 5},
         {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 20, "dur": 5},
-        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pageable -> Device)", "ts": 1, "dur": 1,
-         "args": {"bytes": 4096}},
-        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pageable)", "ts": 30, "dur": 1,
-         "args": {"bytes": 8}},
+        {
+            "ph": "X",
+            "cat": "gpu_memcpy",
+            "name": "Memcpy HtoD (Pageable -> Device)",
+            "ts": 1,
+            "dur": 1,
+            "args": {"bytes": 4096},
+        },
+        {
+            "ph": "X",
+            "cat": "gpu_memcpy",
+            "name": "Memcpy DtoH (Device -> Pageable)",
+            "ts": 30,
+            "dur": 1,
+            "args": {"bytes": 8},
+        },
         {"ph": "X", "cat": "kernel", "name": "late", "ts": 100, "dur": 5},
         {"ph": "i", "cat": "kernel", "name": "instant", "ts": 12},
     ]
@@ -70,10 +82,16 @@ def test_device_counts_from_trace_events():
 
 
 def test_self_times_subtract_nested_events_per_thread():
-    ev = lambda name, ts, dur, tid=1: {"ph": "X", "cat": "cpu_op", "name": name, "ts": ts, "dur": dur,  # noqa: E731
-                                       "pid": 0, "tid": tid}
-    events = [ev("outer", 0, 100), ev("a", 10, 30), ev("b", 50, 20), ev("a_inner", 15, 10),
-              ev("a", 0, 40, tid=2)]
+    ev = lambda name, ts, dur, tid=1: {
+        "ph": "X",
+        "cat": "cpu_op",
+        "name": name,
+        "ts": ts,
+        "dur": dur,  # noqa: E731
+        "pid": 0,
+        "tid": tid,
+    }
+    events = [ev("outer", 0, 100), ev("a", 10, 30), ev("b", 50, 20), ev("a_inner", 15, 10), ev("a", 0, 40, tid=2)]
     t = self_times(events, ("cpu_op",))
     assert t["outer"] == {"calls": 1, "total_us": 100, "self_us": 50}
     assert t["a"] == {"calls": 2, "total_us": 70, "self_us": 60}  # 30 - 10 on tid 1, 40 on tid 2
@@ -84,8 +102,16 @@ def test_self_times_subtract_nested_events_per_thread():
 
 
 def _tiny_baseline(**kw):
-    return run_benchmark("tiny", steps=1, warmup=1, options=STACKS["baseline"], device="cpu",
-                         peak_tflops=1.0, stack_name="baseline", **kw)
+    return run_benchmark(
+        "tiny",
+        steps=1,
+        warmup=1,
+        options=STACKS["baseline"],
+        device="cpu",
+        peak_tflops=1.0,
+        stack_name="baseline",
+        **kw,
+    )
 
 
 def test_counters_of_real_steps_are_deterministic_and_see_a_planted_op(monkeypatch):
@@ -197,8 +223,9 @@ def test_fused_sequence_tables_split_their_rows_by_host_sizes():
 
     from gembench.harness.train.stack import sync_free_fused_embedding_collection
 
-    tables = [EmbeddingConfig(name=f"table_{f}", embedding_dim=4, num_embeddings=20, feature_names=[f])
-              for f in ("a", "b")]
+    tables = [
+        EmbeddingConfig(name=f"table_{f}", embedding_dim=4, num_embeddings=20, feature_names=[f]) for f in ("a", "b")
+    ]
     weight = torch.randn(20, 4)
 
     def lookup(indices, offsets, weights=None):  # unpooled TBE: one row per index
@@ -206,13 +233,13 @@ def test_fused_sequence_tables_split_their_rows_by_host_sizes():
 
     modules = []
     for cls in (FusedEmbeddingCollection, sync_free_fused_embedding_collection()):
-        m = cls(tables, optimizer_type=torch.optim.Adagrad, optimizer_kwargs={"lr": 0.1},
-                device=torch.device("meta"))
+        m = cls(tables, optimizer_type=torch.optim.Adagrad, optimizer_kwargs={"lr": 0.1}, device=torch.device("meta"))
         m._emb_modules[:] = [lookup] * len(m._emb_modules)
         modules.append(m)
     lengths = torch.tensor([2, 1, 3, 0, 1, 2])  # a: 3 examples, 6 ids; b: 3 ids
-    kjt = KeyedJaggedTensor(["a", "b"], torch.arange(9), lengths=lengths, stride=3,
-                            length_per_key=[6, 3], offset_per_key=[0, 6, 9])
+    kjt = KeyedJaggedTensor(
+        ["a", "b"], torch.arange(9), lengths=lengths, stride=3, length_per_key=[6, 3], offset_per_key=[0, 6, 9]
+    )
     with C.StepCounter("cpu") as theirs:
         want = modules[0](kjt)
     with C.StepCounter("cpu") as ours:

@@ -87,8 +87,9 @@ def test_per_table_exponents_and_pooling_kinds_drive_the_batches():
 
     cfg = load_config("tiny")
     n = len(cfg.sparse.rows)
-    data = dataclasses.replace(cfg.data, zipf=tuple([0.0] + [2.0] * (n - 1)), pooling_kinds=tuple(["fixed"] * n),
-                               id_layout="sorted")
+    data = dataclasses.replace(
+        cfg.data, zipf=tuple([0.0] + [2.0] * (n - 1)), pooling_kinds=tuple(["fixed"] * n), id_layout="sorted"
+    )
     custom = dataclasses.replace(cfg, data=data)
     assert id_exponents(custom)["table_t0"] == 0.0 and id_exponents(custom)["table_t1"] == 2.0
     batch = SyntheticData(custom, seed=0).batch(0)
@@ -96,6 +97,6 @@ def test_per_table_exponents_and_pooling_kinds_drive_the_batches():
     assert all((lengths[t] == cfg.sparse.pooling[t]).all() for t in range(n))  # fixed: exactly the listed IDs
     values = batch.sparse.values()
     offsets = np.concatenate([[0], np.cumsum(lengths.sum(1).numpy())])
-    t1 = values[offsets[1]:offsets[2]].numpy()
+    t1 = values[offsets[1] : offsets[2]].numpy()
     # exponent 2, sorted: row 0 takes about half the lookups (its law's share, from zipf_share)
     assert (t1 == 0).mean() == pytest.approx(zipf_share(0, 1, cfg.sparse.rows[1], 2.0), abs=0.2)

@@ -22,8 +22,13 @@ def tensors_of(module: nn.Module):
         for attr, value in vars(sub).items():
             if attr.startswith("_"):
                 continue  # _parameters/_buffers/_modules: covered above
-            items = value.items() if isinstance(value, dict) else enumerate(value) \
-                if isinstance(value, (list, tuple)) else [(None, value)]
+            items = (
+                value.items()
+                if isinstance(value, dict)
+                else enumerate(value)
+                if isinstance(value, (list, tuple))
+                else [(None, value)]
+            )
             for key, item in items:
                 if isinstance(item, torch.Tensor):
                     yield (f"{prefix}.{attr}" if prefix else attr) + ("" if key is None else f"[{key!r}]"), item

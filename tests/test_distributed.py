@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from gembench.harness.train.distributed.plan import parse_sharding
 from gembench.errors import UsageError
+from gembench.harness.train.distributed.plan import parse_sharding
 from gembench.models.config import load_config
 from gembench.models.data import SyntheticData
 
@@ -24,16 +24,38 @@ from gembench.models.data import SyntheticData
 
 
 def gembench(*args, env=None, timeout=300):
-    return subprocess.run([sys.executable, "-m", "gembench", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "gembench", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})},
+    )
 
 
 @pytest.fixture(scope="module")
 def row_wise(skew_config, tmp_path_factory):
     out = tmp_path_factory.mktemp("rw") / "r.json"
-    proc = gembench("run", "--config", str(skew_config), "--nproc", "2", "--steps", "3", "--warmup", "1",
-                    "--sharding", "row_wise", "--pipeline", "--out", str(out), "--quiet", "--verbose",
-                    "--set", "compile=off")  # table_wise's run checks the compiled dense arch on ranks
+    proc = gembench(
+        "run",
+        "--config",
+        str(skew_config),
+        "--nproc",
+        "2",
+        "--steps",
+        "3",
+        "--warmup",
+        "1",
+        "--sharding",
+        "row_wise",
+        "--pipeline",
+        "--out",
+        str(out),
+        "--quiet",
+        "--verbose",
+        "--set",
+        "compile=off",
+    )  # table_wise's run checks the compiled dense arch on ranks
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc, json.loads(out.read_text())
 
@@ -43,13 +65,29 @@ def test_one_result_with_per_rank_stages_imbalance_and_comm(table_wise):
     run = r["run"]
     assert run["nproc"] == 2 and run["global_batch"] == 64 and run["per_rank_batch"] == 32
     # the optimized stack as on one process (harness/train/stack.py), as it ran: compile and fused Adam included
-    assert run["options"] == {"fused_embeddings": True, "jagged": True, "bf16": True, "fused_optimizer": True,
-                              "compile": True, "pipeline": False, "dense_parallel": "ddp",
-                              "activation_checkpointing": "none", "content": "on"}
+    assert run["options"] == {
+        "fused_embeddings": True,
+        "jagged": True,
+        "bf16": True,
+        "fused_optimizer": True,
+        "compile": True,
+        "pipeline": False,
+        "dense_parallel": "ddp",
+        "activation_checkpointing": "none",
+        "content": "on",
+    }
     assert run["backend"] == "gloo" and run["stack"] == "optimized-staged"
     assert [x["rank"] for x in r["ranks"]] == [0, 1]
-    stages = {"data", "input_dist", "embedding_lookup", "output_dist", "dense_forward", "backward",
-              "grad_sync", "optimizer"}
+    stages = {
+        "data",
+        "input_dist",
+        "embedding_lookup",
+        "output_dist",
+        "dense_forward",
+        "backward",
+        "grad_sync",
+        "optimizer",
+    }
     for rank in r["ranks"]:
         assert set(rank["samples"]["stages"]) == stages
         assert all(len(v) == 3 for v in rank["samples"]["stages"].values())
@@ -60,15 +98,17 @@ def test_one_result_with_per_rank_stages_imbalance_and_comm(table_wise):
         assert crit[s] == max(x["stage_means_s"][s] for x in r["ranks"])
     assert set(r["imbalance"]["measured"]["loads"]) >= {"ids", "unique_ids", "bytes_read", "lookup_s"}
     assert set(r["imbalance"]["planned"]["loads"]) == {"perf_ms", "storage_bytes"}
-    assert {"kjt_all_to_all", "embedding_all_to_all", "embedding_grad_all_to_all",
-            "dense_grad_all_reduce"} <= set(r["comm"]["by_kind"])
+    assert {"kjt_all_to_all", "embedding_all_to_all", "embedding_grad_all_to_all", "dense_grad_all_reduce"} <= set(
+        r["comm"]["by_kind"]
+    )
     # staged: nothing overlaps, so nearly all communication is exposed
     assert all(e["overlap_fraction"] < 0.2 for e in r["comm"]["exposure"])
     m = r["metrics"]
     assert 0 < m["mfu"] < 1 and m["imbalance_max_mean"] >= 1 and 0 < m["exposed_comm_fraction"] < 1
     # MFU = job FLOPs / step / sum of peaks
-    assert m["mfu"] == pytest.approx(r["flops"]["model_per_step"] / m["step_time_s"]
-                                     / (sum(r["peak"]["per_rank"]) * 1e12), rel=1e-9)
+    assert m["mfu"] == pytest.approx(
+        r["flops"]["model_per_step"] / m["step_time_s"] / (sum(r["peak"]["per_rank"]) * 1e12), rel=1e-9
+    )
     for title in ("critical path", "rank 0", "embedding imbalance", "planned", "communication", "exposed"):
         assert title in proc.stdout
     assert "global 64 = 2 ranks x 32 per rank" in proc.stdout
@@ -82,8 +122,14 @@ def test_one_result_with_per_rank_stages_imbalance_and_comm(table_wise):
     assert all(m[k] == r["counters"][k] for k in ("aten_ops", "host_syncs", "h2d_bytes", "recompiles"))
 
 
-NOISE = ("The topology was constructed directly", "known issue with TorchRec's dense tensor size",
-         "USDT:", "profiler_start", "profiler_stop", "FutureWarning")
+NOISE = (
+    "The topology was constructed directly",
+    "known issue with TorchRec's dense tensor size",
+    "USDT:",
+    "profiler_start",
+    "profiler_stop",
+    "FutureWarning",
+)
 
 
 def test_library_noise_is_kept_off_the_terminal_unless_verbose(table_wise, row_wise):
@@ -130,8 +176,7 @@ def expected_bytes(r, cfg, rank):
         # pooled embeddings back: for every example of the job, this rank's tables' sums (fp32)
         emb += b_global * len(local_pooled) * cfg.sparse.dim * 4
         # sequence embeddings back: one row per ID this rank received for its sequence tables
-        emb += sum(b.seq[s].values().numel() for b in batches for s in seqs if owner[s] == [rank]) \
-            * cfg.hstu.dim * 4
+        emb += sum(b.seq[s].values().numel() for b in batches for s in seqs if owner[s] == [rank]) * cfg.hstu.dim * 4
         # gradients of the pooled embeddings of this rank's own examples, for every table
         grad += b_local * len(pooled) * cfg.sparse.dim * 4
         grad += sum(mine.seq[s].values().numel() for s in seqs) * cfg.hstu.dim * 4
@@ -162,17 +207,37 @@ def test_planted_skew_table_wise_vs_row_wise(table_wise, row_wise):
     assert all(p["sharding"] == "row_wise" for p in rw["plan"].values())
 
 
-@pytest.mark.parametrize("mode, message", [
-    ("hang", "rank 1 hung in stage embedding_lookup of step 2"),
-    ("exit", "rank 1: injected fault (exit) at step 2, stage embedding_lookup"),
-])
+@pytest.mark.parametrize(
+    "mode, message",
+    [
+        ("hang", "rank 1 hung in stage embedding_lookup of step 2"),
+        ("exit", "rank 1: injected fault (exit) at step 2, stage embedding_lookup"),
+    ],
+)
 def test_a_failing_rank_ends_the_run_without_a_result(tmp_path, mode, message):
     out = tmp_path / "r.json"
     start = time.monotonic()
     # the baseline stack: no compile in the first step, which on a loaded machine can outlast --timeout
-    proc = gembench("run", "--config", "tiny", "--nproc", "2", "--steps", "3", "--warmup", "1", "--stack", "baseline",
-                    "--timeout", "10", "--out", str(out), "--quiet",
-                    env={"GEMBENCH_FAULT": f"1:2:{mode}"}, timeout=240)
+    proc = gembench(
+        "run",
+        "--config",
+        "tiny",
+        "--nproc",
+        "2",
+        "--steps",
+        "3",
+        "--warmup",
+        "1",
+        "--stack",
+        "baseline",
+        "--timeout",
+        "10",
+        "--out",
+        str(out),
+        "--quiet",
+        env={"GEMBENCH_FAULT": f"1:2:{mode}"},
+        timeout=240,
+    )
     elapsed = time.monotonic() - start
     assert proc.returncode != 0
     assert not out.exists()
@@ -200,7 +265,10 @@ def test_parse_sharding():
     assert parse_sharding(None, tables) == {}
     assert parse_sharding("row_wise", tables) == dict.fromkeys(tables, "row_wise")
     assert parse_sharding("t0=row_wise,default=table_wise", tables) == {
-        "table_t0": "row_wise", "table_t1": "table_wise", "table_clicks": "table_wise"}
+        "table_t0": "row_wise",
+        "table_t1": "table_wise",
+        "table_clicks": "table_wise",
+    }
     assert parse_sharding("clicks=column_wise", tables) == {"table_clicks": "column_wise"}
     with pytest.raises(UsageError, match="not a sharding type"):
         parse_sharding("diagonal", tables)

@@ -24,16 +24,21 @@ import pytest
 import torch
 from synthetic import make_result, run_cli, save
 
-from gembench.harness.train import step
 from gembench.harness.commands.promote import promote
 from gembench.harness.store import reservation, results
+from gembench.harness.train import step
 
 TINY = ["--config", "tiny", "--stack", "baseline", "--steps", "2", "--warmup", "1", "--quiet"]
 
 
 def gembench(*args, env=None, timeout=300):
-    return subprocess.run([sys.executable, "-m", "gembench", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "gembench", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})},
+    )
 
 
 def ctrl_c_reaches() -> None:
@@ -62,8 +67,9 @@ def tiny_tmpfs(where: Path):
     where.mkdir()
     if os.geteuid() != 0:
         pytest.skip("a tmpfs needs root; the monkeypatched full-disk test covers this case")
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4k", "tmpfs", str(where)],
-                             capture_output=True, text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4k", "tmpfs", str(where)], capture_output=True, text=True
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
     try:
@@ -74,14 +80,18 @@ def tiny_tmpfs(where: Path):
 
 # -- bad results on read ------------------------------------------------------------------------
 
-@pytest.mark.parametrize("doc, words", [
-    ({"schema": "gembench.result/1"}, "$.id is missing (also missing: config, run, env"),  # the issue's row
-    ({"schema": "gembench.result/2"}, "written by a newer gembench; this one reads gembench.result/1: upgrade"),
-    ({"schema": "gembench.baseline/3", "runs": []}, "upgrade gembench"),
-    ({"schema": "gembench.ablation/1"}, "expected gembench.result/1, gembench.baseline/1"),
-    ({"id": "x"}, "$.schema is missing"),
-    ([1, 2], "$ must be an object"),
-])
+
+@pytest.mark.parametrize(
+    "doc, words",
+    [
+        ({"schema": "gembench.result/1"}, "$.id is missing (also missing: config, run, env"),  # the issue's row
+        ({"schema": "gembench.result/2"}, "written by a newer gembench; this one reads gembench.result/1: upgrade"),
+        ({"schema": "gembench.baseline/3", "runs": []}, "upgrade gembench"),
+        ({"schema": "gembench.ablation/1"}, "expected gembench.result/1, gembench.baseline/1"),
+        ({"id": "x"}, "$.schema is missing"),
+        ([1, 2], "$ must be an object"),
+    ],
+)
 def test_compare_refuses_runless_or_newer_results(tmp_path, capsys, doc, words):
     bad = tmp_path / "x.json"
     bad.write_text(json.dumps(doc))
@@ -91,23 +101,29 @@ def test_compare_refuses_runless_or_newer_results(tmp_path, capsys, doc, words):
     assert str(bad) in line and words in line, line
 
 
-@pytest.mark.parametrize("edit, where", [
-    (lambda r: r["samples"].update(step_s="fast"), "$.samples.step_s must be an array, got a string"),
-    (lambda r: r["samples"]["step_s"].__setitem__(3, None), "$.samples.step_s[3] must be a number, got null"),
-    (lambda r: r["metrics"].update(mfu="12%"), "$.metrics.mfu must be a number"),
-    (lambda r: r.pop("run"), "$.run is missing"),
-    (lambda r: r["env"].pop("hardware_class"), "$.env.hardware_class is missing"),
-    (lambda r: r.update(diverged={"step": "3", "task": None, "loss": "nan"}), "$.diverged.step must be an integer"),
-    (lambda r: r.update(counters={"aten_ops": 1}), "$.counters.host_syncs is missing"),
-])
+@pytest.mark.parametrize(
+    "edit, where",
+    [
+        (lambda r: r["samples"].update(step_s="fast"), "$.samples.step_s must be an array, got a string"),
+        (lambda r: r["samples"]["step_s"].__setitem__(3, None), "$.samples.step_s[3] must be a number, got null"),
+        (lambda r: r["metrics"].update(mfu="12%"), "$.metrics.mfu must be a number"),
+        (lambda r: r.pop("run"), "$.run is missing"),
+        (lambda r: r["env"].pop("hardware_class"), "$.env.hardware_class is missing"),
+        (lambda r: r.update(diverged={"step": "3", "task": None, "loss": "nan"}), "$.diverged.step must be an integer"),
+        (lambda r: r.update(counters={"aten_ops": 1}), "$.counters.host_syncs is missing"),
+    ],
+)
 def test_wrong_types_name_the_first_bad_field(tmp_path, capsys, edit, where):
     good = save(tmp_path, make_result(rid="good"))
     broken = make_result(rid="broken")
     edit(broken)
     bad = tmp_path / "broken.json"
     bad.write_text(json.dumps(broken))
-    for argv in (["compare", good, str(bad)], ["gate", str(bad), "--no-baseline"],
-                 ["promote", str(bad), "--baselines", str(tmp_path / "b")]):
+    for argv in (
+        ["compare", good, str(bad)],
+        ["gate", str(bad), "--no-baseline"],
+        ["promote", str(bad), "--baselines", str(tmp_path / "b")],
+    ):
         code, _, err = run_cli(argv, capsys)
         assert code == 2, (argv, err)
         line = one_line(err)
@@ -122,29 +138,51 @@ def test_corrupt_file_among_the_baselines(tmp_path, capsys, monkeypatch):
     default = baselines / "tiny.json"
     default.write_text('{"schema": "gembench.baseline/1", "runs": [')  # a truncated write
     monkeypatch.chdir(tmp_path)  # gate's default baseline: results/baselines/<hw>/<config>.json
-    code, out, err = run_cli(["gate", r, "--thresholds", str(Path(__file__).parents[1] / "results/thresholds.toml")], capsys)
+    code, out, err = run_cli(
+        ["gate", r, "--thresholds", str(Path(__file__).parents[1] / "results/thresholds.toml")], capsys
+    )
     assert code == 2 and "results/baselines/cpu-test-2t/tiny.json is not a gembench result (bad JSON" in one_line(err)
     # a bundle whose second replicate lost a field: the JSON path names the run
-    bundle = json.loads(json.dumps({"schema": "gembench.baseline/1", "promoted": "2026-01-01T00:00:00+00:00",
-                                    "hardware_class": "cpu-test-2t", "config": "tiny",
-                                    "runs": [make_result(rid="b0"), make_result(rid="b1")]}))
+    bundle = json.loads(
+        json.dumps(
+            {
+                "schema": "gembench.baseline/1",
+                "promoted": "2026-01-01T00:00:00+00:00",
+                "hardware_class": "cpu-test-2t",
+                "config": "tiny",
+                "runs": [make_result(rid="b0"), make_result(rid="b1")],
+            }
+        )
+    )
     del bundle["runs"][1]["metrics"]
     default.write_text(json.dumps(bundle))
-    code, _, err = run_cli(["gate", r, "--baseline", str(default), "--thresholds",
-                            str(Path(__file__).parents[1] / "results/thresholds.toml")], capsys)
+    code, _, err = run_cli(
+        [
+            "gate",
+            r,
+            "--baseline",
+            str(default),
+            "--thresholds",
+            str(Path(__file__).parents[1] / "results/thresholds.toml"),
+        ],
+        capsys,
+    )
     assert code == 2 and f"{default}: $.runs[1].metrics is missing" in one_line(err)
     # promote and compare over a folder that holds the corrupt file name it too
     (tmp_path / "runs").mkdir()
     save(tmp_path / "runs", make_result(rid="fine"))
     (tmp_path / "runs" / "half.json").write_text('{"schema": "gembench.result/1", "id": ')
-    for argv in (["promote", str(tmp_path / "runs" / "*.json"), "--baselines", str(tmp_path / "nb")],
-                 ["compare", r, str(tmp_path / "runs")]):
+    for argv in (
+        ["promote", str(tmp_path / "runs" / "*.json"), "--baselines", str(tmp_path / "nb")],
+        ["compare", r, str(tmp_path / "runs")],
+    ):
         code, _, err = run_cli(argv, capsys)
         assert code == 2 and "half.json" in one_line(err) and "bad JSON" in err, (argv, err)
     assert not (tmp_path / "nb").exists()
 
 
 # -- writing a result ---------------------------------------------------------------------------
+
 
 def check_fallback(code, out, err, target: Path, tmpdir: Path) -> dict:
     """Exit 2, the table printed, one line naming the failed path and the fallback, which is whole."""
@@ -225,10 +263,29 @@ def test_out_checked_before_the_first_step(tmp_path, capsys, monkeypatch):
 def test_two_runs_with_the_same_out(tmp_path):
     target = tmp_path / "r.json"
     lock = reservation.lock_path(target)
-    first = subprocess.Popen([sys.executable, "-m", "gembench", "run", "--config", "tiny", "--stack", "baseline",
-                              "--steps", "100000", "--warmup", "1", "--out", str(target), "--quiet"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             preexec_fn=ctrl_c_reaches)
+    first = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gembench",
+            "run",
+            "--config",
+            "tiny",
+            "--stack",
+            "baseline",
+            "--steps",
+            "100000",
+            "--warmup",
+            "1",
+            "--out",
+            str(target),
+            "--quiet",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=ctrl_c_reaches,
+    )
     try:
         deadline = time.monotonic() + 120
         while not lock.exists() and first.poll() is None and time.monotonic() < deadline:
@@ -271,8 +328,10 @@ def test_two_runs_with_the_same_out(tmp_path):
 def test_reserved_out_stops_every_writer_at_once(tmp_path, capsys):
     target = tmp_path / "r.json"
     with reservation.Reservation.take(target):
-        for argv in (["run", *TINY, "--out", str(target)],
-                     ["ablate", "--config", "tiny", "--steps", "1", "--warmup", "0", "--quiet", "--out", str(target)]):
+        for argv in (
+            ["run", *TINY, "--out", str(target)],
+            ["ablate", "--config", "tiny", "--steps", "1", "--warmup", "0", "--quiet", "--out", str(target)],
+        ):
             code, out, err = run_cli(argv, capsys)
             assert code == 2 and out == "" and "being written by another run" in one_line(err)
         proc = gembench("run", *TINY, "--nproc", "2", "--out", str(target), timeout=120)
@@ -291,6 +350,7 @@ def test_lock_left_by_a_killed_run_is_taken_over(tmp_path):
 
 
 # -- promote ------------------------------------------------------------------------------------
+
 
 def test_ctrl_c_during_promote_keeps_the_old_baseline(tmp_path, capsys, monkeypatch):
     root = tmp_path / "baselines"
@@ -338,6 +398,7 @@ def test_concurrent_promote_stops(tmp_path, capsys):
 
 # -- diverged training --------------------------------------------------------------------------
 
+
 def test_planted_nan_marks_the_run_diverged_and_gate_fails_it(tmp_path, capsys, monkeypatch):
     real, calls = step.task_losses, []
 
@@ -350,8 +411,23 @@ def test_planted_nan_marks_the_run_diverged_and_gate_fails_it(tmp_path, capsys, 
 
     monkeypatch.setattr(step, "task_losses", nan_in_task1_at_step_2)
     out = tmp_path / "r.json"
-    code, table, err = run_cli(["run", "--config", "tiny", "--stack", "baseline", "--steps", "3", "--warmup", "1",
-                                "--quiet", "--out", str(out)], capsys)
+    code, table, err = run_cli(
+        [
+            "run",
+            "--config",
+            "tiny",
+            "--stack",
+            "baseline",
+            "--steps",
+            "3",
+            "--warmup",
+            "1",
+            "--quiet",
+            "--out",
+            str(out),
+        ],
+        capsys,
+    )
     assert code == 0, err
     result = results.load_result(out)  # still valid JSON: non-finite losses are null
     assert result["diverged"] == {"step": 2, "task": "task1", "loss": "nan"}
@@ -374,8 +450,11 @@ def test_planted_nan_marks_the_run_diverged_and_gate_fails_it(tmp_path, capsys, 
 def test_divergence_finds_the_first_bad_step_and_task():
     nan, inf = float("nan"), float("inf")
     assert step.divergence([0.5, 0.4], [[0.5, 0.5], [0.4, 0.4]], first_step=3) is None
-    assert step.divergence([0.5, inf, nan], [[0.5, 0.5], [0.4, inf], [nan, nan]], first_step=3) == \
-        {"step": 4, "task": "task1", "loss": "inf"}
+    assert step.divergence([0.5, inf, nan], [[0.5, 0.5], [0.4, inf], [nan, nan]], first_step=3) == {
+        "step": 4,
+        "task": "task1",
+        "loss": "inf",
+    }
     assert step.divergence([nan], [], first_step=0) == {"step": 0, "task": None, "loss": "nan"}
     assert step.finite_or_none([1.0, nan, [inf, 2.0]]) == [1.0, None, [None, 2.0]]
 
@@ -400,8 +479,24 @@ def test_out_of_memory_in_a_stage_is_one_line_and_writes_nothing(tmp_path, capsy
 
     monkeypatch.setattr(runner, "build_train_state", build_then_run_out)
     out = tmp_path / "r.json"
-    code, stdout, stderr = run_cli(["run", "--config", "tiny", "--stack", "baseline", "--steps", "2",
-                                    "--warmup", "0", "--quiet", "--out", str(out), *args], capsys)
+    code, stdout, stderr = run_cli(
+        [
+            "run",
+            "--config",
+            "tiny",
+            "--stack",
+            "baseline",
+            "--steps",
+            "2",
+            "--warmup",
+            "0",
+            "--quiet",
+            "--out",
+            str(out),
+            *args,
+        ],
+        capsys,
+    )
     assert code == 2
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in stderr, stderr
@@ -417,13 +512,15 @@ def test_out_of_memory_while_building_names_the_build(tmp_path, capsys, monkeypa
         raise torch.OutOfMemoryError("CUDA out of memory.")
 
     monkeypatch.setattr(runner, "build_train_state", no_room)
-    code, _, stderr = run_cli(["run", "--config", "tiny", "--stack", "baseline", "--quiet",
-                               "--out", str(tmp_path / "r.json")], capsys)
+    code, _, stderr = run_cli(
+        ["run", "--config", "tiny", "--stack", "baseline", "--quiet", "--out", str(tmp_path / "r.json")], capsys
+    )
     assert code == 2 and "out of memory in stage build" in stderr
     assert not (tmp_path / "r.json").exists()
 
 
 # -- every path a run writes is checked before the first step ---------------------------------
+
 
 @pytest.mark.parametrize("nproc", [[], ["--nproc", "2"]], ids=["one-process", "nproc-2"])
 def test_an_unwritable_trace_folder_is_refused_before_training(tmp_path, nproc):

@@ -58,8 +58,9 @@ def test_embeddings_are_bytes_not_flops():
 
 
 def test_tiers_grow():
-    per_example = [sum(forward_flops_per_example(load_config(n)).values())
-                   for n in ("tiny", "small", "medium", "large", "xl")]
+    per_example = [
+        sum(forward_flops_per_example(load_config(n)).values()) for n in ("tiny", "small", "medium", "large", "xl")
+    ]
     assert per_example == sorted(per_example)
     assert 1e5 < per_example[0] < 1e7 and per_example[-1] > 1e11
 
@@ -67,6 +68,7 @@ def test_tiers_grow():
 # -- independent checks of the blocks whose FLOPs come from formulas gembench registers ---------
 # (harness/metrics/flopcheck.py). On equal lengths the same math runs as plain aten matmuls,
 # which FlopCounterMode counts with torch's own formulas: no gembench formula is involved.
+
 
 def shapes(name):
     cfg = load_config(name)
@@ -93,8 +95,16 @@ def test_pma_summary_dense_count_equals_the_analytic(name, backward):
 
     cfg, n = shapes(name)
     x = cfg.cross
-    r = summary_check(batch=3, length=n + 1, dim_seq=cfg.hstu.dim, dim_out=cfg.sparse.dim,
-                      pma_seeds=x.pma_seeds, recent=x.recent, heads=cfg.hstu.heads, backward=backward)
+    r = summary_check(
+        batch=3,
+        length=n + 1,
+        dim_seq=cfg.hstu.dim,
+        dim_out=cfg.sparse.dim,
+        pma_seeds=x.pma_seeds,
+        recent=x.recent,
+        heads=cfg.hstu.heads,
+        backward=backward,
+    )
     assert r["max_abs_diff"] < 1e-5  # the dense reference computes what the jagged block does
     assert set(r["dense_ops"]) <= {"aten.addmm", "aten.mm", "aten.bmm"}
     assert r["dense"] == r["analytic"]

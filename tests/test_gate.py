@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 from synthetic import make_result, run_cli, save
 
-from gembench.harness.regression import thresholds
-from gembench.harness.commands.promote import promote
 from gembench.errors import UsageError
+from gembench.harness.commands.promote import promote
+from gembench.harness.regression import thresholds
 
 ROOT = Path(__file__).resolve().parents[1]
 TOML = """

@@ -33,20 +33,32 @@ def test_paired_plants_a_committed_busy_wait_inside_the_timed_step(tmp_path):
     repo = tmp_path / "repo"
     base, planted = planted_repository(repo, 0.05)
     assert base != planted
-    diff = subprocess.run(["git", "-C", str(repo), "diff", base, planted], capture_output=True, text=True, check=True).stdout
+    diff = subprocess.run(
+        ["git", "-C", str(repo), "diff", base, planted], capture_output=True, text=True, check=True
+    ).stdout
     assert "+        _spin_end = time.perf_counter() + 0.05 * (time.perf_counter() - start)" in diff
-    text = subprocess.run(["git", "-C", str(repo), "show", f"{planted}:harness/train/step.py"], capture_output=True, text=True,
-                          check=True).stdout
+    text = subprocess.run(
+        ["git", "-C", str(repo), "show", f"{planted}:harness/train/step.py"], capture_output=True, text=True, check=True
+    ).stdout
     compile(text, "step.py", "exec")
     # inside the one step loop (timed_steps), after the step and before its clock stops: the spin is
     # part of every timed step
-    assert text.index("_spin_end") > text.index("loss, durations = one_step(i)") and text.index("_spin_end") < text.index("elapsed = time.perf_counter() - start")
+    assert text.index("_spin_end") > text.index("loss, durations = one_step(i)") and text.index(
+        "_spin_end"
+    ) < text.index("elapsed = time.perf_counter() - start")
 
 
 def _outcomes(effect, sd, comparisons=3, rounds=16, seed=0):
     rng = random.Random(seed)
-    return [{"round_ratios": [rng.lognormvariate(0, sd) * (1 + effect) for _ in range(rounds)], "rounds": rounds,
-             "alpha": 0.01, "min_effect": 0.03} for _ in range(comparisons)]
+    return [
+        {
+            "round_ratios": [rng.lognormvariate(0, sd) * (1 + effect) for _ in range(rounds)],
+            "rounds": rounds,
+            "alpha": 0.01,
+            "min_effect": 0.03,
+        }
+        for _ in range(comparisons)
+    ]
 
 
 def test_resampled_rates_follow_the_round_spread():
@@ -70,16 +82,24 @@ def test_one_op_commit_adds_one_multiply_to_the_step_on_top_of_base(tmp_path):
     one_op = one_op_commit(repo, base)
     git = lambda *a: subprocess.run(["git", "-C", str(repo), *a], capture_output=True, text=True, check=True).stdout  # noqa: E731
     assert git("rev-parse", f"{one_op}~1").strip() == base  # beside the planted slowdown, not on top of it
-    diff = [ln for ln in git("diff", base, one_op).splitlines() if ln.startswith(("+ ", "- ", "+\t", "-\t")) or ln.startswith(("+  ", "-  "))]
-    assert diff == ["+        loss = loss * 1.0  # planted by benchmarks/harness_quality.py --paired: one more op in the step"]
+    diff = [
+        ln
+        for ln in git("diff", base, one_op).splitlines()
+        if ln.startswith(("+ ", "- ", "+\t", "-\t")) or ln.startswith(("+  ", "-  "))
+    ]
+    assert diff == [
+        "+        loss = loss * 1.0  # planted by benchmarks/harness_quality.py --paired: one more op in the step"
+    ]
     assert git("rev-parse", "HEAD").strip() == base  # the clone is left at BASE, as planting leaves it
 
 
 def test_spread_bound_pools_pairs_around_each_comparison_and_bounds_it_above():
     from benchmarks.harness_quality import spread_bound
 
-    outcomes = {"planted 2%": _outcomes(0.02, 0.01, comparisons=4, rounds=8, seed=4),
-                "unchanged": _outcomes(0.0, 0.01, comparisons=4, rounds=8, seed=5)}
+    outcomes = {
+        "planted 2%": _outcomes(0.02, 0.01, comparisons=4, rounds=8, seed=4),
+        "unchanged": _outcomes(0.0, 0.01, comparisons=4, rounds=8, seed=5),
+    }
     b = spread_bound(outcomes)
     assert b["dof"] == 8 * 7 and 0.007 < b["sd"] < 0.013 and b["sd"] < b["sd_upper"] < 1.4 * b["sd"]
     assert spread_bound({"unchanged": _outcomes(0.0, 0.01, comparisons=1, rounds=2)}) is None
@@ -105,7 +125,9 @@ def test_batch_mates_finds_pairs_run_at_once_alike_and_rates_pay_for_it():
         out = []
         for _ in range(8):
             b = rng.gauss(0, 1)
-            out += [math.exp(0.01 * (math.sqrt(shared) * b + math.sqrt(1 - shared) * rng.gauss(0, 1))) for _ in range(2)]
+            out += [
+                math.exp(0.01 * (math.sqrt(shared) * b + math.sqrt(1 - shared) * rng.gauss(0, 1))) for _ in range(2)
+            ]
         return {"round_ratios": out, "rounds": 16, "parallel": 2, "alpha": 0.01, "min_effect": 0.01}
 
     alike = batch_mates({"unchanged": [comparison(0.8) for _ in range(6)]})

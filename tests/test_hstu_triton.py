@@ -24,10 +24,10 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from gembench.models.hstu import HSTULayer
-from gembench.models.ops.pytorch.hstu_attention import hstu_padded_attention
-from gembench.models.ops.triton.hstu_attention import triton_hstu_attention
 from gembench.models.ops import hstu_attention as dispatcher
+from gembench.models.ops.pytorch.hstu_attention import hstu_padded_attention
 from gembench.models.ops.triton import hstu_attention as triton_op
+from gembench.models.ops.triton.hstu_attention import triton_hstu_attention
 
 CUDA = torch.cuda.is_available()
 INTERPRETED = triton_op.TRITON_AVAILABLE and triton_op.interpreted()
@@ -71,8 +71,7 @@ def _assert_rel(actual: torch.Tensor, expected: torch.Tensor, tol: float, what: 
     assert err <= tol * max(scale, 1e-12), f"{what}: max error {err:.3g} > {tol} x max |ref| {scale:.3g}"
 
 
-def _check_against_reference(lengths, heads, d_head, buckets, dtype, rab_dtype=None, max_len=None,
-                             fused=False, seed=0):
+def _check_against_reference(lengths, heads, d_head, buckets, dtype, rab_dtype=None, max_len=None, fused=False, seed=0):
     offsets = _offsets(lengths)
     max_len = max_len or max(lengths)
     q, k, v, rab = _inputs(lengths, heads, d_head, buckets, dtype, rab_dtype, seed, fused)
@@ -93,12 +92,14 @@ def _check_against_reference(lengths, heads, d_head, buckets, dtype, rab_dtype=N
 CASES = {
     "fp32-h1-d16-unclamped": dict(lengths=[1, 37, 0, 13], heads=1, d_head=16, buckets=37, dtype=torch.float32),
     "fp32-h3-d32-clamped": dict(lengths=[20, 1, 33, 0, 32, 7], heads=3, d_head=32, buckets=8, dtype=torch.float32),
-    "fp32-h2-d64-fused-views": dict(lengths=[19, 1, 6], heads=2, d_head=64, buckets=19, dtype=torch.float32,
-                                    fused=True),
+    "fp32-h2-d64-fused-views": dict(
+        lengths=[19, 1, 6], heads=2, d_head=64, buckets=19, dtype=torch.float32, fused=True
+    ),
     "fp32-h4-d24-odd-head": dict(lengths=[1, 9, 0, 18], heads=4, d_head=24, buckets=18, dtype=torch.float32),
     "bf16-h2-d32": dict(lengths=[35, 1, 0, 12], heads=2, d_head=32, buckets=35, dtype=torch.bfloat16),
-    "bf16-h4-d16-fp32-rab": dict(lengths=[1, 21, 9], heads=4, d_head=16, buckets=21, dtype=torch.bfloat16,
-                                 rab_dtype=torch.float32),
+    "bf16-h4-d16-fp32-rab": dict(
+        lengths=[1, 21, 9], heads=4, d_head=16, buckets=21, dtype=torch.bfloat16, rab_dtype=torch.float32
+    ),
 }
 
 
@@ -116,10 +117,14 @@ def test_max_len_below_longest_sequence_is_still_exact():
 
 
 @in_process
-@pytest.mark.parametrize("fwd_cfg,bwd_cfg", [
-    ({"BLOCK_M": 32, "BLOCK_N": 16}, {"BLOCK": 32}),
-    ({"BLOCK_M": 16, "BLOCK_N": 32}, {"BLOCK": 16}),
-], ids=["m32n16-b32", "m16n32-b16"])
+@pytest.mark.parametrize(
+    "fwd_cfg,bwd_cfg",
+    [
+        ({"BLOCK_M": 32, "BLOCK_N": 16}, {"BLOCK": 32}),
+        ({"BLOCK_M": 16, "BLOCK_N": 32}, {"BLOCK": 16}),
+    ],
+    ids=["m32n16-b32", "m16n32-b16"],
+)
 def test_other_tile_shapes(fwd_cfg, bwd_cfg):
     """The autotuned kernels with tile shapes other than the interpreter's default (BLOCK_M !=
     BLOCK_N, blocks longer than short sequences)."""
@@ -152,9 +157,9 @@ def test_different_qk_and_v_head_dims():
     for n in lengths:
         i = torch.arange(n, device=DEVICE)
         bias = rab[:, (i[:, None] - i[None, :]).clamp(0, R - 1)]
-        s = torch.einsum("ihd,jhd->hij", q[start:start + n], k[start:start + n]) + bias
+        s = torch.einsum("ihd,jhd->hij", q[start : start + n], k[start : start + n]) + bias
         a = torch.nn.functional.silu(s).tril() / n
-        _assert_rel(out[start:start + n], torch.einsum("hij,jhd->ihd", a, v[start:start + n]).double(), 1e-4, "out")
+        _assert_rel(out[start : start + n], torch.einsum("hij,jhd->ihd", a, v[start : start + n]).double(), 1e-4, "out")
         start += n
 
 
@@ -177,8 +182,11 @@ def test_opcheck():
     torch.compile can trace through the op."""
     lengths = [3, 1, 6]
     args = (*(t.detach().requires_grad_() for t in _inputs(lengths, 1, 16, 6, torch.float32)), _offsets(lengths), 6)
-    torch.library.opcheck(torch.ops.gembench.triton_hstu_attention.default, args,
-                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+    torch.library.opcheck(
+        torch.ops.gembench.triton_hstu_attention.default,
+        args,
+        test_utils=("test_schema", "test_faketensor", "test_autograd_registration"),
+    )
 
 
 @in_process
@@ -236,8 +244,11 @@ def test_dispatcher_selection():
 @pytest.mark.parametrize("attention,expected", [("jagged", "tiled"), ("padded", "padded")])
 def test_layer_routes_through_dispatcher_on_cpu(monkeypatch, attention, expected):
     called = []
-    for name, backend in (("hstu_jagged_attention", "tiled"), ("hstu_padded_attention", "padded"),
-                          ("triton_hstu_attention", "triton")):
+    for name, backend in (
+        ("hstu_jagged_attention", "tiled"),
+        ("hstu_padded_attention", "padded"),
+        ("triton_hstu_attention", "triton"),
+    ):
         real = getattr(dispatcher, name)
         monkeypatch.setattr(dispatcher, name, lambda *a, _r=real, _b=backend: called.append(_b) or _r(*a))
     layer = HSTULayer(dim=16, heads=2, max_len=8, attention=attention)
@@ -266,8 +277,9 @@ def test_kernels_compile_for_sm90():
     interpreter, with a head dim that needs masked columns."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "attention_sm90_compile.py")
-    proc = subprocess.run([sys.executable, script, "--first", "--head-dim", "24"], env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, script, "--first", "--head-dim", "24"], env=env, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "hstu_fwd_kernel" in proc.stdout and "hstu_bwd_kernel" in proc.stdout
 
@@ -278,7 +290,12 @@ def test_kernels_compile_for_sm90():
 @pytest.mark.skipif(CUDA or INTERPRETED, reason="the kernels run in this process")
 def test_in_fresh_interpreter_process():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-                          env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout and " failed" not in proc.stdout

@@ -1,4 +1,5 @@
-"""Instruction counts (benchmarks/instructions.py): compared exactly with a 1% allowance; callgrind itself where valgrind is."""
+"""Instruction counts (benchmarks/instructions.py): compared exactly with a 1% allowance; callgrind
+itself where valgrind is."""
 
 import json
 import shutil
@@ -11,26 +12,40 @@ from gembench.harness.store.results import INSTRUCTIONS_SCHEMA, write_result
 
 def _doc(rid, counts, torch="2.13.0"):
     return {
-        "schema": INSTRUCTIONS_SCHEMA, "id": rid, "created": "2026-01-01T00:00:00+00:00",
-        "config": {"name": "kernels", "hash": "k1"}, "run": {"number": 3},
-        "env": {"hardware_class": "cpu-test-2t", "packages": {"torch": torch, "torchrec": "1.8.0", "fbgemm-gpu-cpu": "1.8.0"}},
+        "schema": INSTRUCTIONS_SCHEMA,
+        "id": rid,
+        "created": "2026-01-01T00:00:00+00:00",
+        "config": {"name": "kernels", "hash": "k1"},
+        "run": {"number": 3},
+        "env": {
+            "hardware_class": "cpu-test-2t",
+            "packages": {"torch": torch, "torchrec": "1.8.0", "fbgemm-gpu-cpu": "1.8.0"},
+        },
         "kernels": {n: {"instructions_per_call": c} for n, c in counts.items()},
         "metrics": {f"instructions.{n}": c for n, c in counts.items()},
     }
 
 
 def test_compare_two_instruction_files_with_a_one_percent_allowance(tmp_path, capsys):
-    a = write_result(tmp_path / "a.json", _doc("a", {"wukong_fm": 1_000_000, "hstu_attention_jagged": 5_000_000, "tbe": 300_000}))
-    b = write_result(tmp_path / "b.json", _doc("b", {"wukong_fm": 1_005_000, "hstu_attention_jagged": 5_100_000, "tbe": 290_000}))
+    a = write_result(
+        tmp_path / "a.json", _doc("a", {"wukong_fm": 1_000_000, "hstu_attention_jagged": 5_000_000, "tbe": 300_000})
+    )
+    b = write_result(
+        tmp_path / "b.json", _doc("b", {"wukong_fm": 1_005_000, "hstu_attention_jagged": 5_100_000, "tbe": 290_000})
+    )
     (tmp_path / "t.toml").write_text("[defaults]\nmax_counter_increase = 0\n")  # does not apply to instructions
-    code, out, err = run_cli(["compare", str(a), str(b), "--format", "json", "--thresholds", str(tmp_path / "t.toml")], capsys)
+    code, out, err = run_cli(
+        ["compare", str(a), str(b), "--format", "json", "--thresholds", str(tmp_path / "t.toml")], capsys
+    )
     assert code == 0, err
     rows = {r["metric"]: r for r in json.loads(out)["comparisons"][0]["rows"]}
     assert rows["instructions.wukong_fm"]["verdict"] == "unchanged"  # +0.5% is within 1%
     assert rows["instructions.hstu_attention_jagged"]["verdict"] == "regressed"  # +2%
     assert rows["instructions.tbe"]["verdict"] == "improved"
     (tmp_path / "t.toml").write_text("[defaults]\nmax_instructions_increase = 0.03\n")
-    code, out, _ = run_cli(["compare", str(a), str(b), "--format", "json", "--thresholds", str(tmp_path / "t.toml")], capsys)
+    code, out, _ = run_cli(
+        ["compare", str(a), str(b), "--format", "json", "--thresholds", str(tmp_path / "t.toml")], capsys
+    )
     rows = {r["metric"]: r for r in json.loads(out)["comparisons"][0]["rows"]}
     assert rows["instructions.hstu_attention_jagged"]["verdict"] == "unchanged"
 

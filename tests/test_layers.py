@@ -15,15 +15,24 @@ LINT = Path(sys.executable).with_name("lint-imports")
 
 def _lint(root: Path, package_parent: Path) -> subprocess.CompletedProcess:
     env = {"PATH": str(LINT.parent), "PYTHONPATH": str(package_parent)}
-    return subprocess.run([str(LINT), "--no-cache", "--config", str(root / "pyproject.toml")],
-                          cwd=package_parent, env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [str(LINT), "--no-cache", "--config", str(root / "pyproject.toml")],
+        cwd=package_parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def _copy_package(parent: Path) -> Path:
     """The repository's sources as a package named gembench under ``parent`` (the checkout's own
     folder name is not the package's, so the checkout itself cannot be linted in place)."""
-    shutil.copytree(ROOT, parent / "gembench", ignore=shutil.ignore_patterns(
-        ".*", "__pycache__", "results", "docs", "scripts", "*.egg-info", "build"))
+    shutil.copytree(
+        ROOT,
+        parent / "gembench",
+        ignore=shutil.ignore_patterns(".*", "__pycache__", "results", "docs", "scripts", "*.egg-info", "build"),
+    )
     return parent
 
 

@@ -25,9 +25,13 @@ pytestmark = pytest.mark.reads_shared_runs  # tiny_run / table_wise, by getfixtu
 
 def run(tmp_path, *args):
     out = tmp_path / "r.json"
-    proc = subprocess.run([sys.executable, "-m", "gembench", "run", "--quiet", "--device", "cpu",
-                           "--out", str(out), *args], capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "gembench", "run", "--quiet", "--device", "cpu", "--out", str(out), *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(out.read_text())
 
@@ -38,12 +42,16 @@ def test_estimate_is_within_0_7_to_1_5_of_the_measured_peak(request, tmp_path, c
     if (config, stack) == ("tiny", "optimized"):  # the session's shared run (conftest) is this one
         result = request.getfixturevalue("tiny_run")[1]
     else:
-        result = run(tmp_path, "--config", config, "--stack", stack, "--steps", "1", "--warmup", "0")  # the first step holds every kind of state
+        result = run(
+            tmp_path, "--config", config, "--stack", stack, "--steps", "1", "--warmup", "0"
+        )  # the first step holds every kind of state
     s = result["summary"]
     assert s["peak_memory_run_bytes"] > 0 and s["peak_memory_estimate_bytes"] > 0
     assert s["memory_estimate_ratio"] == pytest.approx(s["peak_memory_estimate_bytes"] / s["peak_memory_run_bytes"])
-    print(f"{config} {stack}: estimate {s['peak_memory_estimate_bytes'] / 2**20:.0f} MiB, "
-          f"measured {s['peak_memory_run_bytes'] / 2**20:.0f} MiB, ratio {s['memory_estimate_ratio']:.2f}")
+    print(
+        f"{config} {stack}: estimate {s['peak_memory_estimate_bytes'] / 2**20:.0f} MiB, "
+        f"measured {s['peak_memory_run_bytes'] / 2**20:.0f} MiB, ratio {s['memory_estimate_ratio']:.2f}"
+    )
     assert 0.7 <= s["memory_estimate_ratio"] <= 1.5
 
 

@@ -51,8 +51,9 @@ def test_one_step_is_a_tree_of_stages_and_blocks(checkpointing):
 
 def test_ranges_cost_nothing_when_off():
     assert not nvtx.enabled()
-    model = build_train_state(load_config("tiny"), stack_options("optimized", "fp32", ("compile=off",)),
-                              torch.device("cpu")).model
+    model = build_train_state(
+        load_config("tiny"), stack_options("optimized", "fp32", ("compile=off",)), torch.device("cpu")
+    ).model
     assert nvtx.apply_block_ranges(model) == 0
     assert not any(m._forward_pre_hooks for m in model.modules())
 

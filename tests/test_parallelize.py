@@ -17,6 +17,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from gembench.errors import UsageError
 from gembench.harness.metrics.mfu import summarize, train_flops
 from gembench.harness.train.parallelize import apply_ac, checkpointed, dense_blocks, recomputed_forward_flops
 from gembench.harness.train.runconfig import RunConfig
@@ -26,7 +27,6 @@ from gembench.models.config import load_config
 from gembench.models.data import SyntheticData
 from gembench.models.flops import batch_forward_flops
 from gembench.models.heads import multitask_loss
-from gembench.errors import UsageError
 
 CPU = torch.device("cpu")
 FP32 = ("compile=off",)  # with --dtype fp32: exact arithmetic to compare, no compile to wait for
@@ -79,8 +79,9 @@ def test_executed_flops_exceed_the_model_by_the_checkpointed_forward():
 
     plain, checkpointing = counted("none").get_total_flops(), counted("hstu").get_total_flops()
     per_module = counted("none", backward=False).get_flop_counts()
-    hstu_forward = sum(sum(ops.values()) for name, ops in per_module.items()
-                       if re.fullmatch(r".*\.sequence_arch\.[^.]+", name))
+    hstu_forward = sum(
+        sum(ops.values()) for name, ops in per_module.items() if re.fullmatch(r".*\.sequence_arch\.[^.]+", name)
+    )
     assert hstu_forward > 0 and checkpointing - plain == hstu_forward
     # the analytic side: the recomputed share is the sequence arch's forward, and HFU follows it
     per_block = batch_forward_flops(cfg, batch)
@@ -93,12 +94,15 @@ def test_executed_flops_exceed_the_model_by_the_checkpointed_forward():
     assert summarize([0.1], {}, [forward], 64, 1.0)["hfu"] == summarize([0.1], {}, [forward], 64, 1.0)["mfu"]
 
 
-@pytest.mark.parametrize("switches, message", [
-    (("dense_parallel=zero3",), "--set dense_parallel must be one of ddp, fsdp, hsdp, got 'zero3'"),
-    (("activation_checkpointing=some",), "--set activation_checkpointing must be one of none, hstu, all"),
-    (("compile=maybe",), "--set compile is on or off"),
-    (("nothing=1",), "--set takes NAME=VALUE"),
-])
+@pytest.mark.parametrize(
+    "switches, message",
+    [
+        (("dense_parallel=zero3",), "--set dense_parallel must be one of ddp, fsdp, hsdp, got 'zero3'"),
+        (("activation_checkpointing=some",), "--set activation_checkpointing must be one of none, hstu, all"),
+        (("compile=maybe",), "--set compile is on or off"),
+        (("nothing=1",), "--set takes NAME=VALUE"),
+    ],
+)
 def test_bad_switches_are_named(switches, message):
     with pytest.raises(UsageError, match=re.escape(message)):
         RunConfig(switches=switches).check(distributed=False)
@@ -111,8 +115,13 @@ def test_fsdp_on_one_process_is_refused():
 
 
 def _gembench(*args):
-    return subprocess.run([sys.executable, "-m", "gembench", *args], capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    return subprocess.run(
+        [sys.executable, "-m", "gembench", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
 
 
 def test_refusals_on_the_command_line_are_one_line_and_exit_2():
@@ -127,8 +136,22 @@ def test_refusals_on_the_command_line_are_one_line_and_exit_2():
 
 def _rank_run(tmp_path, name: str, *switches: str, config: str = "tiny", dtype: str = "fp32") -> dict:
     out = tmp_path / f"{name}.json"
-    args = ["run", "--config", config, "--nproc", "2", "--steps", "5", "--warmup", "0", "--dtype", dtype,
-            "--out", str(out), "--quiet"]
+    args = [
+        "run",
+        "--config",
+        config,
+        "--nproc",
+        "2",
+        "--steps",
+        "5",
+        "--warmup",
+        "0",
+        "--dtype",
+        dtype,
+        "--out",
+        str(out),
+        "--quiet",
+    ]
     for s in ("compile=off", *switches):
         args += ["--set", s]
     proc = _gembench(*args)
@@ -137,8 +160,12 @@ def _rank_run(tmp_path, name: str, *switches: str, config: str = "tiny", dtype: 
 
 
 # the four cells the memory estimate is held on, ddp/fsdp x none/hstu, in fp32 without compile
-VARIANTS = {"ddp": (), "ddp+hstu": ("activation_checkpointing=hstu",), "fsdp": ("dense_parallel=fsdp",),
-            "fsdp+hstu": ("dense_parallel=fsdp", "activation_checkpointing=hstu")}
+VARIANTS = {
+    "ddp": (),
+    "ddp+hstu": ("activation_checkpointing=hstu",),
+    "fsdp": ("dense_parallel=fsdp",),
+    "fsdp+hstu": ("dense_parallel=fsdp", "activation_checkpointing=hstu"),
+}
 # and FSDP's parity under the bf16 stack (bf16 parameters all-gathered, fp32 reduction)
 BF16_VARIANTS = {"ddp bf16": (), "fsdp bf16": ("dense_parallel=fsdp",)}
 
@@ -148,14 +175,17 @@ def tiny_ranks(tmp_path_factory):
     """tiny on 2 gloo ranks, 5 steps: the four fp32 cells, then ddp and fsdp in bf16."""
     tmp = tmp_path_factory.mktemp("ranks")
     runs = {name: _rank_run(tmp, name.replace("+", "_"), *switches) for name, switches in VARIANTS.items()}
-    runs |= {name: _rank_run(tmp, name.replace(" ", "_"), *switches, dtype="bf16")
-             for name, switches in BF16_VARIANTS.items()}
+    runs |= {
+        name: _rank_run(tmp, name.replace(" ", "_"), *switches, dtype="bf16")
+        for name, switches in BF16_VARIANTS.items()
+    }
     return runs
 
 
 def _max_loss_gap(a: dict, b: dict) -> float:
-    gaps = [np.max(np.abs(np.subtract(x["samples"]["loss"], y["samples"]["loss"])))
-            for x, y in zip(a["ranks"], b["ranks"])]
+    gaps = [
+        np.max(np.abs(np.subtract(x["samples"]["loss"], y["samples"]["loss"]))) for x, y in zip(a["ranks"], b["ranks"])
+    ]
     assert all(len(x["samples"]["loss"]) == 5 for x in a["ranks"])
     return float(max(gaps))
 
@@ -194,8 +224,9 @@ def test_the_dense_part_communicates_by_its_own_kinds(tiny_ranks):
     assert {"dense_param_all_gather", "dense_grad_reduce_scatter"} <= set(fsdp)
     assert "dense_grad_all_reduce" not in fsdp and "dense_grad_all_reduce" in ddp
     # what the sparse part sends does not change with the dense part's parallelism
-    assert {k: v["bytes"] for k, v in fsdp.items() if not k.startswith("dense_")} == \
-        {k: v["bytes"] for k, v in ddp.items() if not k.startswith("dense_")}
+    assert {k: v["bytes"] for k, v in fsdp.items() if not k.startswith("dense_")} == {
+        k: v["bytes"] for k, v in ddp.items() if not k.startswith("dense_")
+    }
 
 
 def test_the_report_figures_the_dense_collectives(tiny_ranks, tmp_path, capsys):
@@ -218,8 +249,10 @@ def test_the_report_figures_the_dense_collectives(tiny_ranks, tmp_path, capsys):
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_every_rank_records_its_memory_estimate_within_0_7_to_1_5(tiny_ranks, name):
     for rank in tiny_ranks[name]["ranks"]:
-        print(f"{name} rank {rank['rank']}: estimate {rank['peak_memory_estimate_bytes'] / 2**20:.0f} MiB, "
-              f"measured {rank['peak_memory_run_bytes'] / 2**20:.0f} MiB")
+        print(
+            f"{name} rank {rank['rank']}: estimate {rank['peak_memory_estimate_bytes'] / 2**20:.0f} MiB, "
+            f"measured {rank['peak_memory_run_bytes'] / 2**20:.0f} MiB"
+        )
         assert 0.7 <= rank["memory_estimate_ratio"] <= 1.5
 
 
@@ -233,12 +266,43 @@ def test_hsdp_replicates_across_two_torchrun_nodes(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out = tmp_path / "h.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "hsdp-test",
-           "-m", "gembench", "run", "--config", "tiny", "--steps", "2", "--warmup", "1", "--dtype", "fp32",
-           "--set", "compile=off", "--set", "dense_parallel=hsdp", "--out", str(out), "--quiet"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "2",
+        "--nproc_per_node",
+        "1",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv-id",
+        "hsdp-test",
+        "-m",
+        "gembench",
+        "run",
+        "--config",
+        "tiny",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--dtype",
+        "fp32",
+        "--set",
+        "compile=off",
+        "--set",
+        "dense_parallel=hsdp",
+        "--out",
+        str(out),
+        "--quiet",
+    ]
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    nodes = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
+    nodes = [
+        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)
+    ]
     errors = [node.communicate(timeout=300)[1] for node in nodes]
     assert all(node.returncode == 0 for node in nodes), errors[0][-2000:] + errors[1][-2000:]
     r = json.loads(out.read_text())
@@ -248,20 +312,34 @@ def test_hsdp_replicates_across_two_torchrun_nodes(tmp_path):
 
 def test_ablate_on_ranks_prints_the_goals_against_what_was_measured():
     from gembench.harness.commands.ablate_ranks import RANK_VARIANTS, REFERENCE, goals
-    from gembench.harness.train.stack import with_switches, STACKS
+    from gembench.harness.train.stack import STACKS, with_switches
 
     for _, switches, flags in RANK_VARIANTS:  # every variant is a valid command line
         with_switches(STACKS["optimized"], switches)
         assert set(flags) <= {"--pipeline"}
 
     def result(step, state, act, mfu, hfu):
-        return {"summary": {"step_time_s": {"p50": step}, "dense_state_bytes": state, "activation_bytes": act,
-                            "mfu": mfu, "hfu": hfu}}
+        return {
+            "summary": {
+                "step_time_s": {"p50": step},
+                "dense_state_bytes": state,
+                "activation_bytes": act,
+                "mfu": mfu,
+                "hfu": hfu,
+            }
+        }
 
-    lines = goals({REFERENCE: result(1.0, 100, 100, 0.10, 0.10),
-                   "dense_parallel=fsdp": result(1.05, 50, 90, 0.095, 0.095),
-                   "activation_checkpointing=hstu": result(1.2, 100, 40, 0.08, 0.10)})
-    assert lines[0].startswith("goal FSDP: dense state per rank 0.50x DDP's (goal <= 0.60: met); "
-                               "step time +5.0% vs DDP (goal within 10%: met)")
-    assert lines[1].startswith("goal checkpointing hstu: activation memory 60% lower (goal >= 30%: met); "
-                               "HFU - MFU = 2.00 points (the recomputed share, 25.0% of the model FLOPs)")
+    lines = goals(
+        {
+            REFERENCE: result(1.0, 100, 100, 0.10, 0.10),
+            "dense_parallel=fsdp": result(1.05, 50, 90, 0.095, 0.095),
+            "activation_checkpointing=hstu": result(1.2, 100, 40, 0.08, 0.10),
+        }
+    )
+    assert lines[0].startswith(
+        "goal FSDP: dense state per rank 0.50x DDP's (goal <= 0.60: met); step time +5.0% vs DDP (goal within 10%: met)"
+    )
+    assert lines[1].startswith(
+        "goal checkpointing hstu: activation memory 60% lower (goal >= 30%: met); "
+        "HFU - MFU = 2.00 points (the recomputed share, 25.0% of the model FLOPs)"
+    )

@@ -38,8 +38,9 @@ class FakeMachine:
 def plant(tflops: float, quiet=True, threads=None) -> None:
     threads = threads or torch.get_num_threads()
     entry = C.Entry(C.cpu_model(), "bf16", threads, torch.__version__)
-    entry.add(C.Measurement(tflops, 2048, 1, threads, "2026-01-01T00:00:00+00:00", [3.0, 2.0, 1.0],
-                            1.5, 2, quiet, "run"))
+    entry.add(
+        C.Measurement(tflops, 2048, 1, threads, "2026-01-01T00:00:00+00:00", [3.0, 2.0, 1.0], 1.5, 2, quiet, "run")
+    )
     C.save_entry(entry)
 
 
@@ -84,8 +85,15 @@ def test_a_busy_machine_never_settles_an_entry(cache, monkeypatch):
 def test_a_legacy_cache_file_is_migrated_best_of(cache, monkeypatch):
     threads = torch.get_num_threads()
     legacy = C._legacy_path(C.entry_path("bf16", threads))
-    legacy.write_text(json.dumps({"tflops_per_device": 0.35, "dtype": "bf16", "source":
-                                  f"calibrated: best bf16 GEMM 2048^3 on {threads} threads of X (cached in y)"}))
+    legacy.write_text(
+        json.dumps(
+            {
+                "tflops_per_device": 0.35,
+                "dtype": "bf16",
+                "source": f"calibrated: best bf16 GEMM 2048^3 on {threads} threads of X (cached in y)",
+            }
+        )
+    )
     FakeMachine(monkeypatch, 0.25)
     peak = cpu_peak("bf16")  # legacy figures are unsettled: measured again, best kept
     assert peak.tflops_per_device == 0.35 and not peak.provisional
@@ -101,8 +109,7 @@ def test_a_too_low_cached_peak_is_beaten_and_remeasured(cache, monkeypatch):
 
     plant(1e-7)  # settled, so a run would trust it forever without the beaten check
     FakeMachine(monkeypatch, 0.5)
-    result = run_benchmark("tiny", steps=2, warmup=1, options=STACKS["baseline"], device="cpu",
-                           stack_name="baseline")
+    result = run_benchmark("tiny", steps=2, warmup=1, options=STACKS["baseline"], device="cpu", stack_name="baseline")
     peak = result["peak"]
     assert peak["tflops_per_device"] == 0.5 and "RE-MEASURED" in peak["source"]
     assert peak["calibration"]["how"].startswith("beaten by")
@@ -140,8 +147,8 @@ def test_peak_command_shows_recalibrates_and_clears(cache, monkeypatch, capsys):
 
 
 def test_a_distributed_run_that_beats_its_peak_remeasures_on_rank_0(cache, monkeypatch):
-    from gembench.harness.train.distributed.rank import _recheck_peak
     from gembench.harness.device.hardware import Peak
+    from gembench.harness.train.distributed.rank import _recheck_peak
 
     plant(1e-4, threads=1)
     # the fake machine first, slower than the planted peak: read from the cache, the peak stays
@@ -152,9 +159,17 @@ def test_a_distributed_run_that_beats_its_peak_remeasures_on_rank_0(cache, monke
     assert low.tflops_per_device == 1e-4
     machine.tflops = 0.5
     # rank 1's backward did 2 x 1e9 FLOPs in 1 ms: 2 TFLOP/s, far above the planted 1e-4
-    records = [{"rank": r, "host": "h", "forward_flops": [1e9], "step_s": [0.01],
-                "stages": {"dense_forward": [1.0], "backward": [1e-3 if r else 1.0]},
-                "peak_tflops": low.tflops_per_device} for r in (0, 1)]
+    records = [
+        {
+            "rank": r,
+            "host": "h",
+            "forward_flops": [1e9],
+            "step_s": [0.01],
+            "stages": {"dense_forward": [1.0], "backward": [1e-3 if r else 1.0]},
+            "peak_tflops": low.tflops_per_device,
+        }
+        for r in (0, 1)
+    ]
     _recheck_peak(low, records, "h")
     assert all(r["peak_tflops"] == 0.5 and "stage backward of rank 1" in r["peak_source"] for r in records)
     assert C.load_entry("bf16", 1).best.tflops == 0.5

@@ -11,13 +11,13 @@ import sys
 import numpy as np
 import pytest
 
+from gembench.errors import UsageError
 from gembench.harness.metrics.comm import bus_factor
 from gembench.harness.projection.cluster import PRESETS, load_cluster
 from gembench.harness.projection.cost import EMB_BYTES, collective_time, volumes
 from gembench.harness.store.schema import validate
 from gembench.models.config import load_config
 from gembench.models.data import expected_ids_per_example
-from gembench.errors import UsageError
 
 H100 = PRESETS["h100"]
 
@@ -129,13 +129,16 @@ def test_the_report_draws_the_projection(projection, tmp_path):
     assert "peak <b>989.4 TFLOP/s</b>" in page and "Overview" not in page
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--cluster", "a100x"], "no preset 'a100x'"),
-    (["--gpus", "7"], "does not divide the global batch 512"),
-    (["--gpus", "eight"], "--gpus takes world sizes"),
-    (["--sharding", "diagonal"], "--sharding must be one of"),
-    (["--set", "activation_checkpointing=most"], "activation_checkpointing"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--cluster", "a100x"], "no preset 'a100x'"),
+        (["--gpus", "7"], "does not divide the global batch 512"),
+        (["--gpus", "eight"], "--gpus takes world sizes"),
+        (["--sharding", "diagonal"], "--sharding must be one of"),
+        (["--set", "activation_checkpointing=most"], "activation_checkpointing"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(args, message):
     proc = _gembench("project", "--config", "small", *args)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
@@ -144,14 +147,16 @@ def test_bad_input_is_one_line_and_exit_2(args, message):
 
 def test_a_cluster_file_with_a_missing_field_is_named(tmp_path):
     path = tmp_path / "mine.toml"
-    path.write_text('name = "mine"\ngpus_per_node = 8\npeak_tflops = 900\nhbm_gib = 80\nhbm_GBps = 3000\n'
-                    '[intra]\nlatency_us = 10\nbandwidth_GBps = 300\n')
+    path.write_text(
+        'name = "mine"\ngpus_per_node = 8\npeak_tflops = 900\nhbm_gib = 80\nhbm_GBps = 3000\n'
+        "[intra]\nlatency_us = 10\nbandwidth_GBps = 300\n"
+    )
     with pytest.raises(UsageError, match="field 'inter' is missing"):
         load_cluster(str(path))
-    path.write_text(path.read_text() + '[inter]\nlatency_us = 20\n')
+    path.write_text(path.read_text() + "[inter]\nlatency_us = 20\n")
     with pytest.raises(UsageError, match=r"\[inter\] has no bandwidth_GBps"):
         load_cluster(str(path))
-    path.write_text(path.read_text() + 'bandwidth_GBps = 40\n')
+    path.write_text(path.read_text() + "bandwidth_GBps = 40\n")
     inter = load_cluster(str(path)).inter
     assert (inter.latency_s, inter.bandwidth_Bps) == (pytest.approx(20e-6), pytest.approx(40e9))
 
@@ -176,8 +181,17 @@ def measured(tmp_path_factory):
     two = _gembench("run", *common, "--nproc", "2", "--sharding", "row_wise", "--out", str(d / "two.json"))
     assert two.returncode == 0, two.stderr[-2000:]
     batch = json.loads((d / "two.json").read_text())["run"]["per_rank_batch"]
-    one = _gembench("run", *common, "--nproc", "1", "--batch", str(batch), "--out", str(d / "one.json"),
-                    env={**os.environ, "OMP_NUM_THREADS": "1"})
+    one = _gembench(
+        "run",
+        *common,
+        "--nproc",
+        "1",
+        "--batch",
+        str(batch),
+        "--out",
+        str(d / "one.json"),
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert one.returncode == 0, one.stderr[-2000:]
     links = _gembench("project", "--calibrate", "--out", str(d / "here.toml"), "--quiet")
     assert links.returncode == 0, links.stderr[-2000:]
@@ -186,7 +200,12 @@ def measured(tmp_path_factory):
 
 def test_calibrate_writes_a_cluster_file_of_this_hosts_links(measured):
     cluster = load_cluster(str(measured / "here.toml"))
-    assert cluster.gpus_per_node == 2 and set(cluster.collectives) == {"all_to_all", "all_reduce", "reduce_scatter", "all_gather"}
+    assert cluster.gpus_per_node == 2 and set(cluster.collectives) == {
+        "all_to_all",
+        "all_reduce",
+        "reduce_scatter",
+        "all_gather",
+    }
     assert all(link.bandwidth_Bps > 1e6 for link in cluster.collectives.values())
     again = _gembench("project", "--calibrate", "--out", str(measured / "here.toml"), "--quiet")
     assert again.returncode == 2 and "never overwritten" in again.stderr
@@ -207,17 +226,39 @@ def test_check_prices_the_volumes_the_ranks_measured(measured):
 
 
 def test_check_prints_projected_against_measured_per_stage(measured):
-    proc = _gembench("project", "--check", str(measured / "two.json"), "--from", str(measured / "one.json"),
-                     "--cluster", str(measured / "here.toml"))
+    proc = _gembench(
+        "project",
+        "--check",
+        str(measured / "two.json"),
+        "--from",
+        str(measured / "one.json"),
+        "--cluster",
+        str(measured / "here.toml"),
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     print(proc.stdout)
     lines = {line.split()[0]: line for line in proc.stdout.splitlines()[3:] if line.strip()}
-    for stage in ("input_dist", "embedding_lookup", "output_dist", "dense_forward", "backward", "grad_sync",
-                  "optimizer", "step"):
+    for stage in (
+        "input_dist",
+        "embedding_lookup",
+        "output_dist",
+        "dense_forward",
+        "backward",
+        "grad_sync",
+        "optimizer",
+        "step",
+    ):
         assert re.search(r"[+-]\d+\.\d%", lines[stage]), lines.get(stage)
     # the check refuses a 1-rank result in place of the distributed one, and a preset's links
-    bad = _gembench("project", "--check", str(measured / "one.json"), "--from", str(measured / "one.json"),
-                    "--cluster", str(measured / "here.toml"))
+    bad = _gembench(
+        "project",
+        "--check",
+        str(measured / "one.json"),
+        "--from",
+        str(measured / "one.json"),
+        "--cluster",
+        str(measured / "here.toml"),
+    )
     assert bad.returncode == 2 and "distributed result" in bad.stderr
     preset = _gembench("project", "--check", str(measured / "two.json"), "--from", str(measured / "one.json"))
     assert preset.returncode == 2 and "--calibrate" in preset.stderr
@@ -238,8 +279,20 @@ def test_dcnv2_mlperf_runs_capped_on_cpu_and_is_projected_uncapped():
 
 def test_from_prices_compute_as_measured(measured, tmp_path):
     out = tmp_path / "p.json"
-    proc = _gembench("project", "--config", "tiny", "--gpus", "2,8", "--from", str(measured / "one.json"),
-                     "--cluster", "h100", "--out", str(out), "--quiet")
+    proc = _gembench(
+        "project",
+        "--config",
+        "tiny",
+        "--gpus",
+        "2,8",
+        "--from",
+        str(measured / "one.json"),
+        "--cluster",
+        "h100",
+        "--out",
+        str(out),
+        "--quiet",
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "was measured on a CPU" in proc.stderr  # a CPU's compute on GPU presets is said out loud
     doc = json.loads(out.read_text())

@@ -23,6 +23,8 @@ def test_small_rank_memory_estimate_within_0_7_to_1_5(tmp_path, name):
     proc = _gembench(*args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for rank in json.loads(out.read_text())["ranks"]:
-        print(f"small {name} rank {rank['rank']}: estimate {rank['peak_memory_estimate_bytes'] / 2**20:.0f} MiB, "
-              f"measured {rank['peak_memory_run_bytes'] / 2**20:.0f} MiB")
+        print(
+            f"small {name} rank {rank['rank']}: estimate {rank['peak_memory_estimate_bytes'] / 2**20:.0f} MiB, "
+            f"measured {rank['peak_memory_run_bytes'] / 2**20:.0f} MiB"
+        )
         assert 0.7 <= rank["memory_estimate_ratio"] <= 1.5

@@ -14,14 +14,25 @@ from gembench.harness.train.distributed import rebalance as R
 
 
 def gembench(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "gembench", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    return subprocess.run(
+        [sys.executable, "-m", "gembench", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
 
 
 def measured(hist: list[float], rows: int = 100) -> R.Measured:
     h = np.asarray(hist, dtype=float)
-    return R.Measured(ids={"table_a": 1000.0}, pooling={"table_a": 10.0}, hist={"table_a": h / h.sum()},
-                      rows={"table_a": rows}, seconds_per_byte=1e-9, world=2)
+    return R.Measured(
+        ids={"table_a": 1000.0},
+        pooling={"table_a": 10.0},
+        hist={"table_a": h / h.sum()},
+        rows={"table_a": rows},
+        seconds_per_byte=1e-9,
+        world=2,
+    )
 
 
 def test_share_of_rows_reads_the_histogram_partial_bins_pro_rata():
@@ -34,8 +45,14 @@ def test_share_of_rows_reads_the_histogram_partial_bins_pro_rata():
 
 def test_row_skew_and_plan_change():
     m = measured([8, 1, 1, 0])
-    plan = {"table_a": {"sharding": "row_wise", "ranks": [0, 1], "shard_offsets": [[0, 0], [50, 0]],
-                        "shard_sizes": [[50, 8], [50, 8]]}}
+    plan = {
+        "table_a": {
+            "sharding": "row_wise",
+            "ranks": [0, 1],
+            "shard_offsets": [[0, 0], [50, 0]],
+            "shard_sizes": [[50, 8], [50, 8]],
+        }
+    }
     assert R.row_skew(m, plan) == {"table_a": pytest.approx(0.9 / 0.5)}
     moved = {"table_a": {"sharding": "table_wise", "ranks": [1]}}
     assert R.plan_change(plan, moved) == [{"table": "table_a", "before": "row_wise@0,1", "after": "table_wise@1"}]
@@ -46,8 +63,11 @@ def test_measured_lookups_price_each_shard_by_the_ids_in_its_rows():
     from torchrec.distributed.planner.types import Perf
 
     m = measured([8, 1, 1, 0])
-    shard = lambda lo: SimpleNamespace(offset=[lo, 0], size=[50, 8],  # noqa: E731
-                                       perf=Perf(fwd_compute=1.0, fwd_comms=0.5, bwd_compute=2.0, bwd_comms=0.7))
+    shard = lambda lo: SimpleNamespace(
+        offset=[lo, 0],
+        size=[50, 8],  # noqa: E731
+        perf=Perf(fwd_compute=1.0, fwd_comms=0.5, bwd_compute=2.0, bwd_comms=0.7),
+    )
     option = SimpleNamespace(name="table_a", sharding_type="row_wise", shards=[shard(0), shard(50)])
     R.MeasuredLookups(m).estimate([option])
     head, tail = option.shards
@@ -66,8 +86,23 @@ def sorted_run(tmp_path_factory):
     text = open(load_config("tiny").source).read().replace("[data]\n", '[data]\nid_layout = "sorted"\n', 1)
     cfg = d / "tiny-sorted.toml"
     cfg.write_text(text)
-    proc = gembench("run", "--config", str(cfg), "--nproc", "2", "--steps", "4", "--warmup", "1",
-                    "--rebalance", "--set", "compile=off", "--out", str(d / "r.json"), "--quiet")
+    proc = gembench(
+        "run",
+        "--config",
+        str(cfg),
+        "--nproc",
+        "2",
+        "--steps",
+        "4",
+        "--warmup",
+        "1",
+        "--rebalance",
+        "--set",
+        "compile=off",
+        "--out",
+        str(d / "r.json"),
+        "--quiet",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc, json.loads((d / "r.json").read_text())
 
@@ -104,12 +139,15 @@ def test_rebalance_moves_the_sorted_head_off_the_first_row_wise_shard(sorted_run
     assert "planner's plan again" in proc.stdout and "the runs went A, B, A'" in proc.stdout
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--rebalance"], "--rebalance re-plans a sharded job on several ranks"),
-    (["--nproc", "1", "--rebalance"], "it needs --nproc 2 or more"),
-    (["--nproc", "2", "--rebalance", "--sharding", "table_wise"], "forces every table"),
-    (["--nproc", "2", "--rebalance", "--pipeline"], "drop --pipeline"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--rebalance"], "--rebalance re-plans a sharded job on several ranks"),
+        (["--nproc", "1", "--rebalance"], "it needs --nproc 2 or more"),
+        (["--nproc", "2", "--rebalance", "--sharding", "table_wise"], "forces every table"),
+        (["--nproc", "2", "--rebalance", "--pipeline"], "drop --pipeline"),
+    ],
+)
 def test_rebalance_refusals_are_one_line_and_exit_2(args, message):
     proc = gembench("run", "--config", "tiny", *args, timeout=120)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr

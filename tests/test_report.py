@@ -3,14 +3,15 @@
 import re
 
 import pytest
-
 from report_fixtures import ab_result, baseline, dist_result, full_result, write
 from synthetic import run_cli
 
 from gembench.harness.report.html import collect
 
 # a request-making construct anywhere in the page (namespace URIs in SVG are not requests)
-FETCHES = re.compile(r"""(\bsrc\s*=|href\s*=\s*["']?(https?:|//)|url\(\s*["']?(https?:|//)|@import|<script|<link\b)""", re.I)
+FETCHES = re.compile(
+    r"""(\bsrc\s*=|href\s*=\s*["']?(https?:|//)|url\(\s*["']?(https?:|//)|@import|<script|<link\b)""", re.I
+)
 
 
 def two_commits():
@@ -32,10 +33,12 @@ def test_commit_order_is_gits_and_ends_at_head():
 def test_order_commits_follows_git_and_puts_unknown_last_by_creation_time():
     older, newer = "a" * 40, "b" * 40
     known = ["0" * 40, older, "c" * 40, newer]
-    runs = [full_result("a", newer, created="2026-01-01T00:00:00+00:00"),
-            full_result("b", "f" * 40, created="2026-01-03T00:00:00+00:00"),
-            full_result("c", "e" * 40, created="2026-01-02T00:00:00+00:00"),
-            full_result("d", older, created="2026-01-04T00:00:00+00:00")]
+    runs = [
+        full_result("a", newer, created="2026-01-01T00:00:00+00:00"),
+        full_result("b", "f" * 40, created="2026-01-03T00:00:00+00:00"),
+        full_result("c", "e" * 40, created="2026-01-02T00:00:00+00:00"),
+        full_result("d", older, created="2026-01-04T00:00:00+00:00"),
+    ]
     assert collect.order_commits(runs, known) == [older, newer, "e" * 40, "f" * 40]
 
 
@@ -45,11 +48,15 @@ def test_report_page_is_self_contained_and_marks_the_regression(tmp_path, capsys
     write(tmp_path / "baselines" / "cpu-test-2t" / "tiny.json", baseline(base))
     # the newer commit is twice as slow: MFU and step time regress against the baseline
     for i in range(3):
-        write(tmp_path / "runs" / f"slow{i}.json", full_result(f"slow{i}", newer, step_s=0.2, seed=10 + i,
-                                                              created="2026-01-02T00:00:00+00:00"))
+        write(
+            tmp_path / "runs" / f"slow{i}.json",
+            full_result(f"slow{i}", newer, step_s=0.2, seed=10 + i, created="2026-01-02T00:00:00+00:00"),
+        )
     write(tmp_path / "runs" / "ab.json", ab_result("ab1", newer))
     write(tmp_path / "runs" / "dist.json", dist_result("dist1", newer))
-    code, out, err = run_cli(["report", str(tmp_path / "runs"), str(tmp_path / "baselines"), "--out", str(tmp_path / "rep")], capsys)
+    code, out, err = run_cli(
+        ["report", str(tmp_path / "runs"), str(tmp_path / "baselines"), "--out", str(tmp_path / "rep")], capsys
+    )
     assert code == 0, err
     page = (tmp_path / "rep" / "index.html").read_text()
     assert "report:" in out and "index.html" in out

@@ -14,7 +14,8 @@ from gembench.harness.report.html.browser import check_page, find_chromium
 
 pytestmark = pytest.mark.skipif(
     find_chromium() is None,
-    reason="Chromium not installed: `scripts/setup.sh --browser` installs Debian's chromium (or set GEMBENCH_CHROMIUM)")
+    reason="Chromium not installed: `scripts/setup.sh --browser` installs Debian's chromium (or set GEMBENCH_CHROMIUM)",
+)
 
 
 def test_report_renders_clean_offline(tmp_path, capsys):

@@ -8,9 +8,9 @@ import sys
 import pytest
 from synthetic import make_result, run_cli, save
 
-from gembench.harness.store import results
-from gembench.harness.commands.promote import promote
 from gembench.errors import UsageError
+from gembench.harness.commands.promote import promote
+from gembench.harness.store import results
 from gembench.harness.store.schema import schema_dir
 
 pytestmark = pytest.mark.reads_shared_runs  # tiny_run / table_wise, by getfixturevalue
@@ -42,8 +42,17 @@ def test_baseline_bundle_holds_replicates(tmp_path):
     assert target == tmp_path / "cpu-test-2t" / "tiny.json" and archived is None
     assert [r["id"] for r in results.load_runs(target)] == ["r0", "r1", "r2"]
     broken = tmp_path / "broken.json"
-    broken.write_text(json.dumps({"schema": results.BASELINE_SCHEMA, "promoted": "2026-01-01T00:00:00+00:00",
-                                  "hardware_class": "cpu-test-2t", "config": "tiny", "runs": []}))
+    broken.write_text(
+        json.dumps(
+            {
+                "schema": results.BASELINE_SCHEMA,
+                "promoted": "2026-01-01T00:00:00+00:00",
+                "hardware_class": "cpu-test-2t",
+                "config": "tiny",
+                "runs": [],
+            }
+        )
+    )
     with pytest.raises(UsageError, match=r"\$\.runs must hold at least 1 item"):
         results.load_runs(broken)
 
@@ -72,8 +81,16 @@ def test_differences_and_safe_paths():
     a, b = make_result(), make_result(torch="2.12.0", config_hash="beef")
     assert results.differences(a, b) == ["stack.torch: '2.13.0' vs '2.12.0'", "config.hash: 'cafe' vs 'beef'"]
     packaged = {"env": {"packages": {"torch": "2.13.0+cpu", "fbgemm-gpu-cpu": "1.8.0", "torchrec": "1.8.0"}}}
-    assert [results.field(packaged, f"stack.{p}") for p in ("torch", "torchrec", "fbgemm")] == ["2.13.0+cpu", "1.8.0", "1.8.0"]
-    assert results.differences(packaged, {"env": {"packages": {"torch": "2.13.0+cpu", "fbgemm-gpu": "1.9.0", "torchrec": "1.8.0"}}}, ["stack.fbgemm"])
+    assert [results.field(packaged, f"stack.{p}") for p in ("torch", "torchrec", "fbgemm")] == [
+        "2.13.0+cpu",
+        "1.8.0",
+        "1.8.0",
+    ]
+    assert results.differences(
+        packaged,
+        {"env": {"packages": {"torch": "2.13.0+cpu", "fbgemm-gpu": "1.9.0", "torchrec": "1.8.0"}}},
+        ["stack.fbgemm"],
+    )
     assert results.baseline_path("cuda/../x", "tiny", "root") == results.Path("root/cuda_.._x/tiny.json")
     assert os.sep not in results.safe_name("a/b")
 
@@ -92,8 +109,13 @@ def real_result(request, tmp_path):
     if request.param == "distributed":
         return request.getfixturevalue("table_wise")[2] / "r.json"
     out = tmp_path / "ab.json"
-    proc = subprocess.run([sys.executable, "-m", "gembench", "run", *AB_RUN, "--quiet", "--out", str(out)],
-                          capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "gembench", "run", *AB_RUN, "--quiet", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
 

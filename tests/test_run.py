@@ -12,8 +12,14 @@ from gembench.models.config import known_configs, load_config
 
 
 def gembench(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "gembench", *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=600, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    return subprocess.run(
+        [sys.executable, "-m", "gembench", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=600,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
 
 
 # tiny_run: conftest's session fixture (tests/test_results.py and test_memory_estimate.py read it too)
@@ -48,8 +54,9 @@ def test_run_counts_step_costs_and_prints_them(tiny_run):
     assert c["host_syncs"] == 0
     assert c["aten_ops"] > 0 and c["h2d_bytes"] == 0 and c["kernels"] is None
     assert c["graph_breaks"] == 0 and c["recompiles"] == 0
-    assert all(result["metrics"][k] == c[k] for k in ("aten_ops", "host_syncs", "h2d_bytes",
-                                                       "graph_breaks", "recompiles"))
+    assert all(
+        result["metrics"][k] == c[k] for k in ("aten_ops", "host_syncs", "h2d_bytes", "graph_breaks", "recompiles")
+    )
     assert "cost counters" in proc.stdout and "aten ops dispatched" in proc.stdout
     # (that the counts are the same in another run: tests/test_counters.py)
 
@@ -73,26 +80,49 @@ def test_a_default_run_shows_no_user_warning(tiny_run):
 
 def test_run_bf16_with_peak_override(tmp_path):
     out = tmp_path / "b.json"
-    proc = gembench("run", "--config", "tiny", "--steps", "2", "--warmup", "1", "--dtype", "bf16", "--set", "compile=off",
-                    "--peak-tflops", "1.5", "--out", str(out), "--quiet")
+    proc = gembench(
+        "run",
+        "--config",
+        "tiny",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--dtype",
+        "bf16",
+        "--set",
+        "compile=off",
+        "--peak-tflops",
+        "1.5",
+        "--out",
+        str(out),
+        "--quiet",
+    )
     assert proc.returncode == 0, proc.stderr
     result = json.loads(out.read_text())
     assert result["run"]["dtype"] == "bf16"
     peak = result["peak"]
     assert {k: peak[k] for k in ("tflops_per_device", "devices", "dtype", "source", "provisional")} == {
-        "tflops_per_device": 1.5, "devices": 1, "dtype": "bf16", "source": "override: --peak-tflops",
-        "provisional": False}
+        "tflops_per_device": 1.5,
+        "devices": 1,
+        "dtype": "bf16",
+        "source": "override: --peak-tflops",
+        "provisional": False,
+    }
     assert peak["basis_text"] == "1 rank(s) x the --peak-tflops figure" and "host" not in peak
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--config", "nope"], "unknown config 'nope': known configs are"),
-    (["--config", "tiny", "--steps", "0"], "--steps must be at least 1"),
-    (["--config", "tiny", "--warmup", "-1"], "--warmup must be 0 or more"),
-    (["--config", "xl"], "config 'xl' needs about"),
-    (["--config", "tiny", "--device", "tpu"], "--device must be auto, cpu or cuda"),
-    (["--config", "tiny", "--peak-tflops", "-3"], "--peak-tflops must be positive"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--config", "nope"], "unknown config 'nope': known configs are"),
+        (["--config", "tiny", "--steps", "0"], "--steps must be at least 1"),
+        (["--config", "tiny", "--warmup", "-1"], "--warmup must be 0 or more"),
+        (["--config", "xl"], "config 'xl' needs about"),
+        (["--config", "tiny", "--device", "tpu"], "--device must be auto, cpu or cuda"),
+        (["--config", "tiny", "--peak-tflops", "-3"], "--peak-tflops must be positive"),
+    ],
+)
 def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, args, message):
     out = tmp_path / "r.json"
     proc = gembench("run", *args, "--out", str(out), "--quiet")
@@ -104,8 +134,9 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, args, message):
 
 def test_bad_config_file_names_file_and_field(tmp_path):
     bad = tmp_path / "bad.toml"
-    bad.write_text(load_config("tiny").source and open(load_config("tiny").source).read()
-                   .replace("mean_len = 16", "mean_len = 99"))
+    bad.write_text(
+        load_config("tiny").source and open(load_config("tiny").source).read().replace("mean_len = 16", "mean_len = 99")
+    )
     proc = gembench("run", "--config", str(bad), "--quiet")
     assert proc.returncode == 2
     assert str(bad) in proc.stderr and "sequences[0].mean_len" in proc.stderr
@@ -146,8 +177,22 @@ def test_batch_flag_is_recorded_in_run_and_hash(tmp_path):
     from gembench.models.config import with_global_batch
 
     out = tmp_path / "r.json"
-    proc = gembench("run", "--config", "tiny", "--stack", "baseline", "--batch", "32", "--steps", "2",
-                    "--warmup", "1", "--quiet", "--out", str(out))
+    proc = gembench(
+        "run",
+        "--config",
+        "tiny",
+        "--stack",
+        "baseline",
+        "--batch",
+        "32",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--quiet",
+        "--out",
+        str(out),
+    )
     assert proc.returncode == 0, proc.stderr
     result = json.loads(out.read_text())
     assert result["run"]["global_batch"] == 32 == result["run"]["per_rank_batch"]

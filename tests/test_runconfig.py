@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from gembench.errors import UsageError
 from gembench.harness.commands import run as run_command
 from gembench.harness.train.runconfig import RunConfig
-from gembench.errors import UsageError
 
 
 def parsed(*argv: str) -> argparse.Namespace:
@@ -24,17 +24,20 @@ def test_every_run_flag_is_a_field_and_the_defaults_agree():
     assert RunConfig.from_namespace(ns) == RunConfig()
 
 
-@pytest.mark.parametrize("argv, distributed, words", [
-    (["--steps", "0"], False, "--steps must be at least 1"),
-    (["--warmup", "-1"], True, "--warmup must be 0 or more"),
-    (["--ab", "--nproc", "2"], True, "--ab compares stacks in one process"),
-    (["--pace", "3,4", "--nproc", "2"], True, "--pace takes turns with one process"),
-    (["--timeout", "0", "--nproc", "2"], True, "--timeout must be positive"),
-    (["--ab", "--rounds", "1"], False, "--ab needs --rounds >= 2"),
-    (["--pace", "3,4", "--burst", "0"], False, "--pace needs a single stack and --burst >= 1"),
-    (["--trace", "/proc/nope"], False, "cannot create folder /proc/nope for --trace"),
-    (["--trace", "/proc/nope", "--nproc", "2"], True, "cannot create folder /proc/nope for --trace"),
-])
+@pytest.mark.parametrize(
+    "argv, distributed, words",
+    [
+        (["--steps", "0"], False, "--steps must be at least 1"),
+        (["--warmup", "-1"], True, "--warmup must be 0 or more"),
+        (["--ab", "--nproc", "2"], True, "--ab compares stacks in one process"),
+        (["--pace", "3,4", "--nproc", "2"], True, "--pace takes turns with one process"),
+        (["--timeout", "0", "--nproc", "2"], True, "--timeout must be positive"),
+        (["--ab", "--rounds", "1"], False, "--ab needs --rounds >= 2"),
+        (["--pace", "3,4", "--burst", "0"], False, "--pace needs a single stack and --burst >= 1"),
+        (["--trace", "/proc/nope"], False, "cannot create folder /proc/nope for --trace"),
+        (["--trace", "/proc/nope", "--nproc", "2"], True, "cannot create folder /proc/nope for --trace"),
+    ],
+)
 def test_what_needs_no_model_is_refused_in_one_place(argv, distributed, words):
     with pytest.raises(UsageError, match=words.replace("+", r"\+")):
         RunConfig.from_namespace(parsed(*argv)).check(distributed)

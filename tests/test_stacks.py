@@ -75,8 +75,11 @@ def test_ab_ratio_and_gate(tmp_path):
     def gate(min_ratio):
         limits = tmp_path / f"limits-{min_ratio}.toml"
         limits.write_text(f"[defaults]\nmin_ab_mfu_ratio = {min_ratio}\n")
-        return subprocess.run([sys.executable, "-m", "gembench", "gate", str(path), "--no-baseline",
-                               "--thresholds", str(limits)], capture_output=True, text=True)
+        return subprocess.run(
+            [sys.executable, "-m", "gembench", "gate", str(path), "--no-baseline", "--thresholds", str(limits)],
+            capture_output=True,
+            text=True,
+        )
 
     low = gate(round(measured * 0.5, 4))
     assert low.returncode == 0, low.stdout + low.stderr

@@ -8,7 +8,18 @@ from gembench.harness.regression import stats
 
 
 def test_batch_means_drops_the_oldest_remainder():
-    assert stats.batch_means(list(range(23)), batches=10, min_per_batch=2) == [3.5, 5.5, 7.5, 9.5, 11.5, 13.5, 15.5, 17.5, 19.5, 21.5]
+    assert stats.batch_means(list(range(23)), batches=10, min_per_batch=2) == [
+        3.5,
+        5.5,
+        7.5,
+        9.5,
+        11.5,
+        13.5,
+        15.5,
+        17.5,
+        19.5,
+        21.5,
+    ]
     assert stats.batch_means([1.0, 2.0, 3.0], batches=10, min_per_batch=3) == []
 
 
@@ -102,8 +113,8 @@ def test_paired_ratio_interval_by_hand():
     # ratios 2 and 8: geometric mean 4; log sd = ln4/sqrt2, se = ln2; t(1 df, 0.975) = 12.7062
     center, lo, hi = paired_ratio_interval([2.0, 8.0])
     assert center == pytest.approx(4.0)
-    assert lo == pytest.approx(4.0 * 2.0 ** -12.7062, rel=1e-4)
-    assert hi == pytest.approx(4.0 * 2.0 ** 12.7062, rel=1e-4)
+    assert lo == pytest.approx(4.0 * 2.0**-12.7062, rel=1e-4)
+    assert hi == pytest.approx(4.0 * 2.0**12.7062, rel=1e-4)
     same = paired_ratio_interval([3.0, 3.0, 3.0])
     assert same == pytest.approx((3.0, 3.0, 3.0))
 
@@ -116,6 +127,8 @@ def test_margin_of_unchanged_is_wider_than_the_regression_threshold():
     wide = stats.judge({"s": ([1.0] * 8, same, "paired", True)}, 0.01, 0.01, margin=0.02)[0]
     assert tight.verdict == stats.INCONCLUSIVE and wide.verdict == stats.UNCHANGED
     slower = [1.02 * v for v in same]
-    assert stats.judge({"s": ([1.0] * 8, slower, "paired", True)}, 0.01, 0.01, margin=0.02)[0].verdict == stats.REGRESSED
+    assert (
+        stats.judge({"s": ([1.0] * 8, slower, "paired", True)}, 0.01, 0.01, margin=0.02)[0].verdict == stats.REGRESSED
+    )
     with pytest.raises(ValueError, match="must be >= min_effect"):
         stats.judge({"s": ([1.0] * 8, same, "paired", True)}, 0.01, 0.02, margin=0.01)

@@ -42,8 +42,22 @@ def run_ranks(config: str, nproc: int) -> dict | None:
     """One distributed run through the CLI (ranks are processes); None where it cannot run."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "r.json")
-        cmd = [sys.executable, "-m", "gembench", "run", "--config", config, "--nproc", str(nproc),
-               "--steps", str(STEPS), "--out", out, "--quiet", *[a for s in SWITCHES for a in ("--set", s)]]
+        cmd = [
+            sys.executable,
+            "-m",
+            "gembench",
+            "run",
+            "--config",
+            config,
+            "--nproc",
+            str(nproc),
+            "--steps",
+            str(STEPS),
+            "--out",
+            out,
+            "--quiet",
+            *[a for s in SWITCHES for a in ("--set", s)],
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0 or not os.path.exists(out):
             print(proc.stderr[-2000:], file=sys.stderr)  # asv --show-stderr shows why

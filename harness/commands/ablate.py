@@ -37,8 +37,13 @@ from pathlib import Path
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default="small", help="config name or .toml path (default: small)")
-    p.add_argument("--batch", type=int, default=None, metavar="N",
-                   help="global batch, overriding the config's (recorded with its config hash)")
+    p.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        metavar="N",
+        help="global batch, overriding the config's (recorded with its config hash)",
+    )
     p.add_argument("--steps", type=int, default=8, help="timed steps per stack variant (default: 8)")
     p.add_argument("--warmup", type=int, default=3, help="warm-up steps per variant, incl. compile (default: 3)")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda[:N] (default: auto)")
@@ -46,9 +51,14 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--peak-tflops", type=float, default=None, help="override the reference peak")
     p.add_argument("--out", type=Path, default=None, help="also write every variant's figures as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    p.add_argument("--nproc", type=int, default=None, metavar="N",
-                   help="measure the dense-side switches (ddp/fsdp, activation checkpointing, compile, "
-                        "pipeline) on N torchrun ranks, one `gembench run --nproc N` per variant")
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=None,
+        metavar="N",
+        help="measure the dense-side switches (ddp/fsdp, activation checkpointing, compile, "
+        "pipeline) on N torchrun ranks, one `gembench run --nproc N` per variant",
+    )
 
 
 def variants(single_process: bool):
@@ -71,8 +81,12 @@ def choices(single_process: bool, has_content: bool = True):
 
     skip = {"dense_parallel"} if single_process else set()
     skip |= set() if has_content else {"content"}
-    return [(f"{name}={value}", replace(STACKS["optimized"], **{name: value}))
-            for name, values in CHOICES.items() if name not in skip for value in values[1:]]
+    return [
+        (f"{name}={value}", replace(STACKS["optimized"], **{name: value}))
+        for name, values in CHOICES.items()
+        if name not in skip
+        for value in values[1:]
+    ]
 
 
 def main(args: argparse.Namespace) -> int:
@@ -95,9 +109,9 @@ def _ablate(args: argparse.Namespace) -> int:
 
     from tabulate import tabulate
 
+    from gembench.harness.device.hardware import resolve_device
     from gembench.harness.report.tables import pct
     from gembench.harness.store.reservation import write_or_fallback
-    from gembench.harness.device.hardware import resolve_device
     from gembench.harness.train.runner import measure_stack, prepare, summarized
     from gembench.models.config import load_config, with_global_batch
     from gembench.models.flops import memory_estimate, parameter_counts
@@ -107,8 +121,10 @@ def _ablate(args: argparse.Namespace) -> int:
     # Variants run one at a time, and each must fit: the memory check takes the hungriest.
     cfg = with_global_batch(load_config(args.config), args.batch)
     counts, device_type = parameter_counts(cfg), resolve_device(args.device).type
-    hungriest = max((options for _, options in added + removed),
-                    key=lambda o: memory_estimate(cfg, cfg.data.global_batch, counts, o, device_type)["total"])
+    hungriest = max(
+        (options for _, options in added + removed),
+        key=lambda o: memory_estimate(cfg, cfg.data.global_batch, counts, o, device_type)["total"],
+    )
     setup = prepare(cfg, args.steps, args.warmup, args.device, args.seed, args.peak_tflops, stacks=[hungriest])
     runs = {}  # options -> Measured: "+ compile" is the optimized stack, measured once
     todo = added + removed + chosen
@@ -116,8 +132,9 @@ def _ablate(args: argparse.Namespace) -> int:
         key = tuple(sorted(options.to_dict().items()))
         if key not in runs:
             if not args.quiet:
-                print(f"gembench ablate: [{i + 1}/{len(todo)}] {label}: {options.describe()}",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"gembench ablate: [{i + 1}/{len(todo)}] {label}: {options.describe()}", file=sys.stderr, flush=True
+                )
             runs[key] = measure_stack(setup, options, label, args.steps, args.warmup)
     # one peak for every variant: checked against all of them, re-measured once if beaten
     by_key = dict(zip(runs, summarized(setup, list(runs.values()), args.warmup)))
@@ -130,39 +147,73 @@ def _ablate(args: argparse.Namespace) -> int:
 
     rows = [row(added[0][0], added[0][0])]
     rows += [row(label, added[i][0]) for i, (label, _) in enumerate(added[1:])]
-    print(f"gembench ablate {setup.cfg.name}: {args.steps} timed steps per variant, "
-          f"peak {setup.peak.tflops_per_device:.4g} TFLOP/s ({setup.peak.source})\n")
-    print(tabulate(rows, headers=["adding (cumulative)", "step ms", "MFU", "gain over previous row"],
-                   colalign=("left", "right", "right", "right")))
+    print(
+        f"gembench ablate {setup.cfg.name}: {args.steps} timed steps per variant, "
+        f"peak {setup.peak.tflops_per_device:.4g} TFLOP/s ({setup.peak.source})\n"
+    )
+    print(
+        tabulate(
+            rows,
+            headers=["adding (cumulative)", "step ms", "MFU", "gain over previous row"],
+            colalign=("left", "right", "right", "right"),
+        )
+    )
     full = added[-1][0]
     rows = [row(full, full)] + [
         [label, *row(label, full)[1:3], f"{measured[full]['summary']['mfu'] / measured[label]['summary']['mfu']:.2f}x"]
         for label, _ in removed
     ]
     print()
-    print(tabulate(rows, headers=["removing (one at a time)", "step ms", "MFU", "full stack's gain from it"],
-                   colalign=("left", "right", "right", "right")))
+    print(
+        tabulate(
+            rows,
+            headers=["removing (one at a time)", "step ms", "MFU", "full stack's gain from it"],
+            colalign=("left", "right", "right", "right"),
+        )
+    )
     base, opt = measured[added[0][0]]["summary"], measured[full]["summary"]
-    print(f"\noptimized/baseline MFU: {opt['mfu'] / base['mfu']:.2f}x "
-          f"({pct(base['mfu'])} -> {pct(opt['mfu'])}); pipeline: only with --nproc > 1")
+    print(
+        f"\noptimized/baseline MFU: {opt['mfu'] / base['mfu']:.2f}x "
+        f"({pct(base['mfu'])} -> {pct(opt['mfu'])}); pipeline: only with --nproc > 1"
+    )
 
     def act(label):
         return measured[label]["summary"].get("activation_bytes") or 0
 
-    rows = [[label, f"{1e3 * measured[label]['summary']['step_time_s']['p50']:.1f}",
-             pct(measured[label]["summary"]["mfu"]), pct(measured[label]["summary"]["hfu"]),
-             f"{act(label) / 2**20:,.1f}", f"{act(label) / act(full) - 1:+.0%}" if act(full) else "-"]
-            for label in [full] + [label for label, _ in chosen]]
+    rows = [
+        [
+            label,
+            f"{1e3 * measured[label]['summary']['step_time_s']['p50']:.1f}",
+            pct(measured[label]["summary"]["mfu"]),
+            pct(measured[label]["summary"]["hfu"]),
+            f"{act(label) / 2**20:,.1f}",
+            f"{act(label) / act(full) - 1:+.0%}" if act(full) else "-",
+        ]
+        for label in [full] + [label for label, _ in chosen]
+    ]
     print()
-    print(tabulate(rows, headers=["optimized stack, choosing", "step ms", "MFU", "HFU", "activation MiB",
-                                  "activation vs full"], colalign=("left", "right", "right", "right", "right", "right")))
-    print("(HFU - MFU: the recomputed forward's share; activation MiB: saved for backward in one step;"
-          " dense_parallel: only with --nproc > 1)")
+    print(
+        tabulate(
+            rows,
+            headers=["optimized stack, choosing", "step ms", "MFU", "HFU", "activation MiB", "activation vs full"],
+            colalign=("left", "right", "right", "right", "right", "right"),
+        )
+    )
+    print(
+        "(HFU - MFU: the recomputed forward's share; activation MiB: saved for backward in one step;"
+        " dense_parallel: only with --nproc > 1)"
+    )
     if args.out is not None:
-        doc = {"schema": "gembench.ablation/1", "config": setup.cfg.name, "config_hash": setup.cfg.hash,
-               "peak": {"tflops_per_device": setup.peak.tflops_per_device, "source": setup.peak.source},
-               "variants": {label: {k: measured[label][k] for k in ("options", "summary", "counters")}
-                            for label, _ in added + removed + chosen}}
+        doc = {
+            "schema": "gembench.ablation/1",
+            "config": setup.cfg.name,
+            "config_hash": setup.cfg.hash,
+            "peak": {"tflops_per_device": setup.peak.tflops_per_device, "source": setup.peak.source},
+            "variants": {
+                label: {k: measured[label][k] for k in ("options", "summary", "counters")}
+                for label, _ in added + removed + chosen
+            },
+        }
         write_or_fallback(args.out, json.loads(json.dumps(doc)))
         print(f"\nablation: {args.out}")
     return 0

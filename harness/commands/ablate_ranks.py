@@ -30,9 +30,28 @@ REFERENCE = RANK_VARIANTS[0][0]
 
 def run_variant(args, switches, flags, out: Path) -> tuple[dict | None, str]:
     """One `gembench run --nproc N` of a variant: (its result or None, the error's last line)."""
-    cmd = [sys.executable, "-m", "gembench", "run", "--config", str(args.config), "--nproc", str(args.nproc),
-           "--steps", str(args.steps), "--warmup", str(args.warmup), "--device", args.device,
-           "--seed", str(args.seed), "--out", str(out), "--quiet", *flags]
+    cmd = [
+        sys.executable,
+        "-m",
+        "gembench",
+        "run",
+        "--config",
+        str(args.config),
+        "--nproc",
+        str(args.nproc),
+        "--steps",
+        str(args.steps),
+        "--warmup",
+        str(args.warmup),
+        "--device",
+        args.device,
+        "--seed",
+        str(args.seed),
+        "--out",
+        str(out),
+        "--quiet",
+        *flags,
+    ]
     if args.batch is not None:
         cmd += ["--batch", str(args.batch)]
     if args.peak_tflops is not None:
@@ -41,7 +60,11 @@ def run_variant(args, switches, flags, out: Path) -> tuple[dict | None, str]:
         cmd += ["--set", switch]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0 or not out.exists():
-        lines = [l for l in proc.stderr.splitlines() if l.startswith("gembench")] or proc.stderr.splitlines() or ["?"]
+        lines = (
+            [line for line in proc.stderr.splitlines() if line.startswith("gembench")]
+            or proc.stderr.splitlines()
+            or ["?"]
+        )
         return None, lines[0]
     return json.loads(out.read_text()), ""
 
@@ -53,8 +76,8 @@ def dense_comm_ms(result: dict) -> float:
 def ablate_ranks(args) -> int:
     from tabulate import tabulate
 
-    from gembench.harness.store.reservation import write_or_fallback
     from gembench.harness.report.tables import pct
+    from gembench.harness.store.reservation import write_or_fallback
 
     if args.nproc < 2:
         from gembench.errors import UsageError
@@ -69,8 +92,11 @@ def ablate_ranks(args) -> int:
     with tempfile.TemporaryDirectory(prefix="gembench-ablate-") as tmp:
         for i, (label, switches, flags) in enumerate(variants):
             if not args.quiet:
-                print(f"gembench ablate: [{i + 1}/{len(variants)}] {label} on {args.nproc} ranks",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"gembench ablate: [{i + 1}/{len(variants)}] {label} on {args.nproc} ranks",
+                    file=sys.stderr,
+                    flush=True,
+                )
             results[label], errors[label] = run_variant(args, switches, flags, Path(tmp) / f"{i}.json")
     if results[REFERENCE] is None:
         print(f"gembench ablate: error: the reference ({REFERENCE}) failed: {errors[REFERENCE]}", file=sys.stderr)
@@ -87,19 +113,48 @@ def ablate_ranks(args) -> int:
             rows.append([label, "failed", *["-"] * 9])
             continue
         s = r["summary"]
-        rows.append([label, f"{1e3 * s['step_time_s']['p50']:.1f}", f"{s['step_time_s']['p50'] / ref['step_time_s']['p50']:.2f}x",
-                     pct(s["mfu"]), pct(s.get("hfu", s["mfu"])), mib(s["peak_memory_bytes"]),
-                     mib(s.get("activation_bytes")), mib(s.get("dense_state_bytes")),
-                     f"{dense_comm_ms(r):.1f}", pct(r["comm"]["exposed_comm_fraction"])])
+        rows.append(
+            [
+                label,
+                f"{1e3 * s['step_time_s']['p50']:.1f}",
+                f"{s['step_time_s']['p50'] / ref['step_time_s']['p50']:.2f}x",
+                pct(s["mfu"]),
+                pct(s.get("hfu", s["mfu"])),
+                mib(s["peak_memory_bytes"]),
+                mib(s.get("activation_bytes")),
+                mib(s.get("dense_state_bytes")),
+                f"{dense_comm_ms(r):.1f}",
+                pct(r["comm"]["exposed_comm_fraction"]),
+            ]
+        )
     first = results[REFERENCE]
-    print(f"gembench ablate {first['config']['name']} on {args.nproc} ranks ({first['run']['dtype']}, "
-          f"{first['env']['device_name']}): {args.steps} timed steps per variant, "
-          f"MFU basis {first['peak']['basis_text']}; machine load {load_before}\n")
-    print(tabulate(rows, headers=["variant", "step ms", "vs ddp", "MFU", "HFU", "peak MiB/rank",
-                                  "activations MiB", "dense state MiB", "dense comm ms", "exposed comm"],
-                   colalign=("left",) + ("right",) * 9))
-    print("(peak: RSS per rank, largest; activations: saved for backward in one step; dense state: "
-          "weights, gradients, Adam state on the largest rank; dense comm: the dense part's collectives per step)")
+    print(
+        f"gembench ablate {first['config']['name']} on {args.nproc} ranks ({first['run']['dtype']}, "
+        f"{first['env']['device_name']}): {args.steps} timed steps per variant, "
+        f"MFU basis {first['peak']['basis_text']}; machine load {load_before}\n"
+    )
+    print(
+        tabulate(
+            rows,
+            headers=[
+                "variant",
+                "step ms",
+                "vs ddp",
+                "MFU",
+                "HFU",
+                "peak MiB/rank",
+                "activations MiB",
+                "dense state MiB",
+                "dense comm ms",
+                "exposed comm",
+            ],
+            colalign=("left",) + ("right",) * 9,
+        )
+    )
+    print(
+        "(peak: RSS per rank, largest; activations: saved for backward in one step; dense state: "
+        "weights, gradients, Adam state on the largest rank; dense comm: the dense part's collectives per step)"
+    )
     for label, error in errors.items():
         if error:
             print(f"{label} failed: {error}")
@@ -107,11 +162,22 @@ def ablate_ranks(args) -> int:
     for line in goals(results):
         print(line)
     if args.out is not None:
-        doc = {"schema": "gembench.ablation-ranks/1", "nproc": args.nproc, "machine_load": load_before,
-               "variants": {label: None if r is None else {"options": r["run"]["options"], "summary": r["summary"],
-                                                           "comm": {k: v for k, v in r["comm"].items() if k != "calls"}}
-                            for label, r in results.items()},
-               "errors": {k: v for k, v in errors.items() if v}}
+        doc = {
+            "schema": "gembench.ablation-ranks/1",
+            "nproc": args.nproc,
+            "machine_load": load_before,
+            "variants": {
+                label: None
+                if r is None
+                else {
+                    "options": r["run"]["options"],
+                    "summary": r["summary"],
+                    "comm": {k: v for k, v in r["comm"].items() if k != "calls"},
+                }
+                for label, r in results.items()
+            },
+            "errors": {k: v for k, v in errors.items() if v},
+        }
         write_or_fallback(args.out, json.loads(json.dumps(doc)))
         print(f"\nablation: {args.out}")
     return 0 if all(r is not None for r in results.values()) else 1
@@ -124,17 +190,21 @@ def goals(results: dict) -> list[str]:
     if ddp and fsdp and ddp["summary"].get("dense_state_bytes") and fsdp["summary"].get("dense_state_bytes"):
         state = fsdp["summary"]["dense_state_bytes"] / ddp["summary"]["dense_state_bytes"]
         step = fsdp["summary"]["step_time_s"]["p50"] / ddp["summary"]["step_time_s"]["p50"] - 1
-        out.append(f"goal FSDP: dense state per rank {state:.2f}x DDP's (goal <= 0.60: "
-                   f"{'met' if state <= 0.6 else 'NOT met'}); step time {step:+.1%} vs DDP (goal within 10%: "
-                   f"{'met' if abs(step) <= 0.10 else 'NOT met'})")
+        out.append(
+            f"goal FSDP: dense state per rank {state:.2f}x DDP's (goal <= 0.60: "
+            f"{'met' if state <= 0.6 else 'NOT met'}); step time {step:+.1%} vs DDP (goal within 10%: "
+            f"{'met' if abs(step) <= 0.10 else 'NOT met'})"
+        )
     ac = results.get("activation_checkpointing=hstu")
     if ddp and ac and ddp["summary"].get("activation_bytes"):
         less = 1 - ac["summary"]["activation_bytes"] / ddp["summary"]["activation_bytes"]
         s = ac["summary"]
         recomputed = s["hfu"] / s["mfu"] - 1 if s.get("hfu") else 0.0  # executed / model FLOPs - 1
-        out.append(f"goal checkpointing hstu: activation memory {less:.0%} lower (goal >= 30%: "
-                   f"{'met' if less >= 0.30 else 'NOT met'}); HFU - MFU = {pct_points(s)} "
-                   f"(the recomputed share, {recomputed:.1%} of the model FLOPs)")
+        out.append(
+            f"goal checkpointing hstu: activation memory {less:.0%} lower (goal >= 30%: "
+            f"{'met' if less >= 0.30 else 'NOT met'}); HFU - MFU = {pct_points(s)} "
+            f"(the recomputed share, {recomputed:.1%} of the model FLOPs)"
+        )
     return out
 
 

@@ -38,17 +38,35 @@ from gembench.errors import UsageError
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("sides", nargs="+", metavar="SIDE", help="result file(s) of one side: file, a,b,c, 'glob*', or folder")
-    parser.add_argument("--format", choices=("table", "markdown", "json", "html"), default="table",
-                        help="output format (default table; html: one self-contained page, the report's look)")
-    parser.add_argument("--out", default=None, metavar="FILE", help="write the output to FILE (replaced if it exists) instead of stdout")
+    parser.add_argument(
+        "sides", nargs="+", metavar="SIDE", help="result file(s) of one side: file, a,b,c, 'glob*', or folder"
+    )
+    parser.add_argument(
+        "--format",
+        choices=("table", "markdown", "json", "html"),
+        default="table",
+        help="output format (default table; html: one self-contained page, the report's look)",
+    )
+    parser.add_argument(
+        "--out", default=None, metavar="FILE", help="write the output to FILE (replaced if it exists) instead of stdout"
+    )
     parser.add_argument("--alpha", type=float, default=None, help="false-alarm rate per family of tests (default 0.01)")
-    parser.add_argument("--min-effect", type=float, default=None, help="smallest relative change that counts, e.g. 0.03 = 3%% (default 0.03)")
+    parser.add_argument(
+        "--min-effect",
+        type=float,
+        default=None,
+        help="smallest relative change that counts, e.g. 0.03 = 3%% (default 0.03)",
+    )
     parser.add_argument("--metric", action="append", default=None, help="judge only this metric (repeatable)")
-    parser.add_argument("--force", action="store_true", help="compare even when hardware class, package stack or config hash differ")
-    parser.add_argument("--thresholds", default=None,
-                        help="thresholds TOML for the exact counters' allowed increase (default results/thresholds.toml "
-                        "where it exists, else 0 for counters and 1%% for instruction counts)")
+    parser.add_argument(
+        "--force", action="store_true", help="compare even when hardware class, package stack or config hash differ"
+    )
+    parser.add_argument(
+        "--thresholds",
+        default=None,
+        help="thresholds TOML for the exact counters' allowed increase (default results/thresholds.toml "
+        "where it exists, else 0 for counters and 1%% for instruction counts)",
+    )
 
 
 def expand_side(text: str) -> list[Path]:
@@ -60,8 +78,11 @@ def expand_side(text: str) -> list[Path]:
     for part in [p for p in text.split(",") if p]:
         found = expand_paths([part])
         if not found:
-            raise UsageError(f"no files match {part!r}" if any(ch in part for ch in "*?[")
-                             else f"folder {part} holds no *.json result files")
+            raise UsageError(
+                f"no files match {part!r}"
+                if any(ch in part for ch in "*?[")
+                else f"folder {part} holds no *.json result files"
+            )
         paths += found
     if not paths:
         raise UsageError(f"empty SIDE {text!r}")
@@ -90,6 +111,8 @@ def write_output(path: Path, text: str) -> None:
     if not path.parent.is_dir():
         raise UsageError(f"--out {path}: folder {path.parent} does not exist")
     atomic_write(path, text)
+
+
 def counter_limits(path: str | None, reference: dict):
     """thresholds.Limits for the reference's config and hardware class; None when no file applies."""
     from gembench.harness.regression import thresholds
@@ -121,7 +144,9 @@ def main(args: argparse.Namespace) -> int:
         for side in args.sides[1:]
     ]
     if args.format == "json":
-        text = json.dumps({"schema": "gembench.compare/1", "comparisons": [compare.to_json(c) for c in results]}, indent=1)
+        text = json.dumps(
+            {"schema": "gembench.compare/1", "comparisons": [compare.to_json(c) for c in results]}, indent=1
+        )
     elif args.format == "html":
         from gembench.harness.report.html.build import render_compare
 

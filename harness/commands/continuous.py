@@ -106,60 +106,126 @@ def configure(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("base", metavar="BASE", help="reference revision (a commit, branch, tag, HEAD~1)")
     p.add_argument("head", metavar="HEAD", help="revision under test")
-    p.add_argument("--pairs", "--rounds", dest="pairs", type=int, default=DEFAULT_PAIRS,
-                   help=f"process pairs, one process per revision each, alive together and taking turns; the "
-                        f"unit of the test (default {DEFAULT_PAIRS}: catches a 2%% slowdown on a 2-core machine, see "
-                        "above; --rounds is its old name)")
-    p.add_argument("--benchmark", choices=("run", "instructions"), default="run",
-                   help="run: `gembench run` timings and counters (default); instructions: each revision's "
-                        "benchmarks/instructions.py callgrind counts, exact, so --pairs 1 suffices")
-    p.add_argument("--kernel", action="append", default=None,
-                   help="with --benchmark instructions: kernel to count (repeatable; default all)")
-    p.add_argument("--bursts", type=int, default=None, metavar="N",
-                   help=f"turns each process of a pair takes: the pair's two processes take turns, --steps/N steps "
-                        f"at a time, ABBA (default: turns of {TURN_STEPS} steps; at most --steps)")
-    p.add_argument("--sequential", action="store_true",
-                   help="run each pair's two processes one after the other instead of taking turns (the only "
-                        "way for --nproc and --benchmark instructions, and for a revision older than --pace; "
-                        "pass it on a GPU that cannot hold two copies of the config)")
-    p.add_argument("--parallel", type=int, default=None, metavar="N",
-                   help="pairs run at once, each pinned to a CPU of its own (default: one per CPU this process may "
-                        "use on a CPU device, 1 on a GPU, which two pairs would share)")
+    p.add_argument(
+        "--pairs",
+        "--rounds",
+        dest="pairs",
+        type=int,
+        default=DEFAULT_PAIRS,
+        help=f"process pairs, one process per revision each, alive together and taking turns; the "
+        f"unit of the test (default {DEFAULT_PAIRS}: catches a 2%% slowdown on a 2-core machine, see "
+        "above; --rounds is its old name)",
+    )
+    p.add_argument(
+        "--benchmark",
+        choices=("run", "instructions"),
+        default="run",
+        help="run: `gembench run` timings and counters (default); instructions: each revision's "
+        "benchmarks/instructions.py callgrind counts, exact, so --pairs 1 suffices",
+    )
+    p.add_argument(
+        "--kernel",
+        action="append",
+        default=None,
+        help="with --benchmark instructions: kernel to count (repeatable; default all)",
+    )
+    p.add_argument(
+        "--bursts",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"turns each process of a pair takes: the pair's two processes take turns, --steps/N steps "
+        f"at a time, ABBA (default: turns of {TURN_STEPS} steps; at most --steps)",
+    )
+    p.add_argument(
+        "--sequential",
+        action="store_true",
+        help="run each pair's two processes one after the other instead of taking turns (the only "
+        "way for --nproc and --benchmark instructions, and for a revision older than --pace; "
+        "pass it on a GPU that cannot hold two copies of the config)",
+    )
+    p.add_argument(
+        "--parallel",
+        type=int,
+        default=None,
+        metavar="N",
+        help="pairs run at once, each pinned to a CPU of its own (default: one per CPU this process may "
+        "use on a CPU device, 1 on a GPU, which two pairs would share)",
+    )
     p.add_argument("--config", default="tiny", help="config name or .toml path (default: tiny)")
-    p.add_argument("--steps", type=int, default=DEFAULT_STEPS,
-                   help=f"timed steps per process (default {DEFAULT_STEPS}: a pair's spread shrinks with its steps, "
-                        "and they cost far less than another pair's start-up)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=DEFAULT_STEPS,
+        help=f"timed steps per process (default {DEFAULT_STEPS}: a pair's spread shrinks with its steps, "
+        "and they cost far less than another pair's start-up)",
+    )
     p.add_argument("--warmup", type=int, default=3, help="discarded warm-up steps per process (default 3)")
-    p.add_argument("--stack", choices=("optimized", "baseline"), default="optimized", help="training stack (default optimized)")
-    p.add_argument("--nproc", type=int, default=None, metavar="N", help="torchrun ranks per process (default: one process)")
-    p.add_argument("--threads", type=int, default=1, metavar="N",
-                   help="torch intra-op threads of every process (OMP_NUM_THREADS; default 1). "
-                        "On a machine shared with other jobs, 1 thread makes steps far steadier: a parallel op "
-                        "waits for its slowest thread, and a descheduled one costs a whole scheduler tick")
+    p.add_argument(
+        "--stack", choices=("optimized", "baseline"), default="optimized", help="training stack (default optimized)"
+    )
+    p.add_argument(
+        "--nproc", type=int, default=None, metavar="N", help="torchrun ranks per process (default: one process)"
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        metavar="N",
+        help="torch intra-op threads of every process (OMP_NUM_THREADS; default 1). "
+        "On a machine shared with other jobs, 1 thread makes steps far steadier: a parallel op "
+        "waits for its slowest thread, and a descheduled one costs a whole scheduler tick",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of weights and data, the same for both (default 0)")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda[:N] (default auto)")
-    p.add_argument("--metric", action="append", default=None,
-                   help="timing metric to test (repeatable; default step_time_s, per process its --statistic step; mfu and "
-                        "examples_per_s are its reciprocals at equal FLOPs, so testing them too only costs power)")
-    p.add_argument("--statistic", choices=STATISTICS, default="fast-half",
-                   help="one value per process from its steps: fast-half, the mean of its faster half (default: "
-                        "the disturbed tail left out, the steadiest measured); p10, the 10th-best step; min, the "
-                        "best; or median")
+    p.add_argument(
+        "--metric",
+        action="append",
+        default=None,
+        help="timing metric to test (repeatable; default step_time_s, per process its --statistic step; mfu and "
+        "examples_per_s are its reciprocals at equal FLOPs, so testing them too only costs power)",
+    )
+    p.add_argument(
+        "--statistic",
+        choices=STATISTICS,
+        default="fast-half",
+        help="one value per process from its steps: fast-half, the mean of its faster half (default: "
+        "the disturbed tail left out, the steadiest measured); p10, the 10th-best step; min, the "
+        "best; or median",
+    )
     p.add_argument("--format", choices=("table", "markdown", "json"), default="table", help="output (default table)")
-    p.add_argument("--thresholds", default="results/thresholds.toml",
-                   help="thresholds TOML: alpha and counter allowances (default %(default)s; "
-                        "built-in defaults where it does not exist)")
+    p.add_argument(
+        "--thresholds",
+        default="results/thresholds.toml",
+        help="thresholds TOML: alpha and counter allowances (default %(default)s; "
+        "built-in defaults where it does not exist)",
+    )
     p.add_argument("--alpha", type=float, default=None, help="false-alarm rate (default from thresholds, else 0.01)")
-    p.add_argument("--min-effect", type=float, default=None,
-                   help=f"smallest slowdown that counts as a regression (default {MIN_EFFECT:g}; not the thresholds "
-                        "file's min_effect, which is for `gembench gate` against a baseline from another session)")
-    p.add_argument("--margin", type=float, default=None,
-                   help=f"unchanged needs the (1 - 2 alpha) interval of HEAD/BASE, 98%% at the default alpha, inside "
-                        f"+-margin (default {MARGIN:g}; at least --min-effect)")
+    p.add_argument(
+        "--min-effect",
+        type=float,
+        default=None,
+        help=f"smallest slowdown that counts as a regression (default {MIN_EFFECT:g}; not the thresholds "
+        "file's min_effect, which is for `gembench gate` against a baseline from another session)",
+    )
+    p.add_argument(
+        "--margin",
+        type=float,
+        default=None,
+        help=f"unchanged needs the (1 - 2 alpha) interval of HEAD/BASE, 98%% at the default alpha, inside "
+        f"+-margin (default {MARGIN:g}; at least --min-effect)",
+    )
     p.add_argument("--repo", default=".", help="git repository holding both revisions (default: the current one)")
-    p.add_argument("--keep-results", type=Path, default=None, metavar="DIR",
-                   help="copy every process's result JSON into DIR (named pairNN-revision)")
-    p.add_argument("--timeout", type=float, default=1800, metavar="S", help="longest one process may run (default 1800 s)")
+    p.add_argument(
+        "--keep-results",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="copy every process's result JSON into DIR (named pairNN-revision)",
+    )
+    p.add_argument(
+        "--timeout", type=float, default=1800, metavar="S", help="longest one process may run (default 1800 s)"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
 
@@ -175,8 +241,15 @@ def run_process(cmd: list[str], env: dict, cwd: Path, timeout: float) -> tuple[i
     proc = None
     try:
         with deferred_interrupts():  # an interrupt now would orphan the half-started child
-            proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                    text=True, start_new_session=True)
+            proc = subprocess.Popen(
+                cmd,
+                env=env,
+                cwd=cwd,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
         _, err = proc.communicate(timeout=timeout)
         return proc.returncode, err
     except subprocess.TimeoutExpired:
@@ -191,7 +264,11 @@ def error_line(stderr: str) -> str:
     """The one line of a failed run that says why: its `error:` line, else the last line."""
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
     for ln in reversed(lines):
-        if "error:" in ln.lower() or ln.startswith(("Traceback", "ModuleNotFoundError", "ImportError")) or "Error" in ln.split(":")[0]:
+        if (
+            "error:" in ln.lower()
+            or ln.startswith(("Traceback", "ModuleNotFoundError", "ImportError"))
+            or "Error" in ln.split(":")[0]
+        ):
             return ln
     return lines[-1] if lines else "no output"
 
@@ -217,9 +294,27 @@ def run_command(args: argparse.Namespace, out: Path, worktree: Path) -> list[str
     config = args.config
     if config.endswith(".toml") or Path(config).exists():
         config = str(Path(config).resolve())  # the process runs in the worktree
-    cmd = [sys.executable, "-m", "gembench", "run", "--config", config, "--steps", str(args.steps),
-           "--warmup", str(args.warmup), "--stack", args.stack, "--seed", str(args.seed), "--device", args.device,
-           "--out", str(out), "--quiet"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "gembench",
+        "run",
+        "--config",
+        config,
+        "--steps",
+        str(args.steps),
+        "--warmup",
+        str(args.warmup),
+        "--stack",
+        args.stack,
+        "--seed",
+        str(args.seed),
+        "--device",
+        args.device,
+        "--out",
+        str(out),
+        "--quiet",
+    ]
     if args.nproc is not None:
         cmd += ["--nproc", str(args.nproc)]
     return cmd
@@ -237,7 +332,9 @@ def check_args(args: argparse.Namespace) -> None:
         from gembench.harness.device.tools import valgrind_version
 
         if valgrind_version() is None:
-            raise UsageError("--benchmark instructions needs valgrind (apt-get install -y valgrind, or scripts/setup.sh as root)")
+            raise UsageError(
+                "--benchmark instructions needs valgrind (apt-get install -y valgrind, or scripts/setup.sh as root)"
+            )
     if args.threads is not None and args.threads < 1:
         raise UsageError(f"--threads must be >= 1, got {args.threads}")
     if args.steps < 1 or args.warmup < 0:
@@ -246,12 +343,16 @@ def check_args(args: argparse.Namespace) -> None:
     if args.margin is not None and not 0 < args.margin < 1:
         raise UsageError(f"--margin is a fraction (0.02 = 2%), got {args.margin}")
     if args.margin is not None and args.margin < (args.min_effect if args.min_effect is not None else MIN_EFFECT):
-        raise UsageError(f"--margin ({args.margin:g}) must be at least --min-effect: a change that counts as a "
-                         "regression cannot also be within the margin of 'unchanged'")
+        raise UsageError(
+            f"--margin ({args.margin:g}) must be at least --min-effect: a change that counts as a "
+            "regression cannot also be within the margin of 'unchanged'"
+        )
     for m in args.metric or []:
         if m not in METRICS or METRICS[m].counter:
             timing = [n for n, i in METRICS.items() if not i.counter]
-            raise UsageError(f"--metric {m!r} is not a timing metric; known: {', '.join(timing)} (counters are always compared)")
+            raise UsageError(
+                f"--metric {m!r} is not a timing metric; known: {', '.join(timing)} (counters are always compared)"
+            )
     if args.bursts is None:
         args.bursts = -(-args.steps // TURN_STEPS)
     if args.bursts < 1 or args.bursts > args.steps:
@@ -279,14 +380,19 @@ def sequential_pair(args: argparse.Namespace, co: dict, outs: dict[str, Path], o
     """One fresh process per revision, one after the other, in ``order``."""
     for label in order:
         c = co[label]
-        code, err = run_process(run_command(args, outs[label], c.path), child_env(c.pythonpath, args.threads),
-                                c.path, args.timeout)
+        code, err = run_process(
+            run_command(args, outs[label], c.path), child_env(c.pythonpath, args.threads), c.path, args.timeout
+        )
         if code != 0 or not outs[label].exists():
             raise failure(c, label, code, err)
 
 
-def interleaved_pairs(args: argparse.Namespace, co: dict,
-                      batch: list[tuple[int, dict[str, Path], tuple[str, str], int | None]], folder: Path) -> bool:
+def interleaved_pairs(
+    args: argparse.Namespace,
+    co: dict,
+    batch: list[tuple[int, dict[str, Path], tuple[str, str], int | None]],
+    folder: Path,
+) -> bool:
     """Pairs side by side: per (index, outs, order, cpu) both revisions' processes at once, taking
     turns a burst at a time on the pair's ``cpu``; False if a revision predates --pace.
 
@@ -351,8 +457,10 @@ def checked_result(c, label: str, out: Path) -> dict:
     result = load_result(out)
     ran = field(result, "env.git_commit")
     if ran not in (c.sha, "unknown"):
-        raise UsageError(f"{label} {c.revision}: the process ran commit {str(ran)[:10]}, not {c.sha[:10]}; "
-                         "PYTHONPATH did not win over the installed gembench")
+        raise UsageError(
+            f"{label} {c.revision}: the process ran commit {str(ran)[:10]}, not {c.sha[:10]}; "
+            "PYTHONPATH did not win over the installed gembench"
+        )
     return result
 
 
@@ -367,13 +475,21 @@ def main(args: argparse.Namespace) -> int:
     rounds: list[tuple[dict, dict]] = []
     with worktrees.temporary_checkouts(repo, {"BASE": args.base, "HEAD": args.head}) as co:
         interleaved = not args.sequential
-        what = ("benchmarks/instructions.py" if args.benchmark == "instructions" else
-                f"gembench run --config {args.config} --steps {args.steps} --stack {args.stack}")
-        how = (f"both processes started at once, then taking turns of {args.burst_steps} step(s), {args.bursts} each"
-               + (f"; {args.parallel} pairs at once, each on a CPU of its own" if args.parallel > 1 else "")
-               if interleaved else "one process each, one after the other")
-        say(f"BASE {args.base} = {co['BASE'].sha[:10]}, HEAD {args.head} = {co['HEAD'].sha[:10]}: {args.pairs} pairs "
-            f"of processes (ABBA) running `{what}`, {how}")
+        what = (
+            "benchmarks/instructions.py"
+            if args.benchmark == "instructions"
+            else f"gembench run --config {args.config} --steps {args.steps} --stack {args.stack}"
+        )
+        how = (
+            f"both processes started at once, then taking turns of {args.burst_steps} step(s), {args.bursts} each"
+            + (f"; {args.parallel} pairs at once, each on a CPU of its own" if args.parallel > 1 else "")
+            if interleaved
+            else "one process each, one after the other"
+        )
+        say(
+            f"BASE {args.base} = {co['BASE'].sha[:10]}, HEAD {args.head} = {co['HEAD'].sha[:10]}: {args.pairs} pairs "
+            f"of processes (ABBA) running `{what}`, {how}"
+        )
         results_dir = co["BASE"].path.parent / "results"
         results_dir.mkdir()
         durations: list[float] = []  # per pair: its batch's time over the pairs in it
@@ -387,8 +503,10 @@ def main(args: argparse.Namespace) -> int:
             if interleaved:
                 interleaved = interleaved_pairs(args, co, batch, results_dir)
                 if not interleaved:
-                    say("a revision's `gembench run` predates --pace: every pair runs its two processes one "
-                        "after the other instead (as --sequential)")
+                    say(
+                        "a revision's `gembench run` predates --pace: every pair runs its two processes one "
+                        "after the other instead (as --sequential)"
+                    )
             if not interleaved:
                 for _, outs, order, _ in batch:
                     sequential_pair(args, co, outs, order)
@@ -405,8 +523,10 @@ def main(args: argparse.Namespace) -> int:
                 step_text = "".join(f"{label} {1e3 * v:.2f} ms, " for label, v in steps.items() if v)
                 where = f" on cpu {cpu}" if interleaved and cpu is not None else ""
                 beside = f" ({len(batch)} pairs at once)" if len(batch) > 1 else ""
-                say(f"pair {r + 1}/{args.pairs} ({order[0]} first): {args.statistic} step {step_text}"
-                    f"{seconds:.0f} s{where}{beside}, ~{eta / 60:.1f} min left")
+                say(
+                    f"pair {r + 1}/{args.pairs} ({order[0]} first): {args.statistic} step {step_text}"
+                    f"{seconds:.0f} s{where}{beside}, ~{eta / 60:.1f} min left"
+                )
 
     first = rounds[0][0]
     config, hw = field(first, "config.name"), field(first, "env.hardware_class")
@@ -423,18 +543,43 @@ def main(args: argparse.Namespace) -> int:
     code = paired.exit_status(judgements)
     minutes = (time.perf_counter() - started) / 60
     notes = differences(rounds[0][0], rounds[0][1], ("config.hash", "run.global_batch", "run.dtype"))
-    verdict = {0: "continuous: pass", 1: "continuous: REGRESSION", 4: "continuous: INCONCLUSIVE (too noisy: more --pairs)"}[code]
+    verdict = {
+        0: "continuous: pass",
+        1: "continuous: REGRESSION",
+        4: "continuous: INCONCLUSIVE (too noisy: more --pairs)",
+    }[code]
     if args.format == "json":
-        print(json.dumps({
-            "schema": "gembench.continuous/1",
-            "base": {"revision": args.base, "sha": co["BASE"].sha}, "head": {"revision": args.head, "sha": co["HEAD"].sha},
-            "config": config, "hardware_class": hw, "stack": args.stack, "steps": args.steps, "warmup": args.warmup,
-            "seed": args.seed, "pairs": args.pairs, "rounds": args.pairs, "order": "ABBA", "statistic": args.statistic,
-            "interleaved": bool(interleaved), "bursts": args.bursts if interleaved else None,
-            "parallel": args.parallel if interleaved else 1, "threads": args.threads,
-            "alpha": alpha, "min_effect": min_effect, "margin": margin, "notes": notes, "minutes": minutes,
-            "rows": paired.rows(judgements), "exit_status": code,
-        }, indent=1))
+        print(
+            json.dumps(
+                {
+                    "schema": "gembench.continuous/1",
+                    "base": {"revision": args.base, "sha": co["BASE"].sha},
+                    "head": {"revision": args.head, "sha": co["HEAD"].sha},
+                    "config": config,
+                    "hardware_class": hw,
+                    "stack": args.stack,
+                    "steps": args.steps,
+                    "warmup": args.warmup,
+                    "seed": args.seed,
+                    "pairs": args.pairs,
+                    "rounds": args.pairs,
+                    "order": "ABBA",
+                    "statistic": args.statistic,
+                    "interleaved": bool(interleaved),
+                    "bursts": args.bursts if interleaved else None,
+                    "parallel": args.parallel if interleaved else 1,
+                    "threads": args.threads,
+                    "alpha": alpha,
+                    "min_effect": min_effect,
+                    "margin": margin,
+                    "notes": notes,
+                    "minutes": minutes,
+                    "rows": paired.rows(judgements),
+                    "exit_status": code,
+                },
+                indent=1,
+            )
+        )
         return code
     header = [
         f"BASE {args.base} = {co['BASE'].sha[:10]}   HEAD {args.head} = {co['HEAD'].sha[:10]}",
@@ -448,7 +593,10 @@ def main(args: argparse.Namespace) -> int:
         f"+-{100 * margin:g}%; counters exact",
     ] + [f"note: BASE and HEAD differ in {d}" for d in notes]
     if args.benchmark == "instructions":
-        header[1] = f"kernel instruction counts (benchmarks/instructions.py, callgrind) on {hw}: {args.pairs} pair(s), {minutes:.1f} min"
+        header[1] = (
+            f"kernel instruction counts (benchmarks/instructions.py, callgrind) on {hw}: "
+            f"{args.pairs} pair(s), {minutes:.1f} min"
+        )
     print(paired.render(judgements, header, args.format))
     print(verdict)
     return code

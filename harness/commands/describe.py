@@ -26,16 +26,20 @@ import json
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default="small", help="config name or path to a .toml file (default: small)")
-    p.add_argument("--batch", type=int, default=None, metavar="N",
-                   help="global batch, overriding the config's (changes the config hash)")
+    p.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        metavar="N",
+        help="global batch, overriding the config's (changes the config hash)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
 
 def describe(cfg) -> dict:
-    from gembench.harness.train.stack import STACKS
     from gembench.harness.metrics.mfu import TRAIN_FLOPS_PER_FORWARD
-    from gembench.models.flops import forward_flops_per_example, \
-        memory_estimate, parameter_counts
+    from gembench.harness.train.stack import STACKS
+    from gembench.models.flops import forward_flops_per_example, memory_estimate, parameter_counts
 
     counts = parameter_counts(cfg)
     per_example = forward_flops_per_example(cfg)
@@ -43,13 +47,24 @@ def describe(cfg) -> dict:
     content = None
     if cfg.content is not None:
         c = cfg.content
-        content = {"vectors": dict(zip(c.labels, c.vectors)), "tokens": c.tokens, "token_dim": c.token_dim,
-                   "sequence_dim": c.sequence_dim, "dtype": c.dtype, "interaction_tokens": c.candidate_tokens,
-                   "input_bytes_per_example": _content_bytes(cfg)}
+        content = {
+            "vectors": dict(zip(c.labels, c.vectors)),
+            "tokens": c.tokens,
+            "token_dim": c.token_dim,
+            "sequence_dim": c.sequence_dim,
+            "dtype": c.dtype,
+            "interaction_tokens": c.candidate_tokens,
+            "input_bytes_per_example": _content_bytes(cfg),
+        }
     return {
-        "config": cfg.name, "kind": cfg.kind, "description": cfg.description, "hash": cfg.hash,
-        "source": cfg.source, "global_batch": cfg.data.global_batch,
-        "tables": len(cfg.sparse.rows), "sequences": [s.name for s in cfg.sequences],
+        "config": cfg.name,
+        "kind": cfg.kind,
+        "description": cfg.description,
+        "hash": cfg.hash,
+        "source": cfg.source,
+        "global_batch": cfg.data.global_batch,
+        "tables": len(cfg.sparse.rows),
+        "sequences": [s.name for s in cfg.sequences],
         **counts,
         "embedding_bytes_fp32": counts["embedding_params"] * 4,
         "forward_flops_per_example": per_example,
@@ -107,8 +122,13 @@ def _switch_cells(cfg):
         ("activation_checkpointing=all", replace(opt, activation_checkpointing="all"), batch, 1, 1.0),
         (f"ddp, per rank of {n}", opt, max(1, batch // n), 1, 1 / n),
         (f"fsdp, per rank of {n}", replace(opt, dense_parallel="fsdp"), max(1, batch // n), n, 1 / n),
-        (f"fsdp + hstu, per rank of {n}", replace(opt, dense_parallel="fsdp", activation_checkpointing="hstu"),
-         max(1, batch // n), n, 1 / n),
+        (
+            f"fsdp + hstu, per rank of {n}",
+            replace(opt, dense_parallel="fsdp", activation_checkpointing="hstu"),
+            max(1, batch // n),
+            n,
+            1 / n,
+        ),
     ]
 
 
@@ -116,9 +136,7 @@ def main(args: argparse.Namespace) -> int:
     from tabulate import tabulate
 
     from gembench.harness.report.tables import si
-    from gembench.models.config import load_config
-
-    from gembench.models.config import with_global_batch
+    from gembench.models.config import load_config, with_global_batch
 
     d = describe(with_global_batch(load_config(args.config), args.batch))
     if args.json:
@@ -136,24 +154,47 @@ def main(args: argparse.Namespace) -> int:
     ]
     c = d["content"]
     if c:
-        sizes.append(["content per candidate", ", ".join(f"{k} {v}" for k, v in c["vectors"].items())
-                      + (f", {c['tokens']} tokens x {c['token_dim']}" if c["tokens"] else "")
-                      + (f"; per sequence item {c['sequence_dim']}" if c["sequence_dim"] else "")
-                      + f" ({c['dtype']}): {si(c['input_bytes_per_example'], 'B')} input per example"])
+        sizes.append(
+            [
+                "content per candidate",
+                ", ".join(f"{k} {v}" for k, v in c["vectors"].items())
+                + (f", {c['tokens']} tokens x {c['token_dim']}" if c["tokens"] else "")
+                + (f"; per sequence item {c['sequence_dim']}" if c["sequence_dim"] else "")
+                + f" ({c['dtype']}): {si(c['input_bytes_per_example'], 'B')} input per example",
+            ]
+        )
     print(tabulate(sizes, tablefmt="plain"))
     total = sum(d["forward_flops_per_example"].values())
     params = d["block_params"]
-    blocks = [[name, si(v, "FLOP"), f"{100 * v / total:.1f}%", f"{params[name]:,}" if name in params else ""]
-              for name, v in d["forward_flops_per_example"].items()]
-    print("\n" + tabulate(blocks, headers=["block", "forward/example", "share", "parameters"],
-                          colalign=("left", "right", "right", "right")))
+    blocks = [
+        [name, si(v, "FLOP"), f"{100 * v / total:.1f}%", f"{params[name]:,}" if name in params else ""]
+        for name, v in d["forward_flops_per_example"].items()
+    ]
+    print(
+        "\n"
+        + tabulate(
+            blocks,
+            headers=["block", "forward/example", "share", "parameters"],
+            colalign=("left", "right", "right", "right"),
+        )
+    )
     by_stack = d["memory_estimate_bytes_by_stack"]
     rows = [[k, *(f"{by_stack[name][k] / 2**30:,.2f}" for name in by_stack)] for k in by_stack["optimized"]]
-    print("\n" + tabulate(rows, headers=["peak training memory, GiB (estimate, one CUDA device)", *by_stack],
-                          colalign=("left", "right", "right")))
+    print(
+        "\n"
+        + tabulate(
+            rows,
+            headers=["peak training memory, GiB (estimate, one CUDA device)", *by_stack],
+            colalign=("left", "right", "right"),
+        )
+    )
     by_switch = d["memory_estimate_bytes_by_switch"]
     keys = ["embeddings", "dense", "activations", "transient", "build", "total"]  # total = max(build, the rest)
     rows = [[label, *(f"{cells[k] / 2**30:,.3f}" for k in keys)] for label, cells in by_switch.items()]
-    print("\n" + tabulate(rows, headers=["optimized stack with (GiB, estimate)", *keys],
-                          colalign=("left",) + ("right",) * len(keys)))
+    print(
+        "\n"
+        + tabulate(
+            rows, headers=["optimized stack with (GiB, estimate)", *keys], colalign=("left",) + ("right",) * len(keys)
+        )
+    )
     return 0

@@ -33,18 +33,31 @@ from gembench.errors import UsageError
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("results", nargs="+", metavar="RESULT", help="result file(s) of the commit under test (replicates)")
-    parser.add_argument("--baseline", default=None, help="baseline file (default results/baselines/<hardware_class>/<config>.json)")
+    parser.add_argument(
+        "results", nargs="+", metavar="RESULT", help="result file(s) of the commit under test (replicates)"
+    )
+    parser.add_argument(
+        "--baseline", default=None, help="baseline file (default results/baselines/<hardware_class>/<config>.json)"
+    )
     parser.add_argument("--thresholds", default="results/thresholds.toml", help="thresholds TOML (default %(default)s)")
-    parser.add_argument("--require-baseline", action="store_true", help="a missing baseline is NOT-COMPARABLE (exit 3), not a SKIP")
+    parser.add_argument(
+        "--require-baseline", action="store_true", help="a missing baseline is NOT-COMPARABLE (exit 3), not a SKIP"
+    )
     parser.add_argument("--no-baseline", action="store_true", help="check thresholds only")
-    parser.add_argument("--alpha", type=float, default=None, help="false-alarm rate (default from thresholds, else 0.01)")
-    parser.add_argument("--min-effect", type=float, default=None, help="smallest relative change that counts (default from thresholds, else 0.03)")
+    parser.add_argument(
+        "--alpha", type=float, default=None, help="false-alarm rate (default from thresholds, else 0.01)"
+    )
+    parser.add_argument(
+        "--min-effect",
+        type=float,
+        default=None,
+        help="smallest relative change that counts (default from thresholds, else 0.03)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
-    from gembench.harness.regression import gate, stats, thresholds
     from gembench.harness.commands.compare import check_decision_args, load_side
+    from gembench.harness.regression import gate, stats, thresholds
     from gembench.harness.store.results import COMPARABLE_KEYS, RUN_KEYS, baseline_for, differences, field, load_runs
 
     check_decision_args(args.alpha, args.min_effect)
@@ -55,12 +68,20 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(f"result {first.get('id')!r} lacks config.name or env.hardware_class")
     limits = thresholds.load(args.thresholds, config, hw)
     alpha = args.alpha if args.alpha is not None else (limits.alpha or stats.ALPHA)
-    min_effect = args.min_effect if args.min_effect is not None else (limits.min_effect if limits.min_effect is not None else stats.MIN_EFFECT)
+    min_effect = (
+        args.min_effect
+        if args.min_effect is not None
+        else (limits.min_effect if limits.min_effect is not None else stats.MIN_EFFECT)
+    )
 
     checks: list[gate.Check] = []
     for other in runs[1:]:
         for d in differences(first, other, COMPARABLE_KEYS + RUN_KEYS):
-            checks.append(gate.Check(gate.NOT_COMPARABLE, "replicates", f"{other.get('id')} differs from {first.get('id')} in {d}"))
+            checks.append(
+                gate.Check(
+                    gate.NOT_COMPARABLE, "replicates", f"{other.get('id')} differs from {first.get('id')} in {d}"
+                )
+            )
     checks += gate.diverged_checks(runs)
     checks += gate.threshold_checks(runs, limits)
     if not args.no_baseline:
@@ -71,7 +92,10 @@ def main(args: argparse.Namespace) -> int:
         else:
             checks += gate.baseline_checks(runs, load_runs(path), str(path), alpha, min_effect, limits)
 
-    print(f"gate {config} on {hw}: {len(runs)} run(s), thresholds {args.thresholds}, alpha={alpha:g}, min effect {100 * min_effect:g}%")
+    print(
+        f"gate {config} on {hw}: {len(runs)} run(s), thresholds {args.thresholds}, alpha={alpha:g}, "
+        f"min effect {100 * min_effect:g}%"
+    )
     for c in checks:
         print(c.line())
     code = gate.exit_code(checks)

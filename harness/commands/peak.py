@@ -29,29 +29,42 @@ import sys
 
 from tabulate import tabulate
 
-from gembench.harness.device import calibration as C
 from gembench.errors import UsageError
+from gembench.harness.device import calibration as C
 
 
 def configure(p: argparse.ArgumentParser) -> None:
     action = p.add_mutually_exclusive_group()
-    action.add_argument("--recalibrate", action="store_true",
-                        help="measure again (several rounds, best of) and cache quiet figures")
+    action.add_argument(
+        "--recalibrate", action="store_true", help="measure again (several rounds, best of) and cache quiet figures"
+    )
     action.add_argument("--clear", action="store_true", help="forget every cached CPU peak")
-    p.add_argument("--threads", default=None, metavar="N[,N...]",
-                   help="with --recalibrate: thread counts (default: 1, all cores, and those cached)")
-    p.add_argument("--dtype", choices=tuple(C.DTYPES), default="bf16",
-                   help="with --recalibrate: GEMM dtype (default: bf16, the reference of MFU)")
-    p.add_argument("--rounds", type=int, default=5,
-                   help="with --recalibrate: rounds over the GEMM sizes, best of (default: 5)")
+    p.add_argument(
+        "--threads",
+        default=None,
+        metavar="N[,N...]",
+        help="with --recalibrate: thread counts (default: 1, all cores, and those cached)",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=tuple(C.DTYPES),
+        default="bf16",
+        help="with --recalibrate: GEMM dtype (default: bf16, the reference of MFU)",
+    )
+    p.add_argument(
+        "--rounds", type=int, default=5, help="with --recalibrate: rounds over the GEMM sizes, best of (default: 5)"
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
 def thread_counts(spec: str | None, dtype: str) -> list[int]:
     cores = os.cpu_count() or 1
     if spec is None:
-        cached = {e.threads for _, e in C.all_entries()
-                  if e.dtype == dtype and e.cpu == C.cpu_model() and 0 < e.threads <= cores}
+        cached = {
+            e.threads
+            for _, e in C.all_entries()
+            if e.dtype == dtype and e.cpu == C.cpu_model() and 0 < e.threads <= cores
+        }
         return sorted({1, cores} | cached)
     try:
         counts = sorted({int(x) for x in spec.split(",") if x.strip()})
@@ -64,35 +77,77 @@ def thread_counts(spec: str | None, dtype: str) -> list[int]:
 
 def rows(entries) -> list[list]:
     out = []
-    for path, e in entries:
+    for _path, e in entries:
         best = e.best
         for m in sorted(e.history, key=lambda m: m.measured_at):
-            load = "unknown" if m.quiet is None else (
-                f"{m.loadavg[0]:.2f} / {m.others_busy:.2f} of {m.cores}")
-            out.append([e.cpu, e.dtype, e.threads, e.torch, f"{m.tflops:.4g}" + (" *" if m is best else ""),
-                        m.measured_at.replace("+00:00", "Z"), m.size or "?", m.rounds, load,
-                        {None: "legacy", True: "quiet", False: "busy"}[m.quiet], m.how])
+            load = "unknown" if m.quiet is None else (f"{m.loadavg[0]:.2f} / {m.others_busy:.2f} of {m.cores}")
+            out.append(
+                [
+                    e.cpu,
+                    e.dtype,
+                    e.threads,
+                    e.torch,
+                    f"{m.tflops:.4g}" + (" *" if m is best else ""),
+                    m.measured_at.replace("+00:00", "Z"),
+                    m.size or "?",
+                    m.rounds,
+                    load,
+                    {None: "legacy", True: "quiet", False: "busy"}[m.quiet],
+                    m.how,
+                ]
+            )
     return out
 
 
 def show(entries, as_json: bool) -> str:
     if as_json:
-        return json.dumps([{"path": str(p), "cpu": e.cpu, "dtype": e.dtype, "threads": e.threads,
-                            "torch": e.torch, "best_tflops": e.best.tflops, "settled": e.settled,
-                            "history": [vars(m) for m in e.history]} for p, e in entries], indent=1)
+        return json.dumps(
+            [
+                {
+                    "path": str(p),
+                    "cpu": e.cpu,
+                    "dtype": e.dtype,
+                    "threads": e.threads,
+                    "torch": e.torch,
+                    "best_tflops": e.best.tflops,
+                    "settled": e.settled,
+                    "history": [vars(m) for m in e.history],
+                }
+                for p, e in entries
+            ],
+            indent=1,
+        )
     if not entries:
         return f"no cached CPU peaks in {C.cache_dir()} (a run or --recalibrate measures them)"
-    table = tabulate(rows(entries), headers=["cpu", "dtype", "threads", "torch", "TFLOP/s",
-                                             "measured (UTC)", "GEMM n", "rounds",
-                                             "load 1m / others busy", "", "why"],
-                     colalign=("left", "left", "right", "left", "right", "left", "right", "right",
-                               "right", "left", "left"))
+    table = tabulate(
+        rows(entries),
+        headers=[
+            "cpu",
+            "dtype",
+            "threads",
+            "torch",
+            "TFLOP/s",
+            "measured (UTC)",
+            "GEMM n",
+            "rounds",
+            "load 1m / others busy",
+            "",
+            "why",
+        ],
+        colalign=("left", "left", "right", "left", "right", "left", "right", "right", "right", "left", "left"),
+    )
     unsettled = sum(not e.settled for _, e in entries)
-    return (f"{table}\n* the figure served (best of the entry). cache: {C.cache_dir()}\n"
-            f"busy: other processes kept more than {C.BUSY_SHARE} x (cores the GEMM leaves free, "
-            f"at least 1) busy; busy and legacy figures alone are not trusted"
-            + (f"\n{unsettled} entr{'y' if unsettled == 1 else 'ies'} not settled by a quiet "
-               f"measurement: runs measure again" if unsettled else ""))
+    return (
+        f"{table}\n* the figure served (best of the entry). cache: {C.cache_dir()}\n"
+        f"busy: other processes kept more than {C.BUSY_SHARE} x (cores the GEMM leaves free, "
+        f"at least 1) busy; busy and legacy figures alone are not trusted"
+        + (
+            f"\n{unsettled} entr{'y' if unsettled == 1 else 'ies'} not settled by a quiet "
+            f"measurement: runs measure again"
+            if unsettled
+            else ""
+        )
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -104,14 +159,21 @@ def main(args: argparse.Namespace) -> int:
         if args.rounds < 1:
             raise UsageError(f"--rounds must be at least 1, got {args.rounds}")
         for t in thread_counts(args.threads, args.dtype):
-            print(f"gembench peak: {args.dtype} on {t} thread(s), {args.rounds} round(s)...",
-                  file=sys.stderr, flush=True)
+            print(
+                f"gembench peak: {args.dtype} on {t} thread(s), {args.rounds} round(s)...", file=sys.stderr, flush=True
+            )
             m, entry, stored = C.recalibrate(args.dtype, t, args.rounds)
-            verdict = ("cached" if stored else
-                       f"NOT cached: busy (others kept {m.others_busy:.2f} cores busy > "
-                       f"{C.busy_limit(t, m.cores):.2f}); run again on a quiet machine")
+            verdict = (
+                "cached"
+                if stored
+                else f"NOT cached: busy (others kept {m.others_busy:.2f} cores busy > "
+                f"{C.busy_limit(t, m.cores):.2f}); run again on a quiet machine"
+            )
             served = f"; runs use {entry.best.tflops:.4g}" if entry.settled else ""
-            print(f"{args.dtype} {t} thread(s): {m.tflops:.4g} TFLOP/s (GEMM {m.size}^3), {verdict}{served}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"{args.dtype} {t} thread(s): {m.tflops:.4g} TFLOP/s (GEMM {m.size}^3), {verdict}{served}",
+                file=sys.stderr,
+                flush=True,
+            )
     print(show(C.all_entries(), args.json))
     return 0

@@ -23,14 +23,26 @@ from gembench.errors import UsageError
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("results", nargs="+", metavar="RESULT", help="result file(s) to promote (replicates of one commit)")
+    parser.add_argument(
+        "results", nargs="+", metavar="RESULT", help="result file(s) to promote (replicates of one commit)"
+    )
     parser.add_argument("--baselines", default="results/baselines", help="baselines folder (default %(default)s)")
-    parser.add_argument("--allow-dirty", action="store_true", help="promote runs made from a work tree with uncommitted changes")
+    parser.add_argument(
+        "--allow-dirty", action="store_true", help="promote runs made from a work tree with uncommitted changes"
+    )
 
 
 def promote(runs: list[dict], root: str | os.PathLike, allow_dirty: bool = False) -> tuple[Path, Path | None]:
     """Write the baseline for ``runs``; returns (baseline path, archived old baseline or None)."""
-    from gembench.harness.store.results import BASELINE_SCHEMA, COMPARABLE_KEYS, RUN_KEYS, baseline_for, differences, field, write_result
+    from gembench.harness.store.results import (
+        BASELINE_SCHEMA,
+        COMPARABLE_KEYS,
+        RUN_KEYS,
+        baseline_for,
+        differences,
+        field,
+        write_result,
+    )
 
     first = runs[0]
     for other in runs[1:]:
@@ -39,7 +51,9 @@ def promote(runs: list[dict], root: str | os.PathLike, allow_dirty: bool = False
             raise UsageError(f"runs {first.get('id')} and {other.get('id')} are not replicates: {'; '.join(diff)}")
     dirty = [r.get("id") for r in runs if field(r, "env.git_dirty")]
     if dirty and not allow_dirty:
-        raise UsageError(f"run(s) {', '.join(map(str, dirty))} came from a dirty work tree; commit first or pass --allow-dirty")
+        raise UsageError(
+            f"run(s) {', '.join(map(str, dirty))} came from a dirty work tree; commit first or pass --allow-dirty"
+        )
     target = baseline_for(first, root)
     now = dt.datetime.now(dt.timezone.utc)
     bundle = {
@@ -69,8 +83,9 @@ def promote(runs: list[dict], root: str | os.PathLike, allow_dirty: bool = False
             if archived is not None and archived.exists() and os.path.samefile(target, archived):
                 archived.unlink()
             if isinstance(err, OSError):
-                raise UsageError(f"could not write baseline {target}: {reason(err)}; "
-                                 "the previous baseline is unchanged") from None
+                raise UsageError(
+                    f"could not write baseline {target}: {reason(err)}; the previous baseline is unchanged"
+                ) from None
             raise
     return target, archived
 
@@ -83,5 +98,5 @@ def main(args: argparse.Namespace) -> int:
     print(f"baseline {target}: {len(runs)} run(s) of {runs[0]['config']['name']} on {runs[0]['env']['hardware_class']}")
     if archived:
         print(f"previous baseline kept at {archived}")
-    print(f"commit it: git add {target.parent} && git commit -m \"baseline {runs[0]['config']['name']}: <why>\"")
+    print(f'commit it: git add {target.parent} && git commit -m "baseline {runs[0]["config"]["name"]}: <why>"')
     return 0

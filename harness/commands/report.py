@@ -32,11 +32,20 @@ from gembench.errors import UsageError
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("results", nargs="*", metavar="RESULTS",
-                        help="result/baseline files, 'globs' or folders (default results/runs/*.json and results/baselines/**/*.json)")
-    parser.add_argument("--out", required=True, metavar="DIR", help="folder to write index.html into (created if missing)")
-    parser.add_argument("--thresholds", default="results/thresholds.toml",
-                        help="gate limits to draw and check (default %(default)s; missing: drawn without limits)")
+    parser.add_argument(
+        "results",
+        nargs="*",
+        metavar="RESULTS",
+        help="result/baseline files, 'globs' or folders (default results/runs/*.json and results/baselines/**/*.json)",
+    )
+    parser.add_argument(
+        "--out", required=True, metavar="DIR", help="folder to write index.html into (created if missing)"
+    )
+    parser.add_argument(
+        "--thresholds",
+        default="results/thresholds.toml",
+        help="gate limits to draw and check (default %(default)s; missing: drawn without limits)",
+    )
 
 
 def write_page(out_dir: Path, text: str) -> Path:
@@ -57,11 +66,16 @@ def main(args: argparse.Namespace) -> int:
     if not loaded.runs and not loaded.projections:
         where = ", ".join(inputs)
         extra = f" ({len(loaded.skipped)} file(s) skipped, see above)" if loaded.skipped else ""
-        raise UsageError(f"no gembench results in {where}{extra}; make some with "
-                         "`gembench run --config tiny` (writes results/runs/*.json) or name result files")
+        raise UsageError(
+            f"no gembench results in {where}{extra}; make some with "
+            "`gembench run --config tiny` (writes results/runs/*.json) or name result files"
+        )
     thresholds = args.thresholds if Path(args.thresholds).is_file() else None
     if thresholds is None:
-        print(f"gembench report: warning: no thresholds file {args.thresholds}; drawing without gate limits", file=sys.stderr)
+        print(
+            f"gembench report: warning: no thresholds file {args.thresholds}; drawing without gate limits",
+            file=sys.stderr,
+        )
     known = collect.commit_order()
     groups = collect.group(loaded, known)
     for i, g in enumerate(groups, 1):

@@ -39,82 +39,154 @@ from gembench.harness.store.results import RUNS_DIR as DEFAULT_OUT_DIR  # one na
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", default="small",
-                   help="config name (tiny, small, medium, large, xl, dlrm, dcnv2) or path to a .toml "
-                        "file (default: small)")
+    p.add_argument(
+        "--config",
+        default="small",
+        help="config name (tiny, small, medium, large, xl, dlrm, dcnv2) or path to a .toml file (default: small)",
+    )
     p.add_argument("--steps", type=int, default=10, help="timed steps (default: 10)")
     p.add_argument("--warmup", type=int, default=3, help="discarded warm-up steps (default: 3)")
-    p.add_argument("--batch", type=int, default=None, metavar="N",
-                   help="global batch, overriding the config's (recorded in the result and its config "
-                        "hash; with --nproc split evenly over the ranks)")
-    p.add_argument("--stack", choices=("optimized", "baseline"), default="optimized",
-                   help="training stack (default: optimized)")
-    p.add_argument("--dtype", choices=("fp32", "bf16"), default=None,
-                   help="override the stack's precision of the dense arch (optimized: bf16, baseline: fp32)")
-    p.add_argument("--set", dest="switches", action="append", default=[], metavar="NAME=VALUE",
-                   help="one stack switch, over --stack (repeatable): dense_parallel=ddp|fsdp|hsdp, "
-                        "activation_checkpointing=none|hstu|all, or an on/off one (compile=off, "
-                        "fused_optimizer=off, jagged=off, ...); recorded in the result's run.options")
-    p.add_argument("--ab", action="store_true",
-                   help="run baseline and optimized interleaved (ABBA rounds) and report their MFU ratio")
-    p.add_argument("--rounds", type=int, default=6,
-                   help="with --ab: rounds; each times --steps/rounds steps of each stack (default: 6)")
+    p.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        metavar="N",
+        help="global batch, overriding the config's (recorded in the result and its config "
+        "hash; with --nproc split evenly over the ranks)",
+    )
+    p.add_argument(
+        "--stack", choices=("optimized", "baseline"), default="optimized", help="training stack (default: optimized)"
+    )
+    p.add_argument(
+        "--dtype",
+        choices=("fp32", "bf16"),
+        default=None,
+        help="override the stack's precision of the dense arch (optimized: bf16, baseline: fp32)",
+    )
+    p.add_argument(
+        "--set",
+        dest="switches",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="one stack switch, over --stack (repeatable): dense_parallel=ddp|fsdp|hsdp, "
+        "activation_checkpointing=none|hstu|all, or an on/off one (compile=off, "
+        "fused_optimizer=off, jagged=off, ...); recorded in the result's run.options",
+    )
+    p.add_argument(
+        "--ab",
+        action="store_true",
+        help="run baseline and optimized interleaved (ABBA rounds) and report their MFU ratio",
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=6,
+        help="with --ab: rounds; each times --steps/rounds steps of each stack (default: 6)",
+    )
     p.add_argument("--device", default="auto", help="auto, cpu or cuda[:N] (default: auto)")
     p.add_argument("--seed", type=int, default=0, help="seed of weights and synthetic data (default: 0)")
-    p.add_argument("--out", type=Path, default=None,
-                   help=f"result JSON path; never overwritten (default: {DEFAULT_OUT_DIR}/<run id>.json)")
-    p.add_argument("--peak-tflops", type=float, default=None,
-                   help="peak TFLOP/s per device to measure MFU against (default: datasheet on GPU, "
-                        "measured bf16 GEMM on CPU)")
-    p.add_argument("--nsys", type=Path, default=None, metavar="OUT",
-                   help="profile the timed steps with NVIDIA Nsight Systems into OUT.nsys-rep: NVTX "
-                        "ranges per step, stage and dense block (CUDA only; nsys on PATH)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=f"result JSON path; never overwritten (default: {DEFAULT_OUT_DIR}/<run id>.json)",
+    )
+    p.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=None,
+        help="peak TFLOP/s per device to measure MFU against (default: datasheet on GPU, measured bf16 GEMM on CPU)",
+    )
+    p.add_argument(
+        "--nsys",
+        type=Path,
+        default=None,
+        metavar="OUT",
+        help="profile the timed steps with NVIDIA Nsight Systems into OUT.nsys-rep: NVTX "
+        "ranges per step, stage and dense block (CUDA only; nsys on PATH)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    p.add_argument("--verbose", action="store_true",
-                   help="show third-party messages kept off the terminal by default (TorchRec planner "
-                        "and deprecation warnings, torch.profiler's USDT lines of --nproc runs)")
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show third-party messages kept off the terminal by default (TorchRec planner "
+        "and deprecation warnings, torch.profiler's USDT lines of --nproc runs)",
+    )
     dist = p.add_argument_group(
         "distributed (torchrun + TorchRec)",
         "--nproc N re-runs this command as N torchrun ranks on this host (gloo on CPU, nccl on CUDA);\n"
         "under your own `torchrun ... -m gembench run` each process runs as its rank. The config's\n"
         "global batch is split evenly: each rank trains global/N examples. Rank 0 writes one result\n"
-        "with per-rank stages, embedding imbalance (measured and planned) and communication.")
-    dist.add_argument("--nproc", type=int, default=None, metavar="N",
-                      help="ranks on this host (default: 1 process, no distribution)")
-    dist.add_argument("--sharding", default=None, metavar="SPEC",
-                      help="force TorchRec sharding: one of table_wise, row_wise, column_wise, "
-                           "table_row_wise, data_parallel for every table, or per table, e.g. "
-                           "t0=row_wise,default=table_wise (default: auto, TorchRec's planner chooses, "
-                           "told each table's pooling; untold: the planner as TorchRec ships it, every "
-                           "table priced as pooling one ID)")
-    dist.add_argument("--pipeline", action="store_true",
-                      help="TorchRec's TrainPipelineSparseDist: next batch's input dist overlaps this "
-                           "batch's compute, DDP overlaps gradient sync with backward (default: staged "
-                           "step, every stage timed on its own, nothing overlapped)")
-    dist.add_argument("--rebalance", action="store_true",
-                      help="run on the planner's plan, then re-plan from the lookup load measured on it "
-                           "(each table's pooling and how its IDs fall over its rows, and the measured "
-                           "lookup time per byte), re-shard with the trained state carried over, and run "
-                           "again; the table and JSON show imbalance, per-rank load and step before and "
-                           "after, and which tables moved (staged step only)")
-    dist.add_argument("--trace", type=Path, default=None, metavar="DIR",
-                      help="keep the torch.profiler trace of the profiled step(s): DIR/trace.json on "
-                           "one process (and print its top-10 kernels or CPU ops by self time), "
-                           "DIR/rank<R>.json per rank (open in Perfetto or chrome://tracing)")
-    dist.add_argument("--timeout", type=float, default=300.0, metavar="S",
-                      help="a rank that makes no progress for S seconds ends the run, naming the "
-                           "rank and stage (default: 300)")
-    paced = p.add_argument_group(
-        "taking turns (how `gembench continuous` drives two revisions; one process only)")
-    paced.add_argument("--pace", default=None, metavar="R,W",
-                       help="file descriptors of two pipes: before every --burst timed steps, write 'r' "
-                            "to W and wait for 'g' on R; after the last, write 'd'")
-    paced.add_argument("--burst", type=int, default=20, metavar="N",
-                       help="timed steps per turn with --pace (default: 20)")
+        "with per-rank stages, embedding imbalance (measured and planned) and communication.",
+    )
+    dist.add_argument(
+        "--nproc", type=int, default=None, metavar="N", help="ranks on this host (default: 1 process, no distribution)"
+    )
+    dist.add_argument(
+        "--sharding",
+        default=None,
+        metavar="SPEC",
+        help="force TorchRec sharding: one of table_wise, row_wise, column_wise, "
+        "table_row_wise, data_parallel for every table, or per table, e.g. "
+        "t0=row_wise,default=table_wise (default: auto, TorchRec's planner chooses, "
+        "told each table's pooling; untold: the planner as TorchRec ships it, every "
+        "table priced as pooling one ID)",
+    )
+    dist.add_argument(
+        "--pipeline",
+        action="store_true",
+        help="TorchRec's TrainPipelineSparseDist: next batch's input dist overlaps this "
+        "batch's compute, DDP overlaps gradient sync with backward (default: staged "
+        "step, every stage timed on its own, nothing overlapped)",
+    )
+    dist.add_argument(
+        "--rebalance",
+        action="store_true",
+        help="run on the planner's plan, then re-plan from the lookup load measured on it "
+        "(each table's pooling and how its IDs fall over its rows, and the measured "
+        "lookup time per byte), re-shard with the trained state carried over, and run "
+        "again; the table and JSON show imbalance, per-rank load and step before and "
+        "after, and which tables moved (staged step only)",
+    )
+    dist.add_argument(
+        "--trace",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="keep the torch.profiler trace of the profiled step(s): DIR/trace.json on "
+        "one process (and print its top-10 kernels or CPU ops by self time), "
+        "DIR/rank<R>.json per rank (open in Perfetto or chrome://tracing)",
+    )
+    dist.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="a rank that makes no progress for S seconds ends the run, naming the rank and stage (default: 300)",
+    )
+    paced = p.add_argument_group("taking turns (how `gembench continuous` drives two revisions; one process only)")
+    paced.add_argument(
+        "--pace",
+        default=None,
+        metavar="R,W",
+        help="file descriptors of two pipes: before every --burst timed steps, write 'r' "
+        "to W and wait for 'g' on R; after the last, write 'd'",
+    )
+    paced.add_argument(
+        "--burst", type=int, default=20, metavar="N", help="timed steps per turn with --pace (default: 20)"
+    )
 
 
-NSYS = ["nsys", "profile", "--capture-range=cudaProfilerApi", "--capture-range-end=stop",
-        "-t", "cuda,nvtx,osrt", "--force-overwrite=false"]
+NSYS = [
+    "nsys",
+    "profile",
+    "--capture-range=cudaProfilerApi",
+    "--capture-range-end=stop",
+    "-t",
+    "cuda,nvtx,osrt",
+    "--force-overwrite=false",
+]
 
 
 def cuda_available() -> bool:
@@ -129,15 +201,19 @@ def under_nsys(args) -> int:
     import shutil
     import subprocess
 
-    from gembench.harness.train.nvtx import ENV
     from gembench.errors import UsageError
+    from gembench.harness.train.nvtx import ENV
 
     if args.device == "cpu" or not cuda_available():
-        raise UsageError("--nsys profiles CUDA work and this run has no CUDA device; on CPU use --trace DIR "
-                         "(torch.profiler, Perfetto)")
+        raise UsageError(
+            "--nsys profiles CUDA work and this run has no CUDA device; on CPU use --trace DIR "
+            "(torch.profiler, Perfetto)"
+        )
     if shutil.which("nsys") is None:
-        raise UsageError("nsys (NVIDIA Nsight Systems) is not on PATH: install it (https://developer.nvidia.com/"
-                         "nsight-systems, or the CUDA toolkit's nsight-systems package), or drop --nsys")
+        raise UsageError(
+            "nsys (NVIDIA Nsight Systems) is not on PATH: install it (https://developer.nvidia.com/"
+            "nsight-systems, or the CUDA toolkit's nsight-systems package), or drop --nsys"
+        )
     argv, skip = [], False
     for a in sys.argv[1:]:  # the same command without --nsys
         if skip:
@@ -188,19 +264,22 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _run(run) -> int:
-    from gembench.harness.train.progress import Progress
-    from gembench.harness.store.reservation import write_or_fallback
-    from gembench.harness.train.runner import run_ab, run_benchmark
-    from gembench.harness.report.tables import run_report
     from gembench.errors import UsageError
+    from gembench.harness.report.tables import run_report
+    from gembench.harness.store.reservation import write_or_fallback
+    from gembench.harness.train.progress import Progress
+    from gembench.harness.train.runner import run_ab, run_benchmark
 
     progress = Progress(not run.quiet, f"gembench run {run.config}")
 
     def compile_notice() -> None:  # once the run is validated and fits: never before a refusal
         if not run.quiet and (run.ab or run.options.compile):
-            print("gembench run: the first warm-up step compiles the dense arch with torch.compile "
-                  "(1-2 minutes on 2 cores the first time on a machine, cached afterwards)",
-                  file=sys.stderr, flush=True)
+            print(
+                "gembench run: the first warm-up step compiles the dense arch with torch.compile "
+                "(1-2 minutes on 2 cores the first time on a machine, cached afterwards)",
+                file=sys.stderr,
+                flush=True,
+            )
 
     pace = None
     if run.pace is not None:
@@ -211,15 +290,35 @@ def _run(run) -> int:
         except (ValueError, OSError) as err:
             raise UsageError(f"--pace {run.pace}: {err}") from None
     if run.ab:
-        result = run_ab(run.config, rounds=run.rounds, steps_per_round=run.steps // run.rounds,
-                        warmup=run.warmup, device=run.device, seed=run.seed,
-                        peak_tflops=run.peak_tflops, dtype=run.dtype, progress=progress,
-                        batch=run.batch, on_prepared=compile_notice, trace=run.trace)
+        result = run_ab(
+            run.config,
+            rounds=run.rounds,
+            steps_per_round=run.steps // run.rounds,
+            warmup=run.warmup,
+            device=run.device,
+            seed=run.seed,
+            peak_tflops=run.peak_tflops,
+            dtype=run.dtype,
+            progress=progress,
+            batch=run.batch,
+            on_prepared=compile_notice,
+            trace=run.trace,
+        )
     else:
         result = run_benchmark(
-            run.config, steps=run.steps, warmup=run.warmup, options=run.options, stack_name=run.stack,
-            device=run.device, seed=run.seed, peak_tflops=run.peak_tflops, progress=progress,
-            batch=run.batch, on_prepared=compile_notice, trace=run.trace, pace=pace,
+            run.config,
+            steps=run.steps,
+            warmup=run.warmup,
+            options=run.options,
+            stack_name=run.stack,
+            device=run.device,
+            seed=run.seed,
+            peak_tflops=run.peak_tflops,
+            progress=progress,
+            batch=run.batch,
+            on_prepared=compile_notice,
+            trace=run.trace,
+            pace=pace,
         )
     out = run.out or DEFAULT_OUT_DIR / f"{result['id']}.json"
     print(run_report(result), flush=True)  # the figures reach the user even if the write fails

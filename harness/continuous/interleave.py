@@ -100,9 +100,16 @@ def start(label: str, cmd: list[str], env: dict, cwd: Path, folder: Path, burst:
     stderr = folder / f"{label.lower()}-stderr.txt"
     try:
         with open(stderr, "wb") as err:
-            proc = subprocess.Popen([*cmd, PACE_FLAG, f"{go_r},{ready_w}", "--burst", str(burst)], env=env, cwd=cwd,
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-                                    pass_fds=(go_r, ready_w), start_new_session=True)
+            proc = subprocess.Popen(
+                [*cmd, PACE_FLAG, f"{go_r},{ready_w}", "--burst", str(burst)],
+                env=env,
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                pass_fds=(go_r, ready_w),
+                start_new_session=True,
+            )
     except BaseException:
         for fd in (go_r, go_w, ready_r, ready_w):
             os.close(fd)
@@ -194,8 +201,11 @@ class _Turns:
     """One pair's turns in order, ABBA over bursts, each with what its worker sends at its end."""
 
     def __init__(self, workers: list[Worker], bursts: int):
-        self.turns = [(w, DONE if b == bursts - 1 else READY)  # "done" after a worker's last burst
-                      for b in range(bursts) for w in (workers if b % 2 == 0 else workers[::-1])]
+        self.turns = [
+            (w, DONE if b == bursts - 1 else READY)  # "done" after a worker's last burst
+            for b in range(bursts)
+            for w in (workers if b % 2 == 0 else workers[::-1])
+        ]
         self.next = 0
 
     @property
@@ -264,4 +274,3 @@ def close(workers: list[Worker]) -> None:
                 os.close(fd)
             except OSError:
                 pass
-

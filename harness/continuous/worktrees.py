@@ -38,21 +38,28 @@ class Checkout:
 def git(repo: Path, *args: str, check: bool = True) -> str:
     proc = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=300)
     if check and proc.returncode != 0:
-        raise UsageError(f"git {' '.join(args)} failed in {repo}: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
+        raise UsageError(
+            f"git {' '.join(args)} failed in {repo}: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}"
+        )
     return proc.stdout.strip()
 
 
 def repo_root(path: str | os.PathLike = ".") -> Path:
     proc = subprocess.run(["git", "-C", str(path), "rev-parse", "--show-toplevel"], capture_output=True, text=True)
     if proc.returncode != 0:
-        raise UsageError(f"{Path(path).resolve()} is not inside a git repository; run from a gembench clone or pass --repo")
+        raise UsageError(
+            f"{Path(path).resolve()} is not inside a git repository; run from a gembench clone or pass --repo"
+        )
     return Path(proc.stdout.strip())
 
 
 def resolve(repo: Path, revision: str, label: str) -> str:
     """The commit sha ``revision`` names, or a UsageError naming it."""
-    proc = subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{revision}^{{commit}}"],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{revision}^{{commit}}"],
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0 or not proc.stdout.strip():
         raise UsageError(f"{label} revision {revision!r} is not a commit in {repo} (try `git log --oneline`)")
     return proc.stdout.strip()

@@ -64,9 +64,12 @@ class Measurement:
     def describe(self) -> str:
         """How and when: 'GEMM 2048^3 on 1 thread(s), best of 5 round(s), 2026-12-01 03:37 UTC,
         load 0.61, others busy 0.10 of 2 cores (quiet), recalibrate'."""
-        load = ("load unknown" if self.quiet is None else
-                f"load {self.loadavg[0]:.2f}, others busy {self.others_busy:.2f} of {self.cores} cores"
-                f" ({'quiet' if self.quiet else 'busy'})")
+        load = (
+            "load unknown"
+            if self.quiet is None
+            else f"load {self.loadavg[0]:.2f}, others busy {self.others_busy:.2f} of {self.cores} cores"
+            f" ({'quiet' if self.quiet else 'busy'})"
+        )
         size = f"GEMM {self.size}^3" if self.size else "GEMM size unknown"
         when = self.measured_at.replace("T", " ")[:16] + " UTC"
         return f"{size} on {self.threads} thread(s), best of {self.rounds} round(s), {when}, {load}, {self.how}"
@@ -97,11 +100,12 @@ class Entry:
         # the most recent ones, plus the best (the figure served) whatever its age
         keep = self.history[-HISTORY:]
         if best not in keep:
-            keep = [best] + self.history[-(HISTORY - 1):]
+            keep = [best] + self.history[-(HISTORY - 1) :]
         self.history = keep
 
 
 # -- where entries live ------------------------------------------------------------------------
+
 
 def cpu_model() -> str:
     try:
@@ -137,8 +141,18 @@ def _legacy_measurement(data: dict, mtime: float) -> tuple[Measurement, dict]:
     """A first-format file {tflops_per_device, dtype, source} as an unsettled measurement."""
     m = LEGACY_SOURCE.search(data.get("source", ""))
     when = dt.datetime.fromtimestamp(mtime, dt.timezone.utc).isoformat(timespec="seconds")
-    meas = Measurement(float(data["tflops_per_device"]), int(m.group(1)) if m else 0, 1,
-                       int(m.group(2)) if m else 0, when, [], None, os.cpu_count() or 1, None, "legacy")
+    meas = Measurement(
+        float(data["tflops_per_device"]),
+        int(m.group(1)) if m else 0,
+        1,
+        int(m.group(2)) if m else 0,
+        when,
+        [],
+        None,
+        os.cpu_count() or 1,
+        None,
+        "legacy",
+    )
     return meas, {"threads": meas.threads, "cpu": m.group(3) if m else "?"}
 
 
@@ -147,8 +161,13 @@ def _read(path: Path) -> Entry | None:
     try:
         data = json.loads(path.read_text())
         if data.get("format") == FORMAT:
-            return Entry(data["cpu"], data["dtype"], int(data["threads"]), data["torch"],
-                         [Measurement(**m) for m in data["history"]])
+            return Entry(
+                data["cpu"],
+                data["dtype"],
+                int(data["threads"]),
+                data["torch"],
+                [Measurement(**m) for m in data["history"]],
+            )
         meas, known = _legacy_measurement(data, path.stat().st_mtime)
         return Entry(known["cpu"], data["dtype"], known["threads"], "?", [meas])
     except (OSError, ValueError, TypeError, KeyError):
@@ -167,9 +186,15 @@ def load_entry(dtype: str, threads: int) -> Entry | None:
 
 def save_entry(entry: Entry) -> Path | None:
     path = entry_path(entry.dtype, entry.threads)
-    data = {"format": FORMAT, "cpu": entry.cpu, "dtype": entry.dtype, "threads": entry.threads,
-            "torch": entry.torch, "best_tflops": entry.best.tflops,
-            "history": [asdict(m) for m in entry.history]}
+    data = {
+        "format": FORMAT,
+        "cpu": entry.cpu,
+        "dtype": entry.dtype,
+        "threads": entry.threads,
+        "torch": entry.torch,
+        "best_tflops": entry.best.tflops,
+        "history": [asdict(m) for m in entry.history],
+    }
     from gembench.harness.store.results import atomic_write
 
     try:
@@ -204,6 +229,7 @@ def clear() -> list[Path]:
 
 
 # -- measuring ---------------------------------------------------------------------------------
+
 
 def time_gemm(n: int, dtype: torch.dtype, seconds: float) -> float:
     """TFLOP/s of repeated n x n x n GEMMs for about ``seconds`` (after one warm-up)."""
@@ -263,8 +289,9 @@ def torch_threads(n: int):
         torch.set_num_threads(before)
 
 
-def measure(dtype: str, threads: int, rounds: int = 1, how: str = "run",
-            seconds: float = SECONDS_PER_SIZE) -> Measurement:
+def measure(
+    dtype: str, threads: int, rounds: int = 1, how: str = "run", seconds: float = SECONDS_PER_SIZE
+) -> Measurement:
     """Best figure of ``rounds`` rounds over CALIBRATION_SIZES on ``threads`` threads, with the
     load seen while measuring (the quietest round's, since the best figure is what we keep)."""
     cores = os.cpu_count() or 1
@@ -280,12 +307,22 @@ def measure(dtype: str, threads: int, rounds: int = 1, how: str = "run",
                     best, best_size = tflops, n
             busy = probe.stop()
             others = busy if others is None else min(others, busy)
-    return Measurement(round(best, 4), best_size, rounds, threads,
-                       dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), loadavg,
-                       round(others, 2), cores, others <= busy_limit(threads, cores), how)
+    return Measurement(
+        round(best, 4),
+        best_size,
+        rounds,
+        threads,
+        dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        loadavg,
+        round(others, 2),
+        cores,
+        others <= busy_limit(threads, cores),
+        how,
+    )
 
 
 # -- what runs call ----------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Calibrated:
@@ -333,8 +370,10 @@ def peak(dtype: str, threads: int | None = None) -> Calibrated:
             note += f"; the older cached {kept.tflops:.4g} is higher and kept"
         return Calibrated(kept, False, note)
     served = legacy if legacy is not None and legacy.tflops > m.tflops else m
-    why = (f"PROVISIONAL: this run measured {m.tflops:.4g} under load (others busy {m.others_busy:.2f} "
-           f"cores > {busy_limit(threads, m.cores):.2f}), not cached")
+    why = (
+        f"PROVISIONAL: this run measured {m.tflops:.4g} under load (others busy {m.others_busy:.2f} "
+        f"cores > {busy_limit(threads, m.cores):.2f}), not cached"
+    )
     if served is not m:
         why += f"; the unsettled {served.how} figure {served.tflops:.4g} is higher and used"
     result = Calibrated(served, True, why)
@@ -356,8 +395,9 @@ def recalibrate(dtype: str, threads: int, rounds: int, how: str = "recalibrate")
     return m, entry, stored
 
 
-def beaten(current: Calibrated, achieved_tflops: float, what: str, dtype: str, threads: int,
-           rounds: int = 3) -> Calibrated | None:
+def beaten(
+    current: Calibrated, achieved_tflops: float, what: str, dtype: str, threads: int, rounds: int = 3
+) -> Calibrated | None:
     """A run achieved ``achieved_tflops`` (``what``: a GEMM-bound stage or the step) above the
     peak it was measured against: the peak was underestimated. Re-measure; return the higher
     figure as the new peak (stored when quiet or when it beats a settled best), None if the
@@ -366,9 +406,11 @@ def beaten(current: Calibrated, achieved_tflops: float, what: str, dtype: str, t
         return None
     m, entry, stored = recalibrate(dtype, threads, rounds, how=f"beaten by {what}")
     new = max([m, current.measurement] + ([entry.best] if entry.best else []), key=lambda x: x.tflops)
-    note = (f"RE-MEASURED: {what} reached {achieved_tflops:.4g} TFLOP/s, above the peak "
-            f"{current.measurement.tflops:.4g}; new best {new.tflops:.4g} "
-            f"({'cached' if stored else 'not cached: machine busy'})")
+    note = (
+        f"RE-MEASURED: {what} reached {achieved_tflops:.4g} TFLOP/s, above the peak "
+        f"{current.measurement.tflops:.4g}; new best {new.tflops:.4g} "
+        f"({'cached' if stored else 'not cached: machine busy'})"
+    )
     if new.tflops < achieved_tflops:
         note += f"; {what} still beats it, so MFU there exceeds 100%"
     covered = entry.settled and entry.best is not None and new.tflops <= entry.best.tflops

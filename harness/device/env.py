@@ -34,10 +34,17 @@ def git_state() -> tuple[str, bool | None]:
         if os.environ.get(var):
             return os.environ[var], None
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=SOURCE_DIR, capture_output=True,
-                                text=True, timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=SOURCE_DIR,
-                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=SOURCE_DIR, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=SOURCE_DIR,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
         return commit, bool(dirty)
     except (OSError, subprocess.SubprocessError):
         return "unknown", None

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import torch
 
+from gembench.errors import UsageError
 from gembench.harness.device import calibration
 from gembench.harness.metrics.mfu import STAGE_FLOP_SHARE
-from gembench.errors import UsageError
 
 # Dense (no sparsity) bf16 tensor-core peaks in TFLOP/s, from vendor datasheets.
 GPU_PEAK_TFLOPS = {
@@ -27,7 +27,6 @@ GPU_PEAK_TFLOPS = {
     "GB200": 2500.0,
     "MI300X": 1307.4,
 }
-
 
 
 @dataclass(frozen=True)
@@ -80,9 +79,7 @@ def gpu_peak(device: torch.device) -> Peak:
     for key in sorted(GPU_PEAK_TFLOPS, key=len, reverse=True):
         if key.lower() in name.lower():
             return Peak(GPU_PEAK_TFLOPS[key], "bf16", f"datasheet: {key} dense bf16")
-    raise UsageError(
-        f"no datasheet peak for GPU {name!r}: pass --peak-tflops with its dense bf16 TFLOP/s"
-    )
+    raise UsageError(f"no datasheet peak for GPU {name!r}: pass --peak-tflops with its dense bf16 TFLOP/s")
 
 
 def cpu_peak(dtype: str = "bf16", threads: int | None = None) -> Peak:
@@ -93,8 +90,9 @@ def cpu_peak(dtype: str = "bf16", threads: int | None = None) -> Peak:
 
 def _as_peak(c: "calibration.Calibrated", dtype: str) -> Peak:
     m = c.measurement
-    return Peak(m.tflops, dtype, f"calibrated: {m.describe()}; {c.note}",
-                provisional=c.provisional, calibration=asdict(m))
+    return Peak(
+        m.tflops, dtype, f"calibrated: {m.describe()}; {c.note}", provisional=c.provisional, calibration=asdict(m)
+    )
 
 
 def recheck_peak(peak: Peak, summaries: dict[str, dict]) -> Peak | None:
@@ -119,15 +117,18 @@ def recheck_peak(peak: Peak, summaries: dict[str, dict]) -> Peak | None:
         return None
     import sys
 
-    print(f"gembench run: {what} beat the peak of {peak.tflops_per_device:.4g} TFLOP/s, so it was "
-          "underestimated: re-measuring it", file=sys.stderr, flush=True)
+    print(
+        f"gembench run: {what} beat the peak of {peak.tflops_per_device:.4g} TFLOP/s, so it was "
+        "underestimated: re-measuring it",
+        file=sys.stderr,
+        flush=True,
+    )
     current = calibration.Calibrated(calibration.Measurement(**peak.calibration), peak.provisional, "")
     new = calibration.beaten(current, best, what, peak.dtype, peak.calibration["threads"])
     return None if new is None else _as_peak(new, peak.dtype)
 
 
-def peak_basis(device: torch.device, ranks: int, threads: int, host: Peak | None,
-               override: bool = False) -> dict:
+def peak_basis(device: torch.device, ranks: int, threads: int, host: Peak | None, override: bool = False) -> dict:
     """How MFU's denominator is formed (the result's peak.basis and its words).
 
     GPUs: one device per rank, so N x the device's peak. CPUs: N ranks of T threads each, MFU
@@ -140,8 +141,12 @@ def peak_basis(device: torch.device, ranks: int, threads: int, host: Peak | None
         return {"basis": "ranks", "basis_text": f"{ranks} rank(s) x the --peak-tflops figure"}
     out = {"basis": "ranks", "basis_text": f"{ranks} rank(s) x peak at {threads} thread(s)"}
     if host is not None:
-        out["host"] = {"tflops": host.tflops_per_device, "threads": ranks * threads,
-                       "source": host.source, "provisional": host.provisional}
+        out["host"] = {
+            "tflops": host.tflops_per_device,
+            "threads": ranks * threads,
+            "source": host.source,
+            "provisional": host.provisional,
+        }
     return out
 
 

@@ -32,20 +32,36 @@ Interval = tuple[float, float]
 
 # profiler "Input type" strings -> bytes per element
 DTYPE_BYTES = {
-    "float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long int": 8, "int": 4,
-    "short int": 2, "signed char": 1, "unsigned char": 1, "bool": 1, "c10::Float8_e4m3fn": 1,
+    "float": 4,
+    "double": 8,
+    "c10::Half": 2,
+    "c10::BFloat16": 2,
+    "long int": 8,
+    "int": 4,
+    "short int": 2,
+    "signed char": 1,
+    "unsigned char": 1,
+    "bool": 1,
+    "c10::Float8_e4m3fn": 1,
     "c10::Float8_e5m2": 1,
 }
 
 # c10d operator (after "c10d::") -> collective family
 C10D_FAMILY = {
-    "alltoall_base_": "all_to_all", "alltoall_": "all_to_all",
-    "allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce",
-    "_reduce_scatter_base_": "reduce_scatter", "reduce_scatter_": "reduce_scatter",
+    "alltoall_base_": "all_to_all",
+    "alltoall_": "all_to_all",
+    "allreduce_": "all_reduce",
+    "allreduce_coalesced_": "all_reduce",
+    "_reduce_scatter_base_": "reduce_scatter",
+    "reduce_scatter_": "reduce_scatter",
     "reduce_scatter_tensor_coalesced_": "reduce_scatter",
-    "_allgather_base_": "all_gather", "allgather_": "all_gather",
+    "_allgather_base_": "all_gather",
+    "allgather_": "all_gather",
     "allgather_into_tensor_coalesced_": "all_gather",
-    "broadcast_": "broadcast", "reduce_": "reduce", "gather_": "gather", "scatter_": "scatter",
+    "broadcast_": "broadcast",
+    "reduce_": "reduce",
+    "gather_": "gather",
+    "scatter_": "scatter",
     "barrier": "barrier",
 }
 # which gloo worker events may carry each family (gloo emulates reduce-scatter by all-reduce)
@@ -54,8 +70,11 @@ GLOO_OPS = {
     "all_reduce": {"all_reduce", "allreduce"},
     "reduce_scatter": {"reduce_scatter", "all_reduce", "allreduce"},
     "all_gather": {"all_gather", "allgather"},
-    "broadcast": {"broadcast"}, "reduce": {"reduce"}, "gather": {"gather"},
-    "scatter": {"scatter"}, "barrier": {"barrier", "all_reduce", "allreduce"},
+    "broadcast": {"broadcast"},
+    "reduce": {"reduce"},
+    "gather": {"gather"},
+    "scatter": {"scatter"},
+    "barrier": {"barrier", "all_reduce", "allreduce"},
 }
 
 
@@ -71,6 +90,7 @@ def bus_factor(family: str, n: int) -> float:
 
 
 # -- interval algebra ----------------------------------------------------------------------
+
 
 def union(intervals: Iterable[Interval]) -> list[Interval]:
     """Sorted, disjoint intervals covering the same points as ``intervals``."""
@@ -126,13 +146,16 @@ def exposure(comm: Sequence[Interval], compute: Sequence[Interval], step_s: floa
     overlapped = length(intersect(comm, compute))
     exposed = length(subtract(comm, compute))
     return {
-        "comm_s": c, "overlapped_s": overlapped, "exposed_s": exposed,
+        "comm_s": c,
+        "overlapped_s": overlapped,
+        "exposed_s": exposed,
         "overlap_fraction": overlapped / c if c > 0 else 0.0,
         "exposed_fraction": exposed / step_s if step_s > 0 else 0.0,
     }
 
 
 # -- trace events --------------------------------------------------------------------------
+
 
 def tensor_bytes(dims, dtype: str) -> int:
     """Bytes of one argument: a shape [d0, d1, ...] or a list of shapes (tensor lists)."""
@@ -176,8 +199,11 @@ def is_gloo(event: dict) -> bool:
 def enclosing(event: dict, spans: Sequence[dict]) -> list[str]:
     """Names of the spans on ``event``'s thread that contain it, outermost first."""
     s, e = event["ts"], event["ts"] + event.get("dur", 0)
-    inside = [x for x in spans if x["tid"] == event["tid"] and x is not event
-              and x["ts"] <= s and x["ts"] + x.get("dur", 0) >= e]
+    inside = [
+        x
+        for x in spans
+        if x["tid"] == event["tid"] and x is not event and x["ts"] <= s and x["ts"] + x.get("dur", 0) >= e
+    ]
     return [x["name"] for x in sorted(inside, key=lambda x: (x["ts"], -x.get("dur", 0)))]
 
 
@@ -218,15 +244,25 @@ def collectives(events: Sequence[dict]) -> list[dict]:
     """Every collective of a trace: family, kind, bytes and the interval (us) it really took."""
     calls = sorted((e for e in events if is_c10d(e)), key=lambda e: e["ts"])
     workers = sorted((e for e in events if is_gloo(e)), key=lambda e: e["ts"])
-    spans = [e for e in events if e.get("ph") == "X" and not is_gloo(e)
-             and e.get("cat") in ("user_annotation", "cpu_op", "gpu_user_annotation", None)]
+    spans = [
+        e
+        for e in events
+        if e.get("ph") == "X"
+        and not is_gloo(e)
+        and e.get("cat") in ("user_annotation", "cpu_op", "gpu_user_annotation", None)
+    ]
     out, used = [], set()
     for call in calls:
         family = C10D_FAMILY[_op(call)]
         # the first unused worker event of a compatible op that starts after the call was queued
-        match = next((k for k, w in enumerate(workers) if k not in used
-                      and w["name"][5:] in GLOO_OPS.get(family, {family})
-                      and w["ts"] >= call["ts"] - 1.0), None)
+        match = next(
+            (
+                k
+                for k, w in enumerate(workers)
+                if k not in used and w["name"][5:] in GLOO_OPS.get(family, {family}) and w["ts"] >= call["ts"] - 1.0
+            ),
+            None,
+        )
         if match is not None:
             used.add(match)
             w = workers[match]
@@ -236,10 +272,17 @@ def collectives(events: Sequence[dict]) -> list[dict]:
             start, end = call["ts"], call["ts"] + call.get("dur", 0)
             size = message_bytes(family, call)
         context = enclosing(call, spans)
-        out.append({
-            "family": family, "kind": classify(family, context), "bytes": size,
-            "start_us": start, "end_us": end, "queued_us": call["ts"], "context": context,
-        })
+        out.append(
+            {
+                "family": family,
+                "kind": classify(family, context),
+                "bytes": size,
+                "start_us": start,
+                "end_us": end,
+                "queued_us": call["ts"],
+                "context": context,
+            }
+        )
     return out
 
 
@@ -256,8 +299,7 @@ def compute_intervals(events: Sequence[dict]) -> list[Interval]:
     every operator around one is left out; the operators inside it still count.
     """
     comm_threads = {e["tid"] for e in events if is_gloo(e)}
-    ops = [e for e in events if e.get("ph") == "X" and e.get("cat") == "cpu_op"
-           and e["tid"] not in comm_threads]
+    ops = [e for e in events if e.get("ph") == "X" and e.get("cat") == "cpu_op" and e["tid"] not in comm_threads]
     blocking = [e for e in ops if any(m in e["name"].lower() for m in BLOCKING_MARKERS)]
     by_tid: dict = {}
     for b in blocking:
@@ -275,8 +317,7 @@ def compute_intervals(events: Sequence[dict]) -> list[Interval]:
 
 def windows(events: Sequence[dict], name: str) -> list[Interval]:
     """Intervals (us) of the spans called ``name`` (the profiled steps)."""
-    return [(e["ts"], e["ts"] + e.get("dur", 0)) for e in events
-            if e.get("ph") == "X" and e["name"] == name]
+    return [(e["ts"], e["ts"] + e.get("dur", 0)) for e in events if e.get("ph") == "X" and e["name"] == name]
 
 
 def analyze(events: Sequence[dict], world_size: int, step_name: str) -> dict:
@@ -311,9 +352,13 @@ def analyze(events: Sequence[dict], world_size: int, step_name: str) -> dict:
         mine = intersect([(c["start_us"], c["end_us"]) for c in inside if c["kind"] == kind], steps)
         k["overlapped_s"] = length(intersect(mine, compute)) / 1e6 / n
         k["exposed_s"] = length(subtract(mine, compute)) / 1e6 / n
-    exp = exposure([(a / 1e6, b / 1e6) for a, b in comm], [(a / 1e6, b / 1e6) for a, b in compute],
-                   step_s * n)
+    exp = exposure([(a / 1e6, b / 1e6) for a, b in comm], [(a / 1e6, b / 1e6) for a, b in compute], step_s * n)
     for key in ("comm_s", "overlapped_s", "exposed_s"):
         exp[key] /= n
-    return {"profiled_steps": n, "step_s": step_s, "by_kind": by_kind, "exposure": exp,
-            "calls": [{k: c[k] for k in ("kind", "family", "bytes")} for c in inside]}
+    return {
+        "profiled_steps": n,
+        "step_s": step_s,
+        "by_kind": by_kind,
+        "exposure": exp,
+        "calls": [{k: c[k] for k in ("kind", "family", "bytes")} for c in inside],
+    }

@@ -41,11 +41,22 @@ KEYS = ("aten_ops", "host_syncs", "h2d_bytes", "kernels", "graph_breaks", "recom
 
 # aten ops that read tensor values on the host: their result (a Python scalar, or an output whose
 # size depends on the data) needs the device to finish first.
-HOST_READ_OPS = frozenset({
-    "_local_scalar_dense",  # Tensor.item, bool(t), int(t), float(t), t.__index__
-    "nonzero", "nonzero_numpy", "argwhere", "masked_select", "unique", "_unique", "_unique2",
-    "unique_consecutive", "unique_dim", "equal", "is_nonzero",
-})
+HOST_READ_OPS = frozenset(
+    {
+        "_local_scalar_dense",  # Tensor.item, bool(t), int(t), float(t), t.__index__
+        "nonzero",
+        "nonzero_numpy",
+        "argwhere",
+        "masked_select",
+        "unique",
+        "_unique",
+        "_unique2",
+        "unique_consecutive",
+        "unique_dim",
+        "equal",
+        "is_nonzero",
+    }
+)
 COPY_OPS = frozenset({"_to_copy", "copy_", "_copy_from", "_copy_from_and_resize"})
 SYNC_WARNING = "synchronizing CUDA operation"  # the text of sync debug mode's warning
 
@@ -91,8 +102,7 @@ def is_host_read(func, args, kwargs, out, exempt: set[int] = frozenset()) -> boo
         tensors = _tensors(args)
         src = tensors[-1] if name == "copy_" else tensors[0] if tensors else None
         dst = out if isinstance(out, torch.Tensor) else (tensors[0] if tensors else None)
-        return (src is not None and dst is not None and src.device.type != "cpu"
-                and dst.device.type == "cpu")
+        return src is not None and dst is not None and src.device.type != "cpu" and dst.device.type == "cpu"
     return False
 
 
@@ -192,6 +202,7 @@ class StepCounter:
 
 # -- profiler trace events -> device counts ---------------------------------------------------
 
+
 def device_counts(events: Sequence[dict], window: tuple[float, float] | None = None) -> dict:
     """Kernels launched and host-to-device bytes in a Chrome trace's events (``ts`` in us).
 
@@ -211,12 +222,15 @@ def device_counts(events: Sequence[dict], window: tuple[float, float] | None = N
 
 # -- torch.compile ----------------------------------------------------------------------------
 
+
 def compile_snapshot() -> dict:
     """Dynamo's counts so far; ``compile_counts(snapshot)`` gives the run's own."""
     from torch._dynamo.utils import counters, get_compilation_metrics
 
-    return {"graph_breaks": sum(counters["graph_break"].values()),
-            "metrics": {id(m) for m in get_compilation_metrics()}}
+    return {
+        "graph_breaks": sum(counters["graph_break"].values()),
+        "metrics": {id(m) for m in get_compilation_metrics()},
+    }
 
 
 def compile_counts(since: dict) -> dict:
@@ -225,8 +239,10 @@ def compile_counts(since: dict) -> dict:
     from torch._dynamo.utils import counters, get_compilation_metrics
 
     new = [m for m in get_compilation_metrics() if id(m) not in since["metrics"]]
-    return {"graph_breaks": sum(counters["graph_break"].values()) - since["graph_breaks"],
-            "recompiles": sum(1 for m in new if getattr(m, "recompile_reason", None))}
+    return {
+        "graph_breaks": sum(counters["graph_break"].values()) - since["graph_breaks"],
+        "recompiles": sum(1 for m in new if getattr(m, "recompile_reason", None)),
+    }
 
 
 def fresh_compile_state() -> dict:
@@ -239,22 +255,28 @@ def fresh_compile_state() -> dict:
 
 # -- the result fields ------------------------------------------------------------------------
 
+
 def source(device: torch.device) -> str:
     if torch.device(device).type == "cuda":
-        return ("extra steps after the timed ones: aten ops seen by a TorchDispatchMode; host "
-                "syncs = calls torch.cuda.set_sync_debug_mode('warn') reported; kernels and "
-                "host-to-device bytes from torch.profiler on the next step (kernel events, HtoD "
-                "memcpy); graph breaks and recompiles from torch._dynamo over the whole run")
-    return ("extra steps after the timed ones on the CPU: aten ops seen by a TorchDispatchMode; "
-            "host syncs = host reads of tensor values that would sync a GPU (item/bool/int/float, "
-            "tolist, nonzero and data-sized ops, device-to-CPU copies) outside custom ops, "
-            "optimizer step counters (CPU-resident on GPUs too) exempt; h2d_bytes 0 (the device "
-            "is the host); kernels null (no device kernels); graph breaks and recompiles from "
-            "torch._dynamo over the whole run")
+        return (
+            "extra steps after the timed ones: aten ops seen by a TorchDispatchMode; host "
+            "syncs = calls torch.cuda.set_sync_debug_mode('warn') reported; kernels and "
+            "host-to-device bytes from torch.profiler on the next step (kernel events, HtoD "
+            "memcpy); graph breaks and recompiles from torch._dynamo over the whole run"
+        )
+    return (
+        "extra steps after the timed ones on the CPU: aten ops seen by a TorchDispatchMode; "
+        "host syncs = host reads of tensor values that would sync a GPU (item/bool/int/float, "
+        "tolist, nonzero and data-sized ops, device-to-CPU copies) outside custom ops, "
+        "optimizer step counters (CPU-resident on GPUs too) exempt; h2d_bytes 0 (the device "
+        "is the host); kernels null (no device kernels); graph breaks and recompiles from "
+        "torch._dynamo over the whole run"
+    )
 
 
-def counters(step: StepCounter, events: Sequence[dict], compiled: dict,
-             window: tuple[float, float] | None = None) -> dict:
+def counters(
+    step: StepCounter, events: Sequence[dict], compiled: dict, window: tuple[float, float] | None = None
+) -> dict:
     """``result["counters"]`` from a finished StepCounter, the step's trace events and
     ``compile_counts``."""
     cuda = step.device.type == "cuda"

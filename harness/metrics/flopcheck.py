@@ -60,8 +60,7 @@ def independent(counted: Counted) -> Counted:
     """``counted``, after checking that only torch's own matmul formulas counted anything."""
     foreign = counted.formula_ops - NATIVE_GEMMS
     if foreign:
-        raise AssertionError(f"not an independent count: ops with other FLOP formulas ran: "
-                             f"{sorted(map(str, foreign))}")
+        raise AssertionError(f"not an independent count: ops with other FLOP formulas ran: {sorted(map(str, foreign))}")
     return counted
 
 
@@ -69,8 +68,7 @@ def equal_lengths(batch: int, length: int) -> torch.Tensor:
     return torch.arange(batch + 1, dtype=torch.int64) * length
 
 
-def hstu_attention_check(batch: int, length: int, dim: int, heads: int, backward: bool = False,
-                         seed: int = 0) -> dict:
+def hstu_attention_check(batch: int, length: int, dim: int, heads: int, backward: bool = False, seed: int = 0) -> dict:
     """Jagged op (registered formula) vs padded path (native matmuls) on equal lengths.
 
     Returns analytic (causal model FLOPs, x3 with backward), jagged (what the op's registered
@@ -91,8 +89,7 @@ def hstu_attention_check(batch: int, length: int, dim: int, heads: int, backward
     q, k, v, rab = inputs()
     jagged = count(lambda: hstu_jagged_attention(q, k, v, rab, offsets), backward=backward)
     q, k, v, rab = inputs()
-    padded = independent(count(lambda: hstu_padded_attention(q, k, v, rab, offsets, length),
-                               backward=backward))
+    padded = independent(count(lambda: hstu_padded_attention(q, k, v, rab, offsets, length), backward=backward))
     analytic = hstu_attention_flops([length] * batch, dim) * (3 if backward else 1)
     return {"analytic": analytic, "jagged": jagged.flops, "padded": padded.flops, "padded_ops": padded.by_op}
 
@@ -113,13 +110,22 @@ def dense_summary(summary, values: torch.Tensor, batch: int, length: int) -> tor
         pooled = torch.matmul(probs.transpose(-1, -2), vh)  # (B, H, k_p, d_v)
         parts.append(summary.pma_out(pooled.transpose(1, 2).reshape(batch, kp, d)))
     if summary.recent:
-        parts.append(x[:, length - summary.recent:])  # real tokens only when length > recent
+        parts.append(x[:, length - summary.recent :])  # real tokens only when length > recent
     tokens = torch.cat(parts, dim=1)
     return summary.proj(torch.sigmoid(summary.gate(tokens)) * tokens)
 
 
-def summary_check(batch: int, length: int, dim_seq: int, dim_out: int, pma_seeds: int, recent: int,
-                  heads: int, backward: bool = False, seed: int = 0) -> dict:
+def summary_check(
+    batch: int,
+    length: int,
+    dim_seq: int,
+    dim_out: int,
+    pma_seeds: int,
+    recent: int,
+    heads: int,
+    backward: bool = False,
+    seed: int = 0,
+) -> dict:
     """Jagged SequenceSummary (registered fbgemm formulas) vs dense_summary (native matmuls).
 
     ``length`` counts the CLS and must exceed ``recent``. Returns analytic, jagged, dense FLOPs and
@@ -138,5 +144,10 @@ def summary_check(batch: int, length: int, dim_seq: int, dim_out: int, pma_seeds
     with torch.no_grad():
         diff = float((block(values, offsets, length) - dense_summary(block, values, batch, length)).abs().max())
     analytic = summary_flops([length] * batch, dim_seq, dim_out, pma_seeds, recent, heads)
-    return {"analytic": analytic * (3 if backward else 1), "jagged": jagged.flops, "dense": dense.flops,
-            "dense_ops": dense.by_op, "max_abs_diff": diff}
+    return {
+        "analytic": analytic * (3 if backward else 1),
+        "jagged": jagged.flops,
+        "dense": dense.flops,
+        "dense_ops": dense.by_op,
+        "max_abs_diff": diff,
+    }

@@ -28,8 +28,17 @@ def imbalance(loads: Sequence[float]) -> dict:
     total = sum(x)
     mean = total / k
     if total <= 0:  # no load anywhere is perfectly balanced, not undefined
-        return {"max_mean": 1.0, "min_max": 1.0, "total_variation": 0.0, "total_distance": 0.0,
-                "chi": 0.0, "kl": 0.0, "max": 0.0, "mean": 0.0, "min": 0.0}
+        return {
+            "max_mean": 1.0,
+            "min_max": 1.0,
+            "total_variation": 0.0,
+            "total_distance": 0.0,
+            "chi": 0.0,
+            "kl": 0.0,
+            "max": 0.0,
+            "mean": 0.0,
+            "min": 0.0,
+        }
     p = [v / total for v in x]
     chi_max = ((k - 1) / k) ** 2 * k + (k - 1) / k
     kl_max = math.log(k)
@@ -64,8 +73,7 @@ def stall_cost(stage_means: Sequence[Mapping[str, float]], step_s: float) -> flo
     if step_s <= 0:
         return 0.0
     stages = list(stage_means[0])
-    waste = sum(max(r[s] for r in stage_means) - sum(r[s] for r in stage_means) / len(stage_means)
-                for s in stages)
+    waste = sum(max(r[s] for r in stage_means) - sum(r[s] for r in stage_means) / len(stage_means) for s in stages)
     return waste / step_s
 
 

@@ -73,8 +73,15 @@ def distribution(xs) -> dict:
 RECOMPUTE_STAGE = "backward"
 
 
-def summarize(step_s, stages: dict, forward_flops: list[float], examples: int,
-              peak_tflops: float, devices: int = 1, recomputed_flops: list[float] | None = None) -> dict:
+def summarize(
+    step_s,
+    stages: dict,
+    forward_flops: list[float],
+    examples: int,
+    peak_tflops: float,
+    devices: int = 1,
+    recomputed_flops: list[float] | None = None,
+) -> dict:
     """Step summary: step time, throughput, achieved TFLOP/s, MFU and HFU, and the same per stage.
 
     ``forward_flops`` holds each timed step's forward model FLOPs (they vary with the jagged

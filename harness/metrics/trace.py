@@ -44,8 +44,11 @@ def kineto_marks_dropped():
             os.dup2(saved, 2)
             os.close(saved)
             tmp.seek(0)
-            kept = [line for line in tmp.read().decode(errors="replace").splitlines(keepends=True)
-                    if not KINETO_MARK.match(line)]
+            kept = [
+                line
+                for line in tmp.read().decode(errors="replace").splitlines(keepends=True)
+                if not KINETO_MARK.match(line)
+            ]
             if kept:
                 sys.stderr.write("".join(kept))
                 sys.stderr.flush()
@@ -129,5 +132,6 @@ def top_rows(events: Sequence[dict], device: torch.device, n: int = 10) -> tuple
     times = self_times(events, ("kernel",) if cuda else HOST_CATEGORIES)
     total = sum(r["self_us"] for r in times.values()) or 1.0
     ranked = sorted(times.items(), key=lambda kv: -kv[1]["self_us"])[:n]
-    return what, [{"name": k, "calls": r["calls"], "self_us": r["self_us"], "share": r["self_us"] / total}
-                  for k, r in ranked]
+    return what, [
+        {"name": k, "calls": r["calls"], "self_us": r["self_us"], "share": r["self_us"] / total} for k, r in ranked
+    ]

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
+from gembench.errors import UsageError
 from gembench.harness.metrics.comm import bus_factor
 from gembench.harness.projection.cluster import FAMILIES, Cluster, Link, to_toml
-from gembench.errors import UsageError
 
 SIZES = [2**k for k in range(12, 25, 2)]  # 4 KiB .. 16 MiB
 ITERS = 15
@@ -94,8 +94,11 @@ def worker(out_path: str) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     times = _measure(rank, world, device)
     if rank == 0:
-        Path(out_path).write_text(json.dumps({"world": world, "backend": dist.get_backend(), "sizes": SIZES,
-                                              "seconds": times, "device": str(device)}))
+        Path(out_path).write_text(
+            json.dumps(
+                {"world": world, "backend": dist.get_backend(), "sizes": SIZES, "seconds": times, "device": str(device)}
+            )
+        )
     dist.destroy_process_group()
 
 
@@ -111,23 +114,42 @@ def calibrate_command(args) -> int:
         raise UsageError("--calibrate needs --nproc 2 or more: a collective of one rank moves nothing")
     with tempfile.TemporaryDirectory() as tmp:
         raw = Path(tmp) / "links.json"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(args.nproc),
-               "-m", "gembench.harness.projection.calibrate", str(raw)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            str(args.nproc),
+            "-m",
+            "gembench.harness.projection.calibrate",
+            str(raw),
+        ]
         if not args.quiet:
-            print(f"gembench project --calibrate: {len(FAMILIES)} collectives x {len(SIZES)} sizes on "
-                  f"{args.nproc} ranks ...", file=sys.stderr, flush=True)
+            print(
+                f"gembench project --calibrate: {len(FAMILIES)} collectives x {len(SIZES)} sizes on "
+                f"{args.nproc} ranks ...",
+                file=sys.stderr,
+                flush=True,
+            )
         proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
         if proc.returncode != 0 or not raw.exists():
             tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
             raise UsageError(f"--calibrate: the ranks failed ({tail})")
         data = json.loads(raw.read_text())
     cluster = cluster_from(data)
-    rows = [f"{f}: latency {cluster.collectives[f].latency_s * 1e6:,.0f} us, bus bandwidth "
-            f"{cluster.collectives[f].bandwidth_Bps / 1e9:.3f} GB/s" for f in FAMILIES]
-    comment = (f"gembench project --calibrate on {socket.gethostname()}: {data['world']} ranks, "
-               f"{data['backend']} on {data['device']}, sizes {SIZES[0]}..{SIZES[-1]} bytes\n"
-               + "\n".join(rows) + "\n[inter] is [intra]: one host measures no link across nodes; peak_tflops and "
-               "hbm_GBps are placeholders:\n--check prices compute and lookups from the --from result it is given")
+    rows = [
+        f"{f}: latency {cluster.collectives[f].latency_s * 1e6:,.0f} us, bus bandwidth "
+        f"{cluster.collectives[f].bandwidth_Bps / 1e9:.3f} GB/s"
+        for f in FAMILIES
+    ]
+    comment = (
+        f"gembench project --calibrate on {socket.gethostname()}: {data['world']} ranks, "
+        f"{data['backend']} on {data['device']}, sizes {SIZES[0]}..{SIZES[-1]} bytes\n"
+        + "\n".join(rows)
+        + "\n[inter] is [intra]: one host measures no link across nodes; peak_tflops and "
+        "hbm_GBps are placeholders:\n--check prices compute and lookups from the --from result it is given"
+    )
     atomic_write(out, to_toml(cluster, comment) + "\n", replace=False)
     print("\n".join(rows))
     print(f"cluster file: {out}")
@@ -140,8 +162,17 @@ def cluster_from(data: dict) -> Cluster:
     links = {f: fit(data["sizes"], data["seconds"][f], f, world) for f in FAMILIES}
     a2a = links["all_to_all"]
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / world
-    return Cluster(name=f"calibrated-{socket.gethostname()}", gpus_per_node=world, peak_tflops=1.0,
-                   hbm_bytes=ram, hbm_Bps=10e9, intra=a2a, inter=a2a, collectives=links, source="calibrated")
+    return Cluster(
+        name=f"calibrated-{socket.gethostname()}",
+        gpus_per_node=world,
+        peak_tflops=1.0,
+        hbm_bytes=ram,
+        hbm_Bps=10e9,
+        intra=a2a,
+        inter=a2a,
+        collectives=links,
+        source="calibrated",
+    )
 
 
 if __name__ == "__main__":

@@ -13,10 +13,10 @@ import dataclasses
 
 from tabulate import tabulate
 
+from gembench.errors import UsageError
 from gembench.harness.projection.cluster import load_cluster
 from gembench.harness.projection.cost import STAGES, measured_compute, project
 from gembench.harness.projection.offline_plan import plan_from_result
-from gembench.errors import UsageError
 
 STEP_GOAL, STAGE_GOAL = 0.15, 0.25
 MINOR_SHARE = 0.05
@@ -32,56 +32,113 @@ def check(measured: dict, one_rank: dict, cluster) -> dict:
     if (run.get("nproc") or 1) < 2 or not measured.get("ranks"):
         raise UsageError("--check takes a distributed result (gembench run --nproc N, N >= 2)")
     if one_rank["config"]["name"] != measured["config"]["name"]:
-        raise UsageError(f"--from measured config {one_rank['config']['name']!r}, the checked run "
-                         f"{measured['config']['name']!r}: give a result of the same config")
+        raise UsageError(
+            f"--from measured config {one_rank['config']['name']!r}, the checked run "
+            f"{measured['config']['name']!r}: give a result of the same config"
+        )
     mine, theirs = run.get("options") or {}, one_rank["run"].get("options") or {}
     # dense_parallel may differ: one rank holds the whole dense part whatever the run shards it over
     differ = [k for k in SETUP if k in mine and k in theirs and mine[k] != theirs[k] and k != "dense_parallel"]
     if differ:
-        raise UsageError(f"--from ran another stack ({', '.join(f'{k} {theirs[k]} vs {mine[k]}' for k in differ)}): "
-                         "measure the 1-rank result with the checked run's switches")
+        raise UsageError(
+            f"--from ran another stack ({', '.join(f'{k} {theirs[k]} vs {mine[k]}' for k in differ)}): "
+            "measure the 1-rank result with the checked run's switches"
+        )
     cfg = for_device(with_global_batch(load_config(measured["config"]["name"]), run["global_batch"]), run["device"])
     stack = dataclasses.replace(STACKS["optimized"], **{k: mine[k] for k in SETUP if k in mine})
     world, batch = run["nproc"], run["per_rank_batch"]
     peak = measured["ranks"][0]["peak_tflops"]
     cluster = dataclasses.replace(cluster, peak_tflops=peak)
     schedule = "pipelined" if mine.get("pipeline") else "staged"
-    projected = project(cfg, plan_from_result(measured), expected_ids_per_example(cfg), world, batch, cluster,
-                        measured_compute(one_rank), schedule, stack)
+    projected = project(
+        cfg,
+        plan_from_result(measured),
+        expected_ids_per_example(cfg),
+        world,
+        batch,
+        cluster,
+        measured_compute(one_rank),
+        schedule,
+        stack,
+    )
     got = measured["summary"]["stages"]
     step = measured["summary"]["step_time_s"]["p50"]
     rows = []
     for s in STAGES:
         p, m = projected["stages"][s]["exposed_s"], got.get(s, {}).get("time_s", 0.0)
         held = m >= MINOR_SHARE * step
-        rows.append({"stage": s, "projected_s": p, "measured_s": m, "error": (p - m) / m if m else None,
-                     "held": held, "ok": (abs(p - m) <= STAGE_GOAL * m) if held else None})
+        rows.append(
+            {
+                "stage": s,
+                "projected_s": p,
+                "measured_s": m,
+                "error": (p - m) / m if m else None,
+                "held": held,
+                "ok": (abs(p - m) <= STAGE_GOAL * m) if held else None,
+            }
+        )
     step_p = projected["step_time_s"]
-    return {"stages": rows, "step": {"projected_s": step_p, "measured_s": step, "error": (step_p - step) / step,
-                                     "ok": abs(step_p - step) <= STEP_GOAL * step},
-            "projected": projected, "schedule": schedule, "world": world, "config": cfg.name,
-            "sharding": run.get("sharding"), "mfu": {"projected": projected["mfu"], "measured": measured["summary"]["mfu"]}}
+    return {
+        "stages": rows,
+        "step": {
+            "projected_s": step_p,
+            "measured_s": step,
+            "error": (step_p - step) / step,
+            "ok": abs(step_p - step) <= STEP_GOAL * step,
+        },
+        "projected": projected,
+        "schedule": schedule,
+        "world": world,
+        "config": cfg.name,
+        "sharding": run.get("sharding"),
+        "mfu": {"projected": projected["mfu"], "measured": measured["summary"]["mfu"]},
+    }
 
 
 def check_command(args) -> int:
     from gembench.harness.store.results import load_result
 
     if not args.from_result:
-        raise UsageError("--check needs --from ONE_RANK.json: a 1-rank result of the same config and stack "
-                         "(gembench run --nproc 1 ...)")
+        raise UsageError(
+            "--check needs --from ONE_RANK.json: a 1-rank result of the same config and stack "
+            "(gembench run --nproc 1 ...)"
+        )
     if not args.cluster.endswith(".toml"):
         raise UsageError("--check needs --cluster FILE.toml measured on this host (gembench project --calibrate)")
     out = check(load_result(args.check), load_result(args.from_result), load_cluster(args.cluster))
     pct = lambda x: "" if x is None else f"{100 * x:+.1f}%"  # noqa: E731
     verdict = lambda r: "" if r.get("ok") is None else ("ok" if r["ok"] else "OUTSIDE")  # noqa: E731
-    table = [[r["stage"], f"{1e3 * r['projected_s']:,.1f}", f"{1e3 * r['measured_s']:,.1f}", pct(r["error"]),
-              verdict(r) if r["held"] else "(minor)"] for r in out["stages"]]
+    table = [
+        [
+            r["stage"],
+            f"{1e3 * r['projected_s']:,.1f}",
+            f"{1e3 * r['measured_s']:,.1f}",
+            pct(r["error"]),
+            verdict(r) if r["held"] else "(minor)",
+        ]
+        for r in out["stages"]
+    ]
     st = out["step"]
-    table.append(["step", f"{1e3 * st['projected_s']:,.1f}", f"{1e3 * st['measured_s']:,.1f}", pct(st["error"]),
-                  verdict(st)])
-    print(f"gembench project --check: {out['config']} on {out['world']} ranks, sharding {out['sharding']}, "
-          f"schedule {out['schedule']}; links from {args.cluster}, compute from {args.from_result}")
-    print(tabulate(table, headers=["stage", "projected ms", "measured ms", "error", f"goal (step {STEP_GOAL:.0%}, stage {STAGE_GOAL:.0%})"],
-                   disable_numparse=True, colalign=("left", "right", "right", "right", "left")))
+    table.append(
+        ["step", f"{1e3 * st['projected_s']:,.1f}", f"{1e3 * st['measured_s']:,.1f}", pct(st["error"]), verdict(st)]
+    )
+    print(
+        f"gembench project --check: {out['config']} on {out['world']} ranks, sharding {out['sharding']}, "
+        f"schedule {out['schedule']}; links from {args.cluster}, compute from {args.from_result}"
+    )
+    print(
+        tabulate(
+            table,
+            headers=[
+                "stage",
+                "projected ms",
+                "measured ms",
+                "error",
+                f"goal (step {STEP_GOAL:.0%}, stage {STAGE_GOAL:.0%})",
+            ],
+            disable_numparse=True,
+            colalign=("left", "right", "right", "right", "left"),
+        )
+    )
     print(f"MFU projected {100 * out['mfu']['projected']:.2f}%, measured {100 * out['mfu']['measured']:.2f}%")
     return 0

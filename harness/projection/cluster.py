@@ -65,19 +65,28 @@ class Cluster:
         return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:12]
 
     def describe(self) -> str:
-        return (f"{self.name}: {self.gpus_per_node} GPUs/node, {self.peak_tflops:g} TFLOP/s, "
-                f"{self.hbm_bytes / 2**30:.0f} GiB HBM at {self.hbm_Bps / 1e9:,.0f} GB/s, "
-                f"intra {self.intra.bandwidth_Bps / 1e9:,.1f} GB/s + {self.intra.latency_s * 1e6:.0f} us, "
-                f"inter {self.inter.bandwidth_Bps / 1e9:,.1f} GB/s + {self.inter.latency_s * 1e6:.0f} us "
-                f"({self.source})")
+        return (
+            f"{self.name}: {self.gpus_per_node} GPUs/node, {self.peak_tflops:g} TFLOP/s, "
+            f"{self.hbm_bytes / 2**30:.0f} GiB HBM at {self.hbm_Bps / 1e9:,.0f} GB/s, "
+            f"intra {self.intra.bandwidth_Bps / 1e9:,.1f} GB/s + {self.intra.latency_s * 1e6:.0f} us, "
+            f"inter {self.inter.bandwidth_Bps / 1e9:,.1f} GB/s + {self.inter.latency_s * 1e6:.0f} us "
+            f"({self.source})"
+        )
 
 
 def _preset(name, gpus, peak, hbm_gib, hbm_GBps, nvlink_GBps, nic_Gbps) -> Cluster:
     # Bus bandwidths as nccl-tests would read them: ~80% of the per-direction link rate
     # (docs/design.md section 8); latencies of NCCL's small messages within and across nodes.
-    return Cluster(name=name, gpus_per_node=gpus, peak_tflops=peak, hbm_bytes=hbm_gib * 2**30,
-                   hbm_Bps=hbm_GBps * 1e9, intra=Link(10e-6, 0.8 * nvlink_GBps * 1e9),
-                   inter=Link(25e-6, 0.9 * nic_Gbps / 8 * 1e9), source="preset")
+    return Cluster(
+        name=name,
+        gpus_per_node=gpus,
+        peak_tflops=peak,
+        hbm_bytes=hbm_gib * 2**30,
+        hbm_Bps=hbm_GBps * 1e9,
+        intra=Link(10e-6, 0.8 * nvlink_GBps * 1e9),
+        inter=Link(25e-6, 0.9 * nic_Gbps / 8 * 1e9),
+        source="preset",
+    )
 
 
 # name -> GPUs/node, dense bf16 TFLOP/s, HBM GiB, HBM GB/s, NVLink GB/s per direction, NIC Gb/s per GPU
@@ -114,11 +123,18 @@ def read_cluster(path: Path) -> Cluster:
     if unknown:
         raise UsageError(f"{path}: [collectives] knows {', '.join(FAMILIES)}, not {', '.join(sorted(unknown))}")
     return Cluster(
-        name=str(data["name"]), gpus_per_node=int(data["gpus_per_node"]), peak_tflops=float(data["peak_tflops"]),
-        hbm_bytes=float(data["hbm_gib"]) * 2**30, hbm_Bps=float(data["hbm_GBps"]) * 1e9,
-        intra=_link(data["intra"], "intra", path), inter=_link(data["inter"], "inter", path),
-        efficiency=float(data.get("efficiency", 0.5)), lookup_efficiency=float(data.get("lookup_efficiency", 0.5)),
-        collectives={f: _link(v, f"collectives.{f}", path) for f, v in extra.items()}, source=str(path))
+        name=str(data["name"]),
+        gpus_per_node=int(data["gpus_per_node"]),
+        peak_tflops=float(data["peak_tflops"]),
+        hbm_bytes=float(data["hbm_gib"]) * 2**30,
+        hbm_Bps=float(data["hbm_GBps"]) * 1e9,
+        intra=_link(data["intra"], "intra", path),
+        inter=_link(data["inter"], "inter", path),
+        efficiency=float(data.get("efficiency", 0.5)),
+        lookup_efficiency=float(data.get("lookup_efficiency", 0.5)),
+        collectives={f: _link(v, f"collectives.{f}", path) for f, v in extra.items()},
+        source=str(path),
+    )
 
 
 def load_cluster(spec: str) -> Cluster:
@@ -136,10 +152,20 @@ def to_toml(c: Cluster, comment: str = "") -> str:
         return f"latency_us = {t.latency_s * 1e6:.3f}\nbandwidth_GBps = {t.bandwidth_Bps / 1e9:.6g}\n"
 
     lines = [f"# {line}" for line in comment.splitlines()] if comment else []
-    lines += [f'name = "{c.name}"', f"gpus_per_node = {c.gpus_per_node}", f"peak_tflops = {c.peak_tflops:.6g}",
-              f"hbm_gib = {c.hbm_bytes / 2**30:.6g}", f"hbm_GBps = {c.hbm_Bps / 1e9:.6g}",
-              f"efficiency = {c.efficiency:g}", f"lookup_efficiency = {c.lookup_efficiency:g}", "",
-              "[intra]", link(c.intra), "[inter]", link(c.inter)]
+    lines += [
+        f'name = "{c.name}"',
+        f"gpus_per_node = {c.gpus_per_node}",
+        f"peak_tflops = {c.peak_tflops:.6g}",
+        f"hbm_gib = {c.hbm_bytes / 2**30:.6g}",
+        f"hbm_GBps = {c.hbm_Bps / 1e9:.6g}",
+        f"efficiency = {c.efficiency:g}",
+        f"lookup_efficiency = {c.lookup_efficiency:g}",
+        "",
+        "[intra]",
+        link(c.intra),
+        "[inter]",
+        link(c.inter),
+    ]
     for family, t in c.collectives.items():
         lines += [f"[collectives.{family}]", link(t)]
     return "\n".join(lines)

@@ -21,17 +21,17 @@ The slowest rank sets every synchronized stage: lookups and all-to-alls take the
 
 from __future__ import annotations
 
-import math
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from gembench.harness.metrics.comm import bus_factor
 from gembench.harness.metrics.mfu import STAGE_FLOP_SHARE, mfu, train_flops
+from gembench.harness.projection.cluster import Cluster
 from gembench.harness.train.parallelize import dense_shards as parallel_shards
 from gembench.harness.train.parallelize import recomputed_forward_flops
-from gembench.harness.projection.cluster import Cluster
 from gembench.models.config import ModelConfig
 from gembench.models.data import id_exponents, zipf_share
 from gembench.models.flops import ADAM_BYTES, forward_flops_per_example, memory_estimate, parameter_counts
@@ -97,10 +97,13 @@ def datasheet_compute(cfg: ModelConfig, cluster: Cluster, counts: dict | None = 
     rate = cluster.peak_tflops * 1e12 * cluster.efficiency
     per = {stage: fwd * STAGE_FLOP_SHARE[stage] / rate for stage in ("dense_forward", "backward")}
     dense = (counts or parameter_counts(cfg))["dense_params"]
-    return Compute(per, dense * ADAM_STEP_BYTES / cluster.hbm_Bps,
-                   1.0 / (cluster.hbm_Bps * cluster.lookup_efficiency),
-                   f"datasheet: {cluster.peak_tflops:g} TFLOP/s x {cluster.efficiency:g}, "
-                   f"HBM {cluster.hbm_Bps / 1e9:,.0f} GB/s x {cluster.lookup_efficiency:g}")
+    return Compute(
+        per,
+        dense * ADAM_STEP_BYTES / cluster.hbm_Bps,
+        1.0 / (cluster.hbm_Bps * cluster.lookup_efficiency),
+        f"datasheet: {cluster.peak_tflops:g} TFLOP/s x {cluster.efficiency:g}, "
+        f"HBM {cluster.hbm_Bps / 1e9:,.0f} GB/s x {cluster.lookup_efficiency:g}",
+    )
 
 
 def measured_compute(result: dict) -> Compute:
@@ -114,7 +117,11 @@ def measured_compute(result: dict) -> Compute:
         read = (r.get("loads") or {}).get("bytes_read")
     else:
         stages = {k: v["time_s"] for k, v in result["summary"]["stages"].items()}
-        batch = result["run"].get("per_rank_batch") or result["run"].get("global_batch") or result["config"]["data"]["global_batch"]
+        batch = (
+            result["run"].get("per_rank_batch")
+            or result["run"].get("global_batch")
+            or result["config"]["data"]["global_batch"]
+        )
         read = (result["summary"].get("embedding_bytes_per_step") or {}).get("read")
     lookup = stages.get("embedding_lookup", 0.0)
     rate = lookup / read if read else 0.0
@@ -122,12 +129,14 @@ def measured_compute(result: dict) -> Compute:
     nproc, nnodes = result["run"].get("nproc") or 1, result["run"].get("nnodes") or 1
     shards = {"fsdp": nproc, "hsdp": nproc // nnodes}.get(options.get("dense_parallel"), 1)
     backward = max(stages.get("backward", 0.0) - UPDATE_PER_LOOKUP * lookup, 0.0)
-    return Compute({"dense_forward": stages.get("dense_forward", 0.0) / batch, "backward": backward / batch},
-                   stages.get("optimizer", 0.0) * shards, rate,
-                   f"measured: {result.get('id', '?')} on {result['env'].get('device_name', '?')}, "
-                   f"{batch} examples per rank",
-                   # only a run that sent nothing shows a communication stage's cost without the link
-                   {k: stages.get(k, 0.0) for k in COMM_STAGES} if (result["run"].get("nproc") or 1) == 1 else {})
+    return Compute(
+        {"dense_forward": stages.get("dense_forward", 0.0) / batch, "backward": backward / batch},
+        stages.get("optimizer", 0.0) * shards,
+        rate,
+        f"measured: {result.get('id', '?')} on {result['env'].get('device_name', '?')}, {batch} examples per rank",
+        # only a run that sent nothing shows a communication stage's cost without the link
+        {k: stages.get(k, 0.0) for k in COMM_STAGES} if (result["run"].get("nproc") or 1) == 1 else {},
+    )
 
 
 def _lookup_share(table: dict, shard: int, rows: int, alpha: float, hashed: bool) -> float:
@@ -136,8 +145,9 @@ def _lookup_share(table: dict, shard: int, rows: int, alpha: float, hashed: bool
     size = table["shard_sizes"][shard][0]
     if hashed:
         return size / rows
-    offsets = table.get("shard_offsets") or [[sum(s[0] for s in table["shard_sizes"][:i]), 0]
-                                             for i in range(len(table["shard_sizes"]))]
+    offsets = table.get("shard_offsets") or [
+        [sum(s[0] for s in table["shard_sizes"][:i]), 0] for i in range(len(table["shard_sizes"]))
+    ]
     lo = offsets[shard][0]
     return zipf_share(lo, lo + size, rows, alpha)
 
@@ -171,8 +181,11 @@ def volumes(cfg: ModelConfig, tables: dict[str, dict], ids: dict[str, float], wo
         kjt_send += batch * id_bytes * copies
         for i, rank in enumerate(t["ranks"]):
             cols = t["shard_sizes"][i][1]
-            share = _lookup_share(t, i, rows, alphas.get(name, 0.0), hashed) \
-                if kind in ("row_wise", "table_row_wise") else 1.0
+            share = (
+                _lookup_share(t, i, rows, alphas.get(name, 0.0), hashed)
+                if kind in ("row_wise", "table_row_wise")
+                else 1.0
+            )
             looked = gb * n_ids * share
             lookup[rank] += looked * cols * EMB_BYTES
             kjt_recv[rank] += gb * id_bytes * share
@@ -187,9 +200,16 @@ def volumes(cfg: ModelConfig, tables: dict[str, dict], ids: dict[str, float], wo
         else:
             key = (kind, len(t["ranks"]))
             rs_bytes[key] = rs_bytes.get(key, 0.0) + gb * dim_total * EMB_BYTES
-    return {"lookup": lookup, "kjt_send": kjt_send, "kjt_recv": kjt_recv, "a2a_send": a2a_send,
-            "a2a_recv": a2a_recv, "reduce_scatter": [(size, b) for (_, size), b in rs_bytes.items()],
-            "groups": len(groups), "a2a_groups": len([g for g in groups if g[0] or g[1] in ("table_wise", "column_wise")])}
+    return {
+        "lookup": lookup,
+        "kjt_send": kjt_send,
+        "kjt_recv": kjt_recv,
+        "a2a_send": a2a_send,
+        "a2a_recv": a2a_recv,
+        "reduce_scatter": [(size, b) for (_, size), b in rs_bytes.items()],
+        "groups": len(groups),
+        "a2a_groups": len([g for g in groups if g[0] or g[1] in ("table_wise", "column_wise")]),
+    }
 
 
 def embedding_bytes_per_rank(tables: dict[str, dict], world: int) -> np.ndarray:
@@ -212,14 +232,24 @@ def dense_shards(stack, world: int, gpus_per_node: int) -> int:
 def dense_side(cfg: ModelConfig, batch: int, counts: dict, stack, world: int, gpus_per_node: int) -> dict[str, float]:
     """HBM per GPU outside the embedding shards (memory_estimate): dense weights, gradients and Adam
     state (sharded under FSDP); activations saved for the backward with the largest transient."""
-    m = memory_estimate(cfg, batch, counts=counts, stack=stack, device_type="cuda",
-                        shards=dense_shards(stack, world, gpus_per_node))
+    m = memory_estimate(
+        cfg, batch, counts=counts, stack=stack, device_type="cuda", shards=dense_shards(stack, world, gpus_per_node)
+    )
     return {"dense": m["dense"], "activations": m["activations"] + m["transient"]}
 
 
-def project(cfg: ModelConfig, tables: dict[str, dict], ids: dict[str, float], world: int, batch: int,
-            cluster: Cluster, compute: Compute, schedule: str = "pipelined", stack=None,
-            counts: dict | None = None) -> dict:
+def project(
+    cfg: ModelConfig,
+    tables: dict[str, dict],
+    ids: dict[str, float],
+    world: int,
+    batch: int,
+    cluster: Cluster,
+    compute: Compute,
+    schedule: str = "pipelined",
+    stack=None,
+    counts: dict | None = None,
+) -> dict:
     """One projected step: stages (time and exposed time), step, MFU, imbalance, memory."""
     counts = counts or parameter_counts(cfg)
     shards = dense_shards(stack, world, cluster.gpus_per_node)
@@ -254,15 +284,23 @@ def project(cfg: ModelConfig, tables: dict[str, dict], ids: dict[str, float], wo
     dense_grad = counts["dense_params"] * 4
     if fsdp:  # fp32 gradients reduce-scattered; parameters all-gathered (bf16) for forward and backward
         gather = counts["dense_params"] * (2 if getattr(stack, "bf16", True) else 4)
-        sync = collective_time(cluster, "reduce_scatter", dense_grad, shards) \
-            + 2 * collective_time(cluster, "all_gather", gather, shards)
+        sync = collective_time(cluster, "reduce_scatter", dense_grad, shards) + 2 * collective_time(
+            cluster, "all_gather", gather, shards
+        )
         if shards < world:  # HSDP: each shard all-reduced with its replicas, one GPU per node
             sync += collective_time(cluster, "all_reduce", dense_grad / shards, world // shards, per_node=1)
     else:
         sync = collective_time(cluster, "all_reduce", dense_grad, world)
     sync += compute.overhead_s.get("grad_sync", 0.0)
-    stages = {"input_dist": input_dist, "embedding_lookup": lookup, "output_dist": output_dist,
-              "dense_forward": dense_fwd, "backward": backward, "grad_sync": sync, "optimizer": compute.optimizer_s / shards}
+    stages = {
+        "input_dist": input_dist,
+        "embedding_lookup": lookup,
+        "output_dist": output_dist,
+        "dense_forward": dense_fwd,
+        "backward": backward,
+        "grad_sync": sync,
+        "optimizer": compute.optimizer_s / shards,
+    }
     exposed = dict(stages)
     if schedule == "pipelined":
         exposed["input_dist"] = max(0.0, input_dist - (dense_fwd + dense_bwd))
@@ -279,20 +317,36 @@ def project(cfg: ModelConfig, tables: dict[str, dict], ids: dict[str, float], wo
     side = dense_side(cfg, batch, counts, stack, world, cluster.gpus_per_node)
     memory = float(emb_held.max()) + sum(side.values())
     return {
-        "world": world, "nodes": math.ceil(world / cluster.gpus_per_node), "per_rank_batch": batch,
-        "global_batch": world * batch, "schedule": schedule,
+        "world": world,
+        "nodes": math.ceil(world / cluster.gpus_per_node),
+        "per_rank_batch": batch,
+        "global_batch": world * batch,
+        "schedule": schedule,
         "stages": {k: {"time_s": stages[k], "exposed_s": exposed[k]} for k in STAGES},
-        "step_time_s": step, "examples_per_s": world * batch / step if step else 0.0,
+        "step_time_s": step,
+        "examples_per_s": world * batch / step if step else 0.0,
         "mfu": mfu(train_flops(fwd * world * batch), step, cluster.peak_tflops, world),
         # executed FLOPs: the model's plus the checkpointed blocks' forward run again
-        "hfu": mfu(train_flops(fwd * world * batch) + recomputed_share * fwd * world * batch, step,
-                   cluster.peak_tflops, world) if recomputed_share else None,
-        "imbalance": {"max_mean": float(shares.max()), "lookup_bytes_max": float(v["lookup"].max()),
-                      "lookup_bytes_mean": float(v["lookup"].mean())},
-        "exposed_comm_s": comm_exposed, "exposed_comm_fraction": comm_exposed / step if step else 0.0,
-        "memory": {"per_gpu_bytes": memory, "embeddings_bytes": float(emb_held.max()),
-                   "dense_bytes": side["dense"], "activations_bytes": side["activations"],
-                   "hbm_bytes": cluster.hbm_bytes, "fits": memory <= cluster.hbm_bytes},
+        "hfu": mfu(
+            train_flops(fwd * world * batch) + recomputed_share * fwd * world * batch, step, cluster.peak_tflops, world
+        )
+        if recomputed_share
+        else None,
+        "imbalance": {
+            "max_mean": float(shares.max()),
+            "lookup_bytes_max": float(v["lookup"].max()),
+            "lookup_bytes_mean": float(v["lookup"].mean()),
+        },
+        "exposed_comm_s": comm_exposed,
+        "exposed_comm_fraction": comm_exposed / step if step else 0.0,
+        "memory": {
+            "per_gpu_bytes": memory,
+            "embeddings_bytes": float(emb_held.max()),
+            "dense_bytes": side["dense"],
+            "activations_bytes": side["activations"],
+            "hbm_bytes": cluster.hbm_bytes,
+            "fits": memory <= cluster.hbm_bytes,
+        },
     }
 
 

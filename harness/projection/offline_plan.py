@@ -21,12 +21,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from gembench.errors import UsageError
 from gembench.harness.device.calibration import cache_dir
-from gembench.harness.train.distributed.plan import PlanRecorder, sharders, table_constraints
 from gembench.harness.projection.cluster import Cluster
+from gembench.harness.train.distributed.plan import PlanRecorder, sharders, table_constraints
 from gembench.models.config import ModelConfig
 from gembench.models.data import expected_ids_per_example
-from gembench.errors import UsageError
 
 SMALL_TABLE_BYTES = 16 * 2**30  # fp32 weights; below this a table is placed whole (table_wise)
 # Above it, pooled tables are split over one node's GPUs (table_row_wise: their partial sums are
@@ -79,18 +79,33 @@ def constraints(cfg: ModelConfig, ids: dict[str, float], forced: str | None = No
 def topology(cluster: Cluster, world: int):
     from torchrec.distributed.planner import Topology
 
-    return Topology(world_size=world, local_world_size=min(world, cluster.gpus_per_node), compute_device="cuda",
-                    hbm_cap=int(cluster.hbm_bytes), hbm_mem_bw=cluster.hbm_Bps,
-                    intra_host_bw=cluster.intra.bandwidth_Bps, inter_host_bw=cluster.inter.bandwidth_Bps)
+    return Topology(
+        world_size=world,
+        local_world_size=min(world, cluster.gpus_per_node),
+        compute_device="cuda",
+        hbm_cap=int(cluster.hbm_bytes),
+        hbm_mem_bw=cluster.hbm_Bps,
+        intra_host_bw=cluster.intra.bandwidth_Bps,
+        inter_host_bw=cluster.inter.bandwidth_Bps,
+    )
 
 
-def _cache_path(cfg: ModelConfig, world: int, batch: int, cluster: Cluster, forced: str | None, reserved: float) -> Path:
+def _cache_path(
+    cfg: ModelConfig, world: int, batch: int, cluster: Cluster, forced: str | None, reserved: float
+) -> Path:
     key = f"{cfg.hash}-w{world}-b{batch}-{cluster.hash()}-{forced or 'auto'}-r{int(reserved) >> 20}-v{PLAN_VERSION}"
     return cache_dir() / "plans" / f"{cfg.name}-{key}.json"
 
 
-def plan_offline(cfg: ModelConfig, world: int, per_rank_batch: int, cluster: Cluster, reserved_bytes: float,
-                 forced: str | None = None, use_cache: bool = True) -> OfflinePlan:
+def plan_offline(
+    cfg: ModelConfig,
+    world: int,
+    per_rank_batch: int,
+    cluster: Cluster,
+    reserved_bytes: float,
+    forced: str | None = None,
+    use_cache: bool = True,
+) -> OfflinePlan:
     """TorchRec's plan for ``world`` GPUs of ``cluster`` at ``per_rank_batch`` examples per rank."""
     path = _cache_path(cfg, world, per_rank_batch, cluster, forced, reserved_bytes)
     if use_cache and path.exists():
@@ -107,10 +122,13 @@ def plan_offline(cfg: ModelConfig, world: int, per_rank_batch: int, cluster: Clu
     share = min(max(reserved_bytes / cluster.hbm_bytes, 0.0), 0.95)  # of each GPU's HBM, for the dense side
     recorder = PlanRecorder(world)
     planner = EmbeddingShardingPlanner(
-        topology=topology(cluster, world), batch_size=per_rank_batch, proposer=[GreedyProposer()],
+        topology=topology(cluster, world),
+        batch_size=per_rank_batch,
+        proposer=[GreedyProposer()],
         storage_reservation=FixedPercentageStorageReservation(share),
         constraints=constraints(cfg, expected_ids_per_example(cfg), forced, world > cluster.gpus_per_node),
-        stats=[recorder])
+        stats=[recorder],
+    )
     start = time.perf_counter()
     try:
         planner.plan(embedding_module(cfg), sharders())

@@ -84,7 +84,9 @@ def compare(
     """
     if not a or not b:
         raise ValueError("each side needs at least one run")
-    c = Comparison([r.get("id", "?") for r in a], [r.get("id", "?") for r in b], side_reasons(a, b, keys), force, alpha, min_effect)
+    c = Comparison(
+        [r.get("id", "?") for r in a], [r.get("id", "?") for r in b], side_reasons(a, b, keys), force, alpha, min_effect
+    )
     if c.reasons and not force:
         return c
     names: list[str] = []
@@ -158,7 +160,9 @@ def rows(c: Comparison) -> list[dict]:
             }
         )
     for name, (va, vb) in c.unjudged.items():
-        out.append({"metric": name, "better": None, "a": va, "b": vb, "change": None, "ci": None, "verdict": "not judged"})
+        out.append(
+            {"metric": name, "better": None, "a": va, "b": vb, "change": None, "ci": None, "verdict": "not judged"}
+        )
     return out
 
 
@@ -187,7 +191,18 @@ def render_table(c: Comparison, fmt: str) -> str:
         p = r.get("p_worse_holm") if r["verdict"] != "improved" else r.get("p_better_holm")
         arrow = {"lower": " (lower better)", "higher": " (higher better)"}.get(r["better"], "")
         fmt_value = _count if r.get("method") == "count" else _num
-        table.append([r["metric"] + arrow, fmt_value(r["a"]), fmt_value(r["b"]), _pct(r["change"]), ci, _num(p), r.get("method", "-"), r["verdict"]])
+        table.append(
+            [
+                r["metric"] + arrow,
+                fmt_value(r["a"]),
+                fmt_value(r["b"]),
+                _pct(r["change"]),
+                ci,
+                _num(p),
+                r.get("method", "-"),
+                r["verdict"],
+            ]
+        )
     cols = ["metric", "A", "B", "change", level, "p (Holm)", "one value is", "verdict"]
     lines = header(c)
     if c.reasons and not c.forced:

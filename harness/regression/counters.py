@@ -16,7 +16,9 @@ from gembench.harness.regression.directions import info
 METHOD = "count"
 
 
-def judge_counter(metric: str, a: list[float], b: list[float], allowed: float, source: str = "default") -> stats.Judgement:
+def judge_counter(
+    metric: str, a: list[float], b: list[float], allowed: float, source: str = "default"
+) -> stats.Judgement:
     """Judge one counter; ``allowed`` is the largest increase that passes, a fraction of A (0 = none).
 
     ``a`` and ``b`` are the counter's values on each side (one per run, or per round); both non-empty.

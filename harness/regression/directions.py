@@ -45,8 +45,9 @@ METRICS: dict[str, MetricInfo] = {
 COUNTERS = ("aten_ops", "host_syncs", "h2d_bytes", "kernels", "graph_breaks", "recompiles")
 GENERAL_COUNTER_LIMIT = "max_counter_increase"
 for _name in COUNTERS:
-    METRICS[_name] = MetricInfo(_name, True, "B" if _name == "h2d_bytes" else "count", exact=True, counter=True,
-                                limit=f"max_{_name}_increase")
+    METRICS[_name] = MetricInfo(
+        _name, True, "B" if _name == "h2d_bytes" else "count", exact=True, counter=True, limit=f"max_{_name}_increase"
+    )
 
 # Instruction counts of the kernel micro-benchmarks (benchmarks/instructions.py), one metric per
 # kernel named "instructions.<kernel>". Callgrind counts vary ~0.2% between runs (interpreter and
@@ -60,8 +61,9 @@ def info(metric: str) -> MetricInfo | None:
     if metric in METRICS:
         return METRICS[metric]
     if metric.startswith(INSTRUCTIONS_PREFIX):
-        return MetricInfo(metric, True, "instructions", exact=True, counter=True, limit=INSTRUCTIONS_LIMIT,
-                          default_increase=0.01)
+        return MetricInfo(
+            metric, True, "instructions", exact=True, counter=True, limit=INSTRUCTIONS_LIMIT, default_increase=0.01
+        )
     return None
 
 

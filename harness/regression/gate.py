@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from gembench.harness.regression import stats
 from gembench.harness.regression.compare import compare
-from gembench.harness.store.results import COMPARABLE_KEYS, RUN_KEYS
 from gembench.harness.regression.thresholds import Limits
+from gembench.harness.store.results import COMPARABLE_KEYS, RUN_KEYS
 
 PASS, FAIL, SKIP, INCONCLUSIVE, NOT_COMPARABLE = "PASS", "FAIL", "SKIP", "INCONCLUSIVE", "NOT-COMPARABLE"
 EXIT = {PASS: 0, SKIP: 0, FAIL: 1, NOT_COMPARABLE: 3, INCONCLUSIVE: 4}
@@ -53,8 +53,14 @@ def diverged_checks(runs: list[dict]) -> list[Check]:
         d = r.get("diverged")
         if d:
             task = f" (task {d['task']})" if d.get("task") else ""
-            checks.append(Check(FAIL, "diverged", f"run {r.get('id')} diverged: loss {d['loss']} at step "
-                                                  f"{d['step']}{task}; its figures do not measure training"))
+            checks.append(
+                Check(
+                    FAIL,
+                    "diverged",
+                    f"run {r.get('id')} diverged: loss {d['loss']} at step "
+                    f"{d['step']}{task}; its figures do not measure training",
+                )
+            )
     return checks
 
 
@@ -82,11 +88,19 @@ def counter_check(j: stats.Judgement, prefix: str = "") -> Check:
     """A cost counter's exact judgement (counters.judge_counter) as one check line."""
     change = "" if j.change is None else f" ({100 * j.change:+.2f}%)"
     status = FAIL if j.verdict == stats.REGRESSED else PASS
-    return Check(status, f"{prefix}{j.metric}", f"{j.verdict}: {j.mean_a:.10g} -> {j.mean_b:.10g}{change}, exact count, {j.note}")
+    return Check(
+        status, f"{prefix}{j.metric}", f"{j.verdict}: {j.mean_a:.10g} -> {j.mean_b:.10g}{change}, exact count, {j.note}"
+    )
 
 
-def baseline_checks(runs: list[dict], baseline: list[dict], baseline_name: str, alpha: float, min_effect: float,
-                    limits: Limits | None = None) -> list[Check]:
+def baseline_checks(
+    runs: list[dict],
+    baseline: list[dict],
+    baseline_name: str,
+    alpha: float,
+    min_effect: float,
+    limits: Limits | None = None,
+) -> list[Check]:
     """One check per metric judged against the baseline, or one NOT-COMPARABLE line."""
     c = compare(baseline, runs, alpha, min_effect, keys=COMPARABLE_KEYS + RUN_KEYS, limits=limits)
     if not c.comparable:

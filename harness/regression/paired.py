@@ -25,8 +25,8 @@ from __future__ import annotations
 import math
 
 from gembench.harness.regression import stats
-from gembench.harness.regression.counters import judge_counter
 from gembench.harness.regression.compare import _count, counter_limit
+from gembench.harness.regression.counters import judge_counter
 from gembench.harness.regression.directions import info, per_step
 
 STATISTICS = ("fast-half", "min", "p10", "median")
@@ -55,8 +55,15 @@ def process_value(result: dict, metric: str, statistic: str = "median") -> float
     return None
 
 
-def judge_rounds(rounds: list[tuple[dict, dict]], metrics: list[str], alpha: float, min_effect: float,
-                 limits=None, statistic: str = "fast-half", margin: float | None = None) -> list[stats.Judgement]:
+def judge_rounds(
+    rounds: list[tuple[dict, dict]],
+    metrics: list[str],
+    alpha: float,
+    min_effect: float,
+    limits=None,
+    statistic: str = "fast-half",
+    margin: float | None = None,
+) -> list[stats.Judgement]:
     """Judgements for pairs of processes [(base result, head result), ...].
 
     ``metrics`` are judged statistically (paired, Holm across them); every cost counter present in
@@ -72,8 +79,7 @@ def judge_rounds(rounds: list[tuple[dict, dict]], metrics: list[str], alpha: flo
     for j in out:
         a, b, _, _ = series[j.metric]
         center, lo, hi = stats.paired_ratio_interval([y / x for x, y in zip(a, b)])
-        j.extra.update(ratio=center, ratio_ci95=[lo, hi], rounds=len(a),
-                       round_ratios=[y / x for x, y in zip(a, b)])
+        j.extra.update(ratio=center, ratio_ci95=[lo, hi], rounds=len(a), round_ratios=[y / x for x, y in zip(a, b)])
     names: list[str] = []
     for base, head in rounds:
         for r in (base, head):
@@ -101,21 +107,23 @@ def exit_status(judgements: list[stats.Judgement]) -> int:
 def rows(judgements: list[stats.Judgement]) -> list[dict]:
     out = []
     for j in judgements:
-        out.append({
-            "metric": j.metric,
-            "better": "lower" if j.lower_is_better else "higher",
-            "base": j.mean_a,
-            "head": j.mean_b,
-            "ratio": j.extra.get("ratio"),
-            "ratio_ci95": j.extra.get("ratio_ci95"),
-            "p_worse_holm": j.extra.get("p_worse_holm"),
-            "p_better_holm": j.extra.get("p_better_holm"),
-            "method": j.method,
-            "rounds": j.extra.get("rounds", j.n_a),
-            "round_ratios": j.extra.get("round_ratios"),
-            "verdict": j.verdict,
-            "note": j.note,
-        })
+        out.append(
+            {
+                "metric": j.metric,
+                "better": "lower" if j.lower_is_better else "higher",
+                "base": j.mean_a,
+                "head": j.mean_b,
+                "ratio": j.extra.get("ratio"),
+                "ratio_ci95": j.extra.get("ratio_ci95"),
+                "p_worse_holm": j.extra.get("p_worse_holm"),
+                "p_better_holm": j.extra.get("p_better_holm"),
+                "method": j.method,
+                "rounds": j.extra.get("rounds", j.n_a),
+                "round_ratios": j.extra.get("round_ratios"),
+                "verdict": j.verdict,
+                "note": j.note,
+            }
+        )
     return out
 
 
@@ -142,8 +150,18 @@ def render(judgements: list[stats.Judgement], header: list[str], fmt: str) -> st
         p = r["p_better_holm"] if r["verdict"] == stats.IMPROVED else r["p_worse_holm"]
         one = {"paired": f"{r['rounds']} pair ratios", "count": "exact count"}.get(r["method"], r["method"])
         value = _count if r["method"] == "count" else _num
-        table.append([f"{r['metric']} ({r['better']} better)", value(r["base"]), value(r["head"]), _ratio(r["ratio"]),
-                      ci_text, _num(p), one, r["verdict"]])
+        table.append(
+            [
+                f"{r['metric']} ({r['better']} better)",
+                value(r["base"]),
+                value(r["head"]),
+                _ratio(r["ratio"]),
+                ci_text,
+                _num(p),
+                one,
+                r["verdict"],
+            ]
+        )
     cols = ["metric", "BASE", "HEAD", "HEAD/BASE", "95% CI", "p (Holm)", "one value is", "verdict"]
     body = tabulate(table, cols, tablefmt="github" if fmt == "markdown" else "simple", disable_numparse=True)
     if fmt == "markdown":

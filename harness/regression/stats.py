@@ -25,7 +25,8 @@ The test
 --------
 For each metric the relative change ``B/A - 1`` is tested on logarithms when all values are
 positive (ratio of geometric means; timing noise is multiplicative and skewed), else as a ratio of
-means with a delta-method standard error; Welch-Satterthwaite degrees of freedom either way. Two one-sided p-values follow, "B is worse"
+means with a delta-method standard error; Welch-Satterthwaite degrees of freedom either way. Two
+one-sided p-values follow, "B is worse"
 and "B is better", each in the metric's own direction. Holm's step-down correction is applied to
 each family across all metrics judged together, so the family-wise false-alarm rate is ``alpha``.
 
@@ -122,8 +123,15 @@ def relative_change(a: list[float], b: list[float], log: bool | None = None) -> 
         vb = variance(lb) / len(lb) if len(lb) > 1 else 0.0
         denom = (va**2 / (len(a) - 1) if len(a) > 1 else 0.0) + (vb**2 / (len(b) - 1) if len(b) > 1 else 0.0)
         d = mean(lb) - mean(la)
-        return Change(math.exp(mean(la)), math.exp(mean(lb)), math.expm1(d), math.sqrt(va + vb),
-                      (va + vb) ** 2 / denom if denom > 0 else math.inf, d, True)
+        return Change(
+            math.exp(mean(la)),
+            math.exp(mean(lb)),
+            math.expm1(d),
+            math.sqrt(va + vb),
+            (va + vb) ** 2 / denom if denom > 0 else math.inf,
+            d,
+            True,
+        )
     ma, mb = mean(a), mean(b)
     if ma == 0:
         raise ValueError("reference mean is zero; a relative change is undefined")
@@ -154,8 +162,15 @@ def paired_change(a: list[float], b: list[float]) -> Change:
     logs = [math.log(y / x) for x, y in zip(a, b)]
     d = mean(logs)
     se = math.sqrt(variance(logs) / len(logs)) if len(logs) > 1 else math.inf
-    return Change(math.exp(mean([math.log(v) for v in a])), math.exp(mean([math.log(v) for v in b])),
-                  math.expm1(d), se, float(len(logs) - 1) if len(logs) > 1 else math.inf, d, True)
+    return Change(
+        math.exp(mean([math.log(v) for v in a])),
+        math.exp(mean([math.log(v) for v in b])),
+        math.expm1(d),
+        se,
+        float(len(logs) - 1) if len(logs) > 1 else math.inf,
+        d,
+        True,
+    )
 
 
 def one_sided_p(change: Change, lower_is_better: bool) -> tuple[float, float]:
@@ -267,7 +282,9 @@ def judge(
             continue
         c = paired_change(a, b) if method == "paired" else relative_change(a, b)
         pw, pb = one_sided_p(c, lower)
-        out.append(Judgement(metric, lower, method, len(a), len(b), c.mean_a, c.mean_b, c.change, interval(c, alpha), pw, pb))
+        out.append(
+            Judgement(metric, lower, method, len(a), len(b), c.mean_a, c.mean_b, c.change, interval(c, alpha), pw, pb)
+        )
     tested = [j for j in out if j.testable]
     for family in ("p_worse", "p_better"):
         adjusted = holm([getattr(j, family) for j in tested])

@@ -30,8 +30,10 @@ FIELDS: dict[str, tuple[float, float, str]] = {
 # the counts are exact. A per-counter field beats max_counter_increase.
 COUNTER_FIELDS: dict[str, tuple[float, float, str]] = {
     GENERAL_COUNTER_LIMIT: (0.0, 1e6, "largest allowed increase of any cost counter, a fraction (0 = none)"),
-    **{f"max_{c}_increase": (0.0, 1e6, f"largest allowed increase of the {c} counter, a fraction (0 = none)")
-       for c in COUNTERS},
+    **{
+        f"max_{c}_increase": (0.0, 1e6, f"largest allowed increase of the {c} counter, a fraction (0 = none)")
+        for c in COUNTERS
+    },
     INSTRUCTIONS_LIMIT: (0.0, 1e6, "largest allowed increase of a kernel's instruction count, a fraction (0.01 = 1%)"),
 }
 FIELDS.update(COUNTER_FIELDS)
@@ -88,25 +90,29 @@ def load(path: str | Path, config: str, hardware_class: str) -> Limits:
     data = read_toml(path, f"no thresholds file {path}; pass --thresholds")
     unknown = set(data) - {"defaults", "config", "hardware"}
     if unknown:
-        raise UsageError(f"{path}: unknown top-level table(s) {sorted(unknown)}; use [defaults], [config.\"NAME\"], [hardware.\"CLASS\"]")
+        raise UsageError(
+            f'{path}: unknown top-level table(s) {sorted(unknown)}; use [defaults], [config."NAME"], [hardware."CLASS"]'
+        )
     layers: list[tuple[str, dict]] = []
     layers.append(("[defaults]", _check_table(path, "[defaults]", data.get("defaults", {}))))
     configs = data.get("config", {})
     if not isinstance(configs, dict):
-        raise UsageError(f"{path}: [config] must hold tables like [config.\"tiny\"]")
+        raise UsageError(f'{path}: [config] must hold tables like [config."tiny"]')
     for name, table in configs.items():
         checked = _check_table(path, f"[config.{name!r}]", table)
         if name == config:
             layers.append((f"[config.{name!r}]", checked))
     hardware = data.get("hardware", {})
     if not isinstance(hardware, dict):
-        raise UsageError(f"{path}: [hardware] must hold tables like [hardware.\"cpu\"]")
+        raise UsageError(f'{path}: [hardware] must hold tables like [hardware."cpu"]')
     for pattern, table in hardware.items():
         where = f"[hardware.{pattern!r}]"
         checked = _check_table(path, where, table)
         nested = table.get("config", {}) if isinstance(table, dict) else {}
         if not isinstance(nested, dict):
-            raise UsageError(f"{path}: {where} field 'config' must hold tables like [hardware.\"{pattern}\".config.\"tiny\"]")
+            raise UsageError(
+                f'{path}: {where} field \'config\' must hold tables like [hardware."{pattern}".config."tiny"]'
+            )
         nested_checked = {n: _check_table(path, f"[hardware.{pattern!r}.config.{n!r}]", t) for n, t in nested.items()}
         if fnmatch.fnmatchcase(hardware_class, pattern):
             layers.append((where, checked))

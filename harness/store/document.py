@@ -16,16 +16,30 @@ from gembench.harness.store.results import SCHEMA
 
 def headline_metrics(summary: dict) -> dict:
     """The figures every run has, as ``result["metrics"]``; runs add their own beside them."""
-    metrics = {"mfu": summary["mfu"], "step_time_s": summary["step_time_s"]["p50"],
-               "examples_per_s": summary["examples_per_s"], "peak_memory_bytes": summary["peak_memory_bytes"]}
+    metrics = {
+        "mfu": summary["mfu"],
+        "step_time_s": summary["step_time_s"]["p50"],
+        "examples_per_s": summary["examples_per_s"],
+        "peak_memory_bytes": summary["peak_memory_bytes"],
+    }
     if "mfu_host" in summary:  # against the host's peak: one process and N ranks compare on it
         metrics["mfu_host"] = summary["mfu_host"]
     return metrics
 
 
-def result_document(cfg, label: str, run: dict, env: dict, peak: dict, flops: dict, samples: dict,
-                    summary: dict, sections: dict | None = None, metrics: dict | None = None,
-                    diverged: dict | None = None) -> dict:
+def result_document(
+    cfg,
+    label: str,
+    run: dict,
+    env: dict,
+    peak: dict,
+    flops: dict,
+    samples: dict,
+    summary: dict,
+    sections: dict | None = None,
+    metrics: dict | None = None,
+    diverged: dict | None = None,
+) -> dict:
     """``label`` names the run in its id (stack, ranks); ``sections`` come after the summary;
     ``metrics`` are added to the headline ones."""
     created = dt.datetime.now(dt.timezone.utc)

@@ -88,8 +88,10 @@ class Reservation:
                     lock.unlink(missing_ok=True)  # left by a killed run: take it over
                     continue
                 who = f"pid {holder.replace(' ', ' on ')}" if holder else "another run"
-                raise UsageError(f"{path} is being written by another run ({who}, lock {lock}): pass another "
-                                 "--out, or delete the lock if no run is writing it") from None
+                raise UsageError(
+                    f"{path} is being written by another run ({who}, lock {lock}): pass another "
+                    "--out, or delete the lock if no run is writing it"
+                ) from None
             except OSError as err:
                 raise UsageError(f"cannot reserve {path}: creating {lock} failed: {err.strerror}") from None
             try:
@@ -120,8 +122,10 @@ class Reservation:
 def fallback_path(result: dict) -> Path:
     from gembench.harness.store.results import safe_name
 
-    name = result.get("id") or f"{result.get('schema', 'result').replace('/', '-')}-" \
-                               f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}"
+    name = (
+        result.get("id")
+        or f"{result.get('schema', 'result').replace('/', '-')}-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}"
+    )
     return Path(tempfile.gettempdir()) / f"gembench-{safe_name(name)}.json"
 
 

@@ -46,10 +46,10 @@ def _validators() -> dict:
         try:
             schemas[kind] = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError) as err:
-            raise UsageError(f"gembench's schema file {path} is missing or broken ({err}); "
-                             "reinstall gembench from its repository") from None
-    registry = Registry().with_resources(
-        (s["$id"], Resource.from_contents(s)) for s in schemas.values())
+            raise UsageError(
+                f"gembench's schema file {path} is missing or broken ({err}); reinstall gembench from its repository"
+            ) from None
+    registry = Registry().with_resources((s["$id"], Resource.from_contents(s)) for s in schemas.values())
     return {kind: Draft202012Validator(s, registry=registry) for kind, s in schemas.items()}
 
 
@@ -81,8 +81,10 @@ def check_version(doc, path) -> str:
         raise UsageError(f"{path}: $.schema is {found!r}, expected {readable}: not a gembench result")
     kind, version, known = match["kind"], int(match["version"]), KNOWN[match["kind"]]
     if version > known:
-        raise UsageError(f"{path}: $.schema is {found!r}, written by a newer gembench; this one reads "
-                         f"{kind}/{known}: upgrade gembench to read it")
+        raise UsageError(
+            f"{path}: $.schema is {found!r}, written by a newer gembench; this one reads "
+            f"{kind}/{known}: upgrade gembench to read it"
+        )
     if version < known:
         raise UsageError(f"{path}: $.schema is {found!r}, older than any this gembench reads ({kind}/{known})")
     return kind
@@ -124,8 +126,10 @@ def describe(error) -> str:
     if error.validator == "const":
         return f"{where} must be {error.validator_value!r}, got {_short(error.instance) or _kind(error.instance)}"
     if error.validator in ("minItems", "maxItems"):
-        return f"{where} must hold {'at least' if error.validator == 'minItems' else 'at most'} " \
-               f"{error.validator_value} item(s), holds {len(error.instance)}"
+        return (
+            f"{where} must hold {'at least' if error.validator == 'minItems' else 'at most'} "
+            f"{error.validator_value} item(s), holds {len(error.instance)}"
+        )
     message = error.message if len(error.message) <= 120 else error.message[:117] + "..."
     return f"{where}: {message}"
 
@@ -139,8 +143,15 @@ def _article(type_name: str) -> str:
 
 
 def _kind(value) -> str:
-    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null",
-            int: "an integer", float: "a number"}.get(type(value), type(value).__name__)
+    return {
+        dict: "an object",
+        list: "an array",
+        str: "a string",
+        bool: "a boolean",
+        type(None): "null",
+        int: "an integer",
+        float: "a number",
+    }.get(type(value), type(value).__name__)
 
 
 def _short(value) -> str:

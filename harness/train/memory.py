@@ -10,11 +10,11 @@ import resource
 
 import torch
 
+from gembench.errors import UsageError
 from gembench.harness.device.hardware import memory_available
 from gembench.harness.train.stack import STACKS, StackOptions, stack_label
 from gembench.models.config import ModelConfig
 from gembench.models.flops import memory_estimate, parameter_counts
-from gembench.errors import UsageError
 
 FIT_SHARE = 0.9  # of the free memory a run may plan to use: the allocator fragments the rest
 
@@ -28,21 +28,31 @@ def combined_estimate(estimates: list[dict]) -> dict:
     working = max(e["activations"] + e["transient"] for e in estimates)
     last_build = sum(resident[:-1]) + estimates[-1]["build"]  # the last stack built while the rest live
     out = {k: float(sum(e[k] for e in estimates)) for k in ("embeddings", "dense")}
-    out.update(activations=max(e["activations"] for e in estimates),
-               transient=max(e["transient"] for e in estimates), build=float(last_build),
-               runtime=max(e["runtime"] for e in estimates))
+    out.update(
+        activations=max(e["activations"] for e in estimates),
+        transient=max(e["transient"] for e in estimates),
+        build=float(last_build),
+        runtime=max(e["runtime"] for e in estimates),
+    )
     out["total"] = float(max(sum(resident) + working, last_build) + out["runtime"])
     return out
 
 
-def stacks_estimate(cfg: ModelConfig, batch_size: int, stacks: list[StackOptions], device_type: str,
-                    counts: dict | None = None) -> dict:
+def stacks_estimate(
+    cfg: ModelConfig, batch_size: int, stacks: list[StackOptions], device_type: str, counts: dict | None = None
+) -> dict:
     counts = counts or parameter_counts(cfg)
     return combined_estimate([memory_estimate(cfg, batch_size, counts, s, device_type) for s in stacks])
 
 
-def largest_fitting_batch(cfg: ModelConfig, stacks: list[StackOptions], device_type: str, available: float,
-                          counts: dict | None = None, upto: int | None = None) -> int:
+def largest_fitting_batch(
+    cfg: ModelConfig,
+    stacks: list[StackOptions],
+    device_type: str,
+    available: float,
+    counts: dict | None = None,
+    upto: int | None = None,
+) -> int:
     """The largest batch (<= upto) whose estimate fits ``available`` bytes; 0 if none does."""
     counts = counts or parameter_counts(cfg)
     fits = lambda b: stacks_estimate(cfg, b, stacks, device_type, counts)["total"] <= available  # noqa: E731
@@ -53,17 +63,31 @@ def largest_fitting_batch(cfg: ModelConfig, stacks: list[StackOptions], device_t
     return lo
 
 
-def fit_hint(cfg: ModelConfig, stacks: list[StackOptions], device_type: str, available: float,
-             counts: dict | None = None, upto: int | None = None) -> str:
+def fit_hint(
+    cfg: ModelConfig,
+    stacks: list[StackOptions],
+    device_type: str,
+    available: float,
+    counts: dict | None = None,
+    upto: int | None = None,
+) -> str:
     best = largest_fitting_batch(cfg, stacks, device_type, available, counts, upto)
     if best == 0:
-        return "it does not fit at any batch (its tables and dense state alone are too large): " \
-               "pick a smaller config (see `gembench describe`)"
+        return (
+            "it does not fit at any batch (its tables and dense state alone are too large): "
+            "pick a smaller config (see `gembench describe`)"
+        )
     return f"the estimate fits --batch {best} or smaller"
 
 
-def check_fits(cfg: ModelConfig, batch_size: int, device: torch.device, copies: int = 1,
-               stacks: list[StackOptions] | None = None, counts: dict | None = None) -> dict:
+def check_fits(
+    cfg: ModelConfig,
+    batch_size: int,
+    device: torch.device,
+    copies: int = 1,
+    stacks: list[StackOptions] | None = None,
+    counts: dict | None = None,
+) -> dict:
     """Refuse, before allocating anything, a run whose estimated peak exceeds the device's free memory.
 
     ``stacks``: the stacks the process will hold (two for --ab); default ``copies`` optimized ones.
@@ -77,7 +101,8 @@ def check_fits(cfg: ModelConfig, batch_size: int, device: torch.device, copies: 
         names = " + ".join(stack_label(s) for s in stacks)
         raise UsageError(
             f"config {cfg.name!r} needs about {estimate['total'] / gib:,.1f} GiB at batch {batch_size} "
-            f"with the {names} stack{'s' if len(stacks) > 1 else ''} (embeddings {estimate['embeddings'] / gib:,.1f}, dense {estimate['dense'] / gib:,.1f}, "
+            f"with the {names} stack{'s' if len(stacks) > 1 else ''} "
+            f"(embeddings {estimate['embeddings'] / gib:,.1f}, dense {estimate['dense'] / gib:,.1f}, "
             f"activations {estimate['activations'] / gib:,.1f}, transient {estimate['transient'] / gib:,.1f}) "
             f"but {device.type} has {available / gib:,.1f} GiB free; "
             f"{fit_hint(cfg, stacks, device.type, FIT_SHARE * available, counts, batch_size)}"
@@ -180,9 +205,12 @@ def _storage_ptr(t) -> int | None:
 
 def memory_fields(estimate: dict, measured: int, source: str) -> dict:
     """Estimate and measured peak side by side, for every result's summary."""
-    return {"peak_memory_estimate_bytes": estimate["total"], "peak_memory_run_bytes": measured,
-            "peak_memory_run_source": source,
-            "memory_estimate_ratio": estimate["total"] / measured if measured else None}
+    return {
+        "peak_memory_estimate_bytes": estimate["total"],
+        "peak_memory_run_bytes": measured,
+        "peak_memory_run_source": source,
+        "memory_estimate_ratio": estimate["total"] / measured if measured else None,
+    }
 
 
 def peak_memory_bytes(device: torch.device) -> tuple[int, str]:

@@ -113,8 +113,9 @@ def apply_block_ranges(model: nn.Module) -> int:
         return 0
     # the first block reads the dense features, which need no gradient: its backward range then
     # spans the gradient of its output, as torch warns; that is the range wanted
-    warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed "
-                            "with respect to module outputs")
+    warnings.filterwarnings(
+        "ignore", message="Full backward hook is firing when gradients are computed with respect to module outputs"
+    )
     blocks = dense_blocks(model)
     for path, block in blocks:
         block.register_forward_pre_hook(lambda m, args, _p=path: push(_p))

@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gembench.models.blocks import dense_blocks, dense_roots
 from gembench.errors import UsageError
+from gembench.models.blocks import dense_blocks, dense_roots
 
 
 def checkpointed(model: nn.Module, mode: str) -> list[tuple[str, nn.Module]]:
@@ -57,8 +57,9 @@ def apply_ac(model: nn.Module, mode: str) -> int:
         # RNG state costs a copy per block per step. early_stop off: the whole forward is run
         # again, so what is recomputed is the block's forward formula exactly (HFU); early stop
         # would skip the ops after the last saved tensor (an HSTU layer's output projection).
-        wrapped = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT,
-                                     preserve_rng_state=False, early_stop=False)
+        wrapped = checkpoint_wrapper(
+            block, checkpoint_impl=CheckpointImpl.NO_REENTRANT, preserve_rng_state=False, early_stop=False
+        )
         if isinstance(parent, (nn.ModuleList, nn.ModuleDict)):
             parent[int(leaf) if isinstance(parent, nn.ModuleList) else leaf] = wrapped
         else:
@@ -66,8 +67,10 @@ def apply_ac(model: nn.Module, mode: str) -> int:
     return len(blocks)
 
 
-HSDP_ONE_NODE = ("dense_parallel=hsdp replicates across nodes and shards within one: it needs "
-                 "torchrun --nnodes 2 or more; on one node use dense_parallel=fsdp")
+HSDP_ONE_NODE = (
+    "dense_parallel=hsdp replicates across nodes and shards within one: it needs "
+    "torchrun --nnodes 2 or more; on one node use dense_parallel=fsdp"
+)
 
 
 def dense_mesh(mode: str, world: int, local_world: int, device_type: str):
@@ -80,8 +83,7 @@ def dense_mesh(mode: str, world: int, local_world: int, device_type: str):
     if mode == "hsdp":
         if world <= local_world:
             raise UsageError(HSDP_ONE_NODE)
-        return init_device_mesh(device_type, (world // local_world, local_world),
-                                mesh_dim_names=("replicate", "shard"))
+        return init_device_mesh(device_type, (world // local_world, local_world), mesh_dim_names=("replicate", "shard"))
     raise UsageError(f"dense_parallel must be ddp, fsdp or hsdp, got {mode!r}")
 
 
@@ -120,8 +122,9 @@ def dense_state_bytes(params, optimizer) -> dict[str, int]:
 
     ids = {id(p) for p in params}
     state = getattr(optimizer, "state", {})
-    opt = sum(nbytes(v) for p, st in state.items() if id(p) in ids
-              for v in st.values() if torch.is_tensor(v) and v.dim() > 0)
+    opt = sum(
+        nbytes(v) for p, st in state.items() if id(p) in ids for v in st.values() if torch.is_tensor(v) and v.dim() > 0
+    )
     weights = sum(nbytes(p) for p in params)
     return {"params": weights, "grads": weights, "optimizer": opt, "total": 2 * weights + opt}
 

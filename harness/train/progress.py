@@ -39,5 +39,9 @@ class Progress:
             self.quarter, end = quarter, "\n"
         self.last = now
         eta = (now - self.started) / done * (total - done)
-        print(f"{self.label}: step {done}/{total}, last {step_s * 1e3:.0f} ms, ~{eta:.0f} s left",
-              end=end, file=self.stream, flush=True)
+        print(
+            f"{self.label}: step {done}/{total}, last {step_s * 1e3:.0f} ms, ~{eta:.0f} s left",
+            end=end,
+            file=self.stream,
+            flush=True,
+        )

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from gembench.harness.train.stack import StackOptions, check_one_process, stack_options
-from gembench.harness.store.results import writable_folder
 from gembench.errors import UsageError
+from gembench.harness.store.results import writable_folder
+from gembench.harness.train.stack import StackOptions, check_one_process, stack_options
 
 
 def check_counts(steps: int, warmup: int) -> None:
@@ -80,17 +80,22 @@ class RunConfig:
             if self.nproc is not None and self.nproc < 1:
                 raise UsageError(f"--nproc must be at least 1, got {self.nproc}")
             if self.rebalance and self.nproc is not None and self.nproc < 2:
-                raise UsageError(f"--rebalance moves tables between ranks: it needs --nproc 2 or more, got {self.nproc}")
+                raise UsageError(
+                    f"--rebalance moves tables between ranks: it needs --nproc 2 or more, got {self.nproc}"
+                )
             if self.timeout <= 0:
                 raise UsageError(f"--timeout must be positive seconds, got {self.timeout}")
         if self.rebalance and not distributed:
             raise UsageError("--rebalance re-plans a sharded job on several ranks: add --nproc 2 (or more)")
         if self.ab and (self.rounds < 2 or self.steps < self.rounds):
-            raise UsageError(f"--ab needs --rounds >= 2 and --steps >= --rounds, got "
-                             f"--rounds {self.rounds} --steps {self.steps}")
+            raise UsageError(
+                f"--ab needs --rounds >= 2 and --steps >= --rounds, got --rounds {self.rounds} --steps {self.steps}"
+            )
         if self.pace is not None and (self.ab or self.burst < 1):
-            raise UsageError(f"--pace needs a single stack and --burst >= 1, got --burst {self.burst}"
-                             f"{' with --ab' if self.ab else ''}")
+            raise UsageError(
+                f"--pace needs a single stack and --burst >= 1, got --burst {self.burst}"
+                f"{' with --ab' if self.ab else ''}"
+            )
         if self.trace is not None:
             writable_folder(Path(self.trace), "--trace")
         return self

@@ -14,21 +14,44 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gembench.harness.train import nvtx
-from gembench.harness.device.env import fingerprint
 from gembench.errors import UsageError
-from gembench.harness.device.hardware import Peak, memory_available, peak_basis, recheck_peak, reference_peak, resolve_device
-from gembench.harness.train.memory import (FIT_SHARE, SavedForBackward, check_fits, fit_hint, memory_fields,
-                                     peak_memory_bytes, reset_peak_memory, run_memory_bytes)
+from gembench.harness.device.env import fingerprint
+from gembench.harness.device.hardware import (
+    Peak,
+    memory_available,
+    peak_basis,
+    recheck_peak,
+    reference_peak,
+    resolve_device,
+)
 from gembench.harness.metrics import counters as C
-from gembench.harness.train.runconfig import check_counts
 from gembench.harness.metrics import trace as TR
 from gembench.harness.metrics.mfu import per_step_mfu, summarize, train_flops
-from gembench.harness.train.parallelize import recomputed_forward_flops
-from gembench.harness.store.document import result_document
-from gembench.harness.train.stack import STACKS, StackOptions, build_train_state, model_config
 from gembench.harness.regression.stats import paired_ratio_interval
-from gembench.harness.train.step import NoClock, StepSamples, divergence, finite_or_none, out_of_memory, run_steps, train_step
+from gembench.harness.store.document import result_document
+from gembench.harness.train import nvtx
+from gembench.harness.train.memory import (
+    FIT_SHARE,
+    SavedForBackward,
+    check_fits,
+    fit_hint,
+    memory_fields,
+    peak_memory_bytes,
+    reset_peak_memory,
+    run_memory_bytes,
+)
+from gembench.harness.train.parallelize import recomputed_forward_flops
+from gembench.harness.train.runconfig import check_counts
+from gembench.harness.train.stack import STACKS, StackOptions, build_train_state, model_config
+from gembench.harness.train.step import (
+    NoClock,
+    StepSamples,
+    divergence,
+    finite_or_none,
+    out_of_memory,
+    run_steps,
+    train_step,
+)
 from gembench.models.config import ModelConfig, for_device, load_config, with_global_batch
 from gembench.models.data import SyntheticData
 from gembench.models.flops import batch_forward_flops, embedding_bytes, memory_estimate, parameter_counts
@@ -50,9 +73,17 @@ class Setup:
     available: float = 0.0  # free device memory when the run was prepared
 
 
-def prepare(config: str | ModelConfig, steps: int, warmup: int, device: str = "auto", seed: int = 0,
-            peak_tflops: float | None = None, copies: int = 1, stacks: list[StackOptions] | None = None,
-            batch: int | None = None) -> Setup:
+def prepare(
+    config: str | ModelConfig,
+    steps: int,
+    warmup: int,
+    device: str = "auto",
+    seed: int = 0,
+    peak_tflops: float | None = None,
+    copies: int = 1,
+    stacks: list[StackOptions] | None = None,
+    batch: int | None = None,
+) -> Setup:
     """Validate the request and prepare batches; every usage error surfaces here, before work.
 
     ``stacks``: every stack the process will hold (for the memory check); ``batch`` overrides
@@ -102,8 +133,9 @@ def memory_now(setup: Setup, start_bytes: int) -> tuple:
     return (*peak_memory_bytes(setup.device), *run_memory_bytes(setup.device, start_bytes))
 
 
-def measure_stack(setup: Setup, options: StackOptions, name: str, steps: int, warmup: int,
-                  progress=None, pace=None, trace=None) -> Measured:
+def measure_stack(
+    setup: Setup, options: StackOptions, name: str, steps: int, warmup: int, progress=None, pace=None, trace=None
+) -> Measured:
     """The one way a stack is measured on one process: build it, warm up, time ``steps`` steps,
     take the memory, then count the step's costs (and with ``trace``, keep the profiled one).
     `gembench run` and `gembench ablate` (one variant each) go through here; --ab takes turns
@@ -125,8 +157,12 @@ def summarized(setup: Setup, measured: list[Measured], warmup: int, estimate: di
     calibrated peak they beat is re-measured (hardware.recheck_peak) and every figure is then
     taken against the new one, so the stacks of one run share one peak."""
     results = [stack_result(setup, m, warmup, estimate) for m in measured]
-    new = recheck_peak(setup.peak, {"": r["summary"] for r in results} if len(results) == 1 else
-                       {f" of {m.name}": r["summary"] for m, r in zip(measured, results)})
+    new = recheck_peak(
+        setup.peak,
+        {"": results[0]["summary"]}
+        if len(results) == 1
+        else {f" of {m.name}": r["summary"] for m, r in zip(measured, results)},
+    )
     if new is not None:
         setup.peak = new
         results = [stack_result(setup, m, warmup, estimate) for m in measured]
@@ -141,21 +177,24 @@ def stack_result(setup: Setup, m: Measured, warmup: int, estimate: dict | None =
     forward = [sum(b.values()) for b in per_block]
     peak = setup.peak.tflops_per_device
     recomputed = [recomputed_forward_flops(b, options.activation_checkpointing) for b in per_block]
-    summary = summarize(samples.step_s, samples.stages, forward, setup.cfg.data.global_batch, peak,
-                        recomputed_flops=recomputed)
+    summary = summarize(
+        samples.step_s, samples.stages, forward, setup.cfg.data.global_batch, peak, recomputed_flops=recomputed
+    )
     memory, memory_source, run_bytes, run_source = m.memory
     summary["peak_memory_bytes"] = memory
     summary["peak_memory_source"] = memory_source
     ran = model_config(setup.cfg, options)
-    estimate = estimate or memory_estimate(ran, ran.data.global_batch, setup.counts if ran is setup.cfg else None,
-                                           options, setup.device.type)
+    estimate = estimate or memory_estimate(
+        ran, ran.data.global_batch, setup.counts if ran is setup.cfg else None, options, setup.device.type
+    )
     summary.update(memory_fields(estimate, run_bytes, run_source))
     if m.activation_bytes is not None:
         summary["activation_bytes"] = m.activation_bytes
     summary["embedding_bytes_per_step"] = embedding_bytes(setup.cfg, setup.batches[warmup % len(setup.batches)])
     # what one step's batch moves to the device (counted as h2d_bytes on CUDA), content included
-    summary["input_bytes_per_step"] = float(np.mean([setup.batches[i % len(setup.batches)].input_bytes
-                                                    for i in range(warmup, warmup + steps)]))
+    summary["input_bytes_per_step"] = float(
+        np.mean([setup.batches[i % len(setup.batches)].input_bytes for i in range(warmup, warmup + steps)])
+    )
     diverged = divergence(samples.loss, samples.task_loss, first_step=warmup)
     return {
         "diverged": diverged,
@@ -188,20 +227,49 @@ def one_process_result(setup: Setup, steps: int, warmup: int, main: dict, extra:
     peak_doc = peak_section(peak, dev)
     if peak_doc.get("host"):  # one process: the host basis is the same peak, recorded so --nproc runs compare
         summary["mfu_host"] = summary["mfu"] * peak.tflops_per_device / peak_doc["host"]["tflops"]
-    run = {"steps": steps, "warmup": warmup, "dtype": "bf16" if main["options"]["bf16"] else "fp32",
-           "device": str(dev), "seed": setup.seed, "stack": main["stack"], "options": main["options"],
-           "nproc": 1, "global_batch": cfg.data.global_batch, "per_rank_batch": cfg.data.global_batch}
-    return result_document(cfg, main["stack"], run, fingerprint(dev), peak_doc,
-                           {**main["flops"], "memory_estimate_bytes": setup.estimate}, main["samples"], summary,
-                           sections=extra, diverged=main.get("diverged"))
+    run = {
+        "steps": steps,
+        "warmup": warmup,
+        "dtype": "bf16" if main["options"]["bf16"] else "fp32",
+        "device": str(dev),
+        "seed": setup.seed,
+        "stack": main["stack"],
+        "options": main["options"],
+        "nproc": 1,
+        "global_batch": cfg.data.global_batch,
+        "per_rank_batch": cfg.data.global_batch,
+    }
+    return result_document(
+        cfg,
+        main["stack"],
+        run,
+        fingerprint(dev),
+        peak_doc,
+        {**main["flops"], "memory_estimate_bytes": setup.estimate},
+        main["samples"],
+        summary,
+        sections=extra,
+        diverged=main.get("diverged"),
+    )
 
 
 def peak_section(peak: Peak, dev: torch.device) -> dict:
     """The result's peak: figure, provenance, whether provisional, and the MFU basis."""
-    return {"tflops_per_device": peak.tflops_per_device, "devices": 1, "dtype": peak.dtype,
-            "source": peak.source, "provisional": peak.provisional, "calibration": peak.calibration,
-            **peak_basis(dev, 1, torch.get_num_threads(), peak if peak.calibration else None,
-                         override=peak.source.startswith("override"))}
+    return {
+        "tflops_per_device": peak.tflops_per_device,
+        "devices": 1,
+        "dtype": peak.dtype,
+        "source": peak.source,
+        "provisional": peak.provisional,
+        "calibration": peak.calibration,
+        **peak_basis(
+            dev,
+            1,
+            torch.get_num_threads(),
+            peak if peak.calibration else None,
+            override=peak.source.startswith("override"),
+        ),
+    }
 
 
 @contextlib.contextmanager
@@ -225,8 +293,11 @@ def out_of_memory_guard(setup: Setup, stacks: list[StackOptions]):
             f"peak {peak / gib:,.2f} GiB ({source}) of {setup.available / gib:,.1f} GiB free at the start, "
             f"estimate {setup.estimate['total'] / gib:,.2f} GiB; {hint}; no result was written"
         ) from None
-def step_costs(setup: Setup, state, index: int, compiled_since: dict, compiles: bool = True,
-               trace_dir=None) -> tuple[dict, dict | None]:
+
+
+def step_costs(
+    setup: Setup, state, index: int, compiled_since: dict, compiles: bool = True, trace_dir=None
+) -> tuple[dict, dict | None]:
     """Cost counters (metrics/counters.py) of two extra steps on batch ``index``, after the
     timed ones: the first counted (ops, host syncs), the second under torch.profiler (kernels,
     host-to-device bytes; with ``trace_dir`` its trace is kept as trace_dir/trace.json). Not one
@@ -267,10 +338,21 @@ def with_costs(result: dict, counts: dict, profile: dict | None = None) -> dict:
     return result
 
 
-def run_benchmark(config: str | ModelConfig, steps: int = 20, warmup: int = 3,
-                  options: StackOptions = STACKS["optimized"], device: str = "auto", seed: int = 0,
-                  peak_tflops: float | None = None, progress=None, stack_name: str = "optimized",
-                  batch: int | None = None, on_prepared=None, trace=None, pace=None) -> dict:
+def run_benchmark(
+    config: str | ModelConfig,
+    steps: int = 20,
+    warmup: int = 3,
+    options: StackOptions = STACKS["optimized"],
+    device: str = "auto",
+    seed: int = 0,
+    peak_tflops: float | None = None,
+    progress=None,
+    stack_name: str = "optimized",
+    batch: int | None = None,
+    on_prepared=None,
+    trace=None,
+    pace=None,
+) -> dict:
     """Train ``config`` under one stack for ``warmup`` + ``steps`` steps; return the result.
 
     ``batch`` overrides the config's global batch (recorded in run.global_batch and config.hash);
@@ -283,13 +365,24 @@ def run_benchmark(config: str | ModelConfig, steps: int = 20, warmup: int = 3,
     if on_prepared is not None:
         on_prepared()
     m = measure_stack(setup, options, stack_name, steps, warmup, progress=progress, pace=pace, trace=trace)
-    main, = summarized(setup, [m], warmup, setup.estimate)  # the estimate prepare() checked, not a second one
+    (main,) = summarized(setup, [m], warmup, setup.estimate)  # the estimate prepare() checked, not a second one
     return with_costs(one_process_result(setup, steps, warmup, main), m.counters, m.profile)
 
 
-def run_ab(config: str | ModelConfig, rounds: int = 6, steps_per_round: int = 3, warmup: int = 3,
-           device: str = "auto", seed: int = 0, peak_tflops: float | None = None, dtype: str | None = None,
-           progress=None, batch: int | None = None, on_prepared=None, trace=None) -> dict:
+def run_ab(
+    config: str | ModelConfig,
+    rounds: int = 6,
+    steps_per_round: int = 3,
+    warmup: int = 3,
+    device: str = "auto",
+    seed: int = 0,
+    peak_tflops: float | None = None,
+    dtype: str | None = None,
+    progress=None,
+    batch: int | None = None,
+    on_prepared=None,
+    trace=None,
+) -> dict:
     """Baseline and optimized stacks interleaved in one process, ABBA order, same weights.
 
     Each round times ``steps_per_round`` steps of each stack over the same batches; the ratio
@@ -302,8 +395,9 @@ def run_ab(config: str | ModelConfig, rounds: int = 6, steps_per_round: int = 3,
         raise UsageError(f"--rounds must be at least 2 for an interval, got {rounds}")
     steps = rounds * steps_per_round
     names = ("baseline", "optimized")
-    opts = {n: STACKS[n] if dtype is None or n == "baseline" else replace(STACKS[n], bf16=dtype == "bf16")
-            for n in names}
+    opts = {
+        n: STACKS[n] if dtype is None or n == "baseline" else replace(STACKS[n], bf16=dtype == "bf16") for n in names
+    }
     stacks = [opts[n] for n in names]
     setup = prepare(config, steps, warmup, device, seed, peak_tflops, stacks=stacks, batch=batch)
     if on_prepared is not None:
@@ -314,8 +408,7 @@ def run_ab(config: str | ModelConfig, rounds: int = 6, steps_per_round: int = 3,
         return _run_ab(setup, names, opts, rounds, steps_per_round, warmup, seed, progress, start, since, trace)
 
 
-def _run_ab(setup: Setup, names, opts, rounds, steps_per_round, warmup, seed, progress, start, since,
-            trace) -> dict:
+def _run_ab(setup: Setup, names, opts, rounds, steps_per_round, warmup, seed, progress, start, since, trace) -> dict:
     steps = rounds * steps_per_round
     states = {n: build_train_state(setup.cfg, opts[n], setup.device, seed=seed) for n in names}
     collected = {n: StepSamples() for n in names}
@@ -326,8 +419,9 @@ def _run_ab(setup: Setup, names, opts, rounds, steps_per_round, warmup, seed, pr
     for r in range(rounds):
         order = names if r % 2 == 0 else names[::-1]
         for n in order:
-            batches = [setup.batches[(warmup + r * steps_per_round + i) % len(setup.batches)]
-                       for i in range(steps_per_round)]
+            batches = [
+                setup.batches[(warmup + r * steps_per_round + i) % len(setup.batches)] for i in range(steps_per_round)
+            ]
             s = run_steps(states[n], batches, steps_per_round, 0)
             per_round[n].append(float(np.median(s.step_s)))
             collected[n].step_s += s.step_s
@@ -346,17 +440,27 @@ def _run_ab(setup: Setup, names, opts, rounds, steps_per_round, warmup, seed, pr
     memory = memory_now(setup, start)
     measured = []
     for n in names:  # only the optimized stack compiles, so the run's compile counts are its own
-        counts, profile, saved = step_costs(setup, states[n], warmup + steps, since, opts[n].compile,
-                                            trace if n == "optimized" else None)
+        counts, profile, saved = step_costs(
+            setup, states[n], warmup + steps, since, opts[n].compile, trace if n == "optimized" else None
+        )
         measured.append(Measured(n, opts[n], collected[n], memory, counts, profile, saved))
     results = dict(zip(names, summarized(setup, measured, warmup, setup.estimate)))
     optimized = measured[names.index("optimized")]
-    ab = {"rounds": rounds, "steps_per_round": steps_per_round, "order": "ABBA",
-          "round_step_s": per_round, "round_ratios": ratios,
-          "mfu_ratio": center, "mfu_ratio_ci95": [lo, hi],
-          "baseline": {k: results["baseline"][k] for k in ("options", "flops", "samples", "summary", "counters")}}
-    doc = with_costs(one_process_result(setup, steps, warmup, results["optimized"], {"ab": ab}),
-                     optimized.counters, optimized.profile)
+    ab = {
+        "rounds": rounds,
+        "steps_per_round": steps_per_round,
+        "order": "ABBA",
+        "round_step_s": per_round,
+        "round_ratios": ratios,
+        "mfu_ratio": center,
+        "mfu_ratio_ci95": [lo, hi],
+        "baseline": {k: results["baseline"][k] for k in ("options", "flops", "samples", "summary", "counters")},
+    }
+    doc = with_costs(
+        one_process_result(setup, steps, warmup, results["optimized"], {"ab": ab}),
+        optimized.counters,
+        optimized.profile,
+    )
     doc["run"]["stack"] = "ab"
     doc["metrics"]["ab_mfu_ratio"] = center
     doc["metrics"]["baseline_mfu"] = results["baseline"]["summary"]["mfu"]

@@ -38,8 +38,9 @@ from gembench.models.sparse import is_embedding_parameter
 # fbgemm's fake dense_to_jagged (traced when the padded attention is compiled, as `gembench
 # ablate`'s "- jagged" variant does) calls torch._check_is_size, deprecated since torch 2.13:
 # fbgemm's to fix, and it says nothing about the run, so only that warning from fbgemm is muted.
-warnings.filterwarnings("ignore", message="_check_is_size will be removed", category=FutureWarning,
-                        module=r"fbgemm_gpu\.")
+warnings.filterwarnings(
+    "ignore", message="_check_is_size will be removed", category=FutureWarning, module=r"fbgemm_gpu\."
+)
 
 EMBEDDING_LR = 0.02
 DENSE_LR = 1e-3
@@ -51,7 +52,8 @@ class StackOptions:
     """How a model is run. Each field is one optimization that `gembench ablate` can flip."""
 
     fused_embeddings: bool = True  # fbgemm TBE, Adagrad fused into backward (row-sparse on CPU sequences)
-    jagged: bool = True  # attention="jagged" (models/ops/hstu_attention.py); False: "padded", every sequence padded to the batch max
+    # attention="jagged" (models/ops/hstu_attention.py); False: "padded", every sequence padded to the batch max
+    jagged: bool = True
     bf16: bool = True  # autocast the dense arch to bf16 (weights and optimizer state stay fp32)
     fused_optimizer: bool = True  # one fused Adam kernel over all dense params, not a per-tensor loop
     compile: bool = True  # torch.compile the dense arch
@@ -87,8 +89,11 @@ class StackOptions:
 
 OPTIMIZATIONS = tuple(f.name for f in fields(StackOptions) if f.type in (bool, "bool"))  # on/off
 # the switches that choose among values, the first being the default
-CHOICES = {"dense_parallel": ("ddp", "fsdp", "hsdp"), "activation_checkpointing": ("none", "hstu", "all"),
-           "content": ("on", "off")}
+CHOICES = {
+    "dense_parallel": ("ddp", "fsdp", "hsdp"),
+    "activation_checkpointing": ("none", "hstu", "all"),
+    "content": ("on", "off"),
+}
 STACKS = {
     "baseline": StackOptions(**{name: False for name in OPTIMIZATIONS}),
     "optimized": StackOptions(),
@@ -111,8 +116,9 @@ def with_switches(options: StackOptions, switches) -> StackOptions:
         name, sep, value = switch.partition("=")
         name, value = name.strip().replace("-", "_"), value.strip().lower()
         if not sep or name not in OPTIMIZATIONS + tuple(CHOICES):
-            raise UsageError(f"--set takes NAME=VALUE with NAME one of {', '.join(OPTIMIZATIONS + tuple(CHOICES))}; "
-                             f"got {switch!r}")
+            raise UsageError(
+                f"--set takes NAME=VALUE with NAME one of {', '.join(OPTIMIZATIONS + tuple(CHOICES))}; got {switch!r}"
+            )
         if name in CHOICES:
             if value not in CHOICES[name]:
                 raise UsageError(f"--set {name} must be one of {', '.join(CHOICES[name])}, got {value!r}")
@@ -127,8 +133,10 @@ def with_switches(options: StackOptions, switches) -> StackOptions:
 def check_one_process(options: StackOptions) -> None:
     """Refuse what only ranks can run: a sharded dense part needs more than one replica."""
     if options.dense_parallel != "ddp":
-        raise UsageError(f"dense_parallel={options.dense_parallel} shards the dense part over ranks: "
-                         f"add --nproc 2 or more (one process has one replica)")
+        raise UsageError(
+            f"dense_parallel={options.dense_parallel} shards the dense part over ranks: "
+            f"add --nproc 2 or more (one process has one replica)"
+        )
 
 
 def stack_label(options: StackOptions) -> str:
@@ -182,8 +190,9 @@ def sync_free_fused_embedding_collection():
                 offsets = torch.ops.fbgemm.asynchronous_complete_cumsum(torch.cat([jt.lengths() for jt in jts]))
                 lookups = emb_op(torch.cat([jt.values() for jt in jts]).int(), offsets.int(), weights=None)
                 for (_, name), jt, rows in zip(names, jts, lookups.split([sizes[f] for f, _ in names])):
-                    out[name] = JaggedTensor(values=rows, lengths=jt.lengths(),
-                                             weights=jt.values() if self.need_indices() else None)
+                    out[name] = JaggedTensor(
+                        values=rows, lengths=jt.lengths(), weights=jt.values() if self.need_indices() else None
+                    )
             return out
 
     return SyncFreeFusedEmbeddingCollection
@@ -206,16 +215,20 @@ def fuse_embeddings(model: nn.Module, device: torch.device) -> list[torch.optim.
         for name, child in list(parent.named_children()):
             if isinstance(child, EmbeddingBagCollection):
                 fused = FusedEmbeddingBagCollection(
-                    child.embedding_bag_configs(), optimizer_type=torch.optim.Adagrad,
-                    optimizer_kwargs=kwargs, device=device,
+                    child.embedding_bag_configs(),
+                    optimizer_type=torch.optim.Adagrad,
+                    optimizer_kwargs=kwargs,
+                    device=device,
                 )
                 fused.load_state_dict(child.state_dict())
                 setattr(parent, name, fused)
             elif isinstance(child, EmbeddingCollection):
                 if device.type == "cuda":
                     fused = sync_free_fused_embedding_collection()(
-                        child.embedding_configs(), optimizer_type=torch.optim.Adagrad,
-                        optimizer_kwargs=kwargs, device=device,
+                        child.embedding_configs(),
+                        optimizer_type=torch.optim.Adagrad,
+                        optimizer_kwargs=kwargs,
+                        device=device,
                     )
                     fused.load_state_dict(child.state_dict())
                     setattr(parent, name, fused)
@@ -227,6 +240,7 @@ def fuse_embeddings(model: nn.Module, device: torch.device) -> list[torch.optim.
 
 
 # -- applied from outside the model, on one process and on every rank alike ------------------
+
 
 def dense_optimizer(params, options: StackOptions) -> torch.optim.Optimizer:
     """Adam over the dense parameters: one fused kernel, or the per-tensor loop a team writes first."""
@@ -262,8 +276,7 @@ def on_ranks(options: StackOptions, pipeline: bool) -> StackOptions:
     return replace(options, fused_embeddings=True, pipeline=pipeline)
 
 
-def build_train_state(cfg: ModelConfig, options: StackOptions, device: torch.device,
-                      seed: int = 0) -> TrainState:
+def build_train_state(cfg: ModelConfig, options: StackOptions, device: torch.device, seed: int = 0) -> TrainState:
     """Build the pure model from ``cfg`` with ``seed`` (same weights for every stack), then
     apply ``options`` to it."""
     check_one_process(options)
@@ -277,7 +290,8 @@ def build_train_state(cfg: ModelConfig, options: StackOptions, device: torch.dev
     else:
         sparse = [p for n, p in model.named_parameters() if is_embedding_parameter(n)]
         optimizers.append(torch.optim.Adagrad(sparse, lr=EMBEDDING_LR, eps=ADAGRAD_EPS))
-    optimizers.append(dense_optimizer([p for n, p in model.named_parameters() if not is_embedding_parameter(n)],
-                                      options))
+    optimizers.append(
+        dense_optimizer([p for n, p in model.named_parameters() if not is_embedding_parameter(n)], options)
+    )
     apply_compile(model, options)
     return TrainState(model=model, optimizers=optimizers, autocast=autocast_for(options, device), device=device)

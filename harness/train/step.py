@@ -44,11 +44,7 @@ class StageClock:
             gap = lambda a, b: a.elapsed_time(b) / 1e3  # noqa: E731  (ms -> s)
         else:
             gap = lambda a, b: b - a  # noqa: E731
-        return {
-            name: gap(self.marks[i - 1][1], t)
-            for i, (name, t) in enumerate(self.marks)
-            if i > 0
-        }
+        return {name: gap(self.marks[i - 1][1], t) for i, (name, t) in enumerate(self.marks) if i > 0}
 
 
 class NoClock:
@@ -138,8 +134,11 @@ def divergence(loss: list[float], task_loss: list[list[float]], first_step: int 
         if not math.isfinite(value):
             tasks = task_loss[i] if i < len(task_loss) else []
             bad = next((k for k, v in enumerate(tasks) if not math.isfinite(v)), None)
-            return {"step": first_step + i, "task": None if bad is None else f"task{bad}",
-                    "loss": str(tasks[bad] if bad is not None else value)}
+            return {
+                "step": first_step + i,
+                "task": None if bad is None else f"task{bad}",
+                "loss": str(tasks[bad] if bad is not None else value),
+            }
     return None
 
 
@@ -148,8 +147,9 @@ def finite_or_none(values: list) -> list:
     return [finite_or_none(v) if isinstance(v, list) else (v if math.isfinite(v) else None) for v in values]
 
 
-def timed_steps(one_step, total: int, kept: range, device: torch.device, stages=STAGES,
-                progress=None, pace=None) -> StepSamples:
+def timed_steps(
+    one_step, total: int, kept: range, device: torch.device, stages=STAGES, progress=None, pace=None
+) -> StepSamples:
     """The one step loop of every runner, one process or a rank: runs steps 0..total-1.
 
     ``one_step(i)`` runs step i and returns (its detached loss, {stage: seconds}); the strategy
@@ -195,8 +195,9 @@ def timed_steps(one_step, total: int, kept: range, device: torch.device, stages=
     return samples
 
 
-def run_steps(state: TrainState, batches, steps: int, warmup: int, timed: bool = True,
-              progress=None, pace=None) -> StepSamples:
+def run_steps(
+    state: TrainState, batches, steps: int, warmup: int, timed: bool = True, progress=None, pace=None
+) -> StepSamples:
     """Run ``warmup`` discarded steps then ``steps`` measured ones over ``batches`` (cycled), one
     process's staged step (train_step) in the one loop (timed_steps).
 
@@ -204,6 +205,7 @@ def run_steps(state: TrainState, batches, steps: int, warmup: int, timed: bool =
     hand them over; the data stage is the copy to the device. ``timed=False`` reads no stage
     clock (the untimed reference of benchmarks/stage_timing_overhead.py).
     """
+
     def one_step(i: int):
         clock = StageClock(state.device) if timed else NoClock()
         try:
@@ -214,5 +216,6 @@ def run_steps(state: TrainState, batches, steps: int, warmup: int, timed: bool =
             raise
         return loss, clock.durations()
 
-    return timed_steps(one_step, warmup + steps, range(warmup, warmup + steps), state.device,
-                       progress=progress, pace=pace)
+    return timed_steps(
+        one_step, warmup + steps, range(warmup, warmup + steps), state.device, progress=progress, pace=pace
+    )

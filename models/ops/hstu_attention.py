@@ -30,8 +30,11 @@ def select_backend(attention: str, device: torch.device | str, triton_available:
     if torch.device(device).type == "cuda":
         if triton_available:
             return "triton"
-        warnings.warn("triton is not installed: jagged HSTU attention on CUDA falls back to the tiled "
-                      "PyTorch op (host-planned, far slower)", stacklevel=2)
+        warnings.warn(
+            "triton is not installed: jagged HSTU attention on CUDA falls back to the tiled "
+            "PyTorch op (host-planned, far slower)",
+            stacklevel=2,
+        )
     return "tiled"
 
 

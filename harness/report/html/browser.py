@@ -43,8 +43,9 @@ FIGURES_JS = """JSON.stringify(Array.from(document.querySelectorAll('figure svg,
 }))"""
 
 
-LAUNCHER = ("import os, sys; os.dup2(int(sys.argv[1]), 3); os.dup2(int(sys.argv[2]), 4); "
-            "os.execvp(sys.argv[3], sys.argv[3:])")
+LAUNCHER = (
+    "import os, sys; os.dup2(int(sys.argv[1]), 3); os.dup2(int(sys.argv[2]), 4); os.execvp(sys.argv[3], sys.argv[3:])"
+)
 
 
 def _above(fd: int, lowest: int) -> int:
@@ -82,8 +83,11 @@ class PageCheck:
         out = [f"console error: {e}" for e in self.console_errors]
         out += [f"request left the page: {u}" for u in self.requests_out]
         out += [f"request failed: {u}" for u in self.failed_requests]
-        out += [f"figure {f['index']} ({f['tag']}) rendered {f['width']:.0f}x{f['height']:.0f}, content "
-                f"{f['content_width']:.0f}x{f['content_height']:.0f}: {f['caption']!r}" for f in self.empty_figures()]
+        out += [
+            f"figure {f['index']} ({f['tag']}) rendered {f['width']:.0f}x{f['height']:.0f}, content "
+            f"{f['content_width']:.0f}x{f['content_height']:.0f}: {f['caption']!r}"
+            for f in self.empty_figures()
+        ]
         if len(self.figures) < min_figures:
             out.append(f"{len(self.figures)} figures on the page, expected at least {min_figures}")
         return out
@@ -98,24 +102,38 @@ class DevTools:
         # above 4, so that placing them at 3 and 4 in the child cannot overwrite one with the other
         to_chrome_r, from_chrome_w = (_above(fd, 10) for fd in (to_chrome_r, from_chrome_w))
         args = [
-            "--headless", "--remote-debugging-pipe", f"--user-data-dir={profile}", "--no-first-run",
-            "--no-default-browser-check", "--disable-gpu", "--disable-extensions", "--disable-sync",
-            "--disable-background-networking", "--disable-component-update", "--disable-default-apps",
-            "--hide-scrollbars", "--mute-audio",
+            "--headless",
+            "--remote-debugging-pipe",
+            f"--user-data-dir={profile}",
+            "--no-first-run",
+            "--no-default-browser-check",
+            "--disable-gpu",
+            "--disable-extensions",
+            "--disable-sync",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-default-apps",
+            "--hide-scrollbars",
+            "--mute-audio",
             # network off at the source too: no proxy answers and no name resolves
-            "--proxy-server=127.0.0.1:9", "--proxy-bypass-list=<-loopback>",
+            "--proxy-server=127.0.0.1:9",
+            "--proxy-bypass-list=<-loopback>",
             "--host-resolver-rules=MAP * ~NOTFOUND",
             # the pages are local files with the network off; Chromium's sandbox needs user
             # namespaces that CI containers (and root) often lack, so it is not used
             "--no-sandbox",
-            *extra_args, "about:blank",
+            *extra_args,
+            "about:blank",
         ]
         # the child needs the pipe ends as fds 3 and 4 exactly; a tiny Python launcher puts them
         # there and execs Chromium (a POSIX shell cannot redirect descriptors above 9)
         self.proc = subprocess.Popen(
             [sys.executable, "-c", LAUNCHER, str(to_chrome_r), str(from_chrome_w), chromium, *args],
-            pass_fds=(to_chrome_r, from_chrome_w), stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            pass_fds=(to_chrome_r, from_chrome_w),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         os.close(to_chrome_r)
         os.close(from_chrome_w)
         self._buf = b""
@@ -195,9 +213,17 @@ def _console_text(params: dict) -> str:
     return " ".join(parts)
 
 
-def check_page(page: Path, screenshot: Path | None = None, width: int = 1280, height: int = 900,
-               full_page: bool = True, max_height: int | None = None, scale: float = 1.0,
-               timeout: float = 60, chromium: str | None = None) -> PageCheck:
+def check_page(
+    page: Path,
+    screenshot: Path | None = None,
+    width: int = 1280,
+    height: int = 900,
+    full_page: bool = True,
+    max_height: int | None = None,
+    scale: float = 1.0,
+    timeout: float = 60,
+    chromium: str | None = None,
+) -> PageCheck:
     """Load ``page`` (a local file) offline, collect what went wrong, optionally save a PNG.
 
     The screenshot is the whole page (``full_page``) cut at ``max_height`` CSS pixels, at ``scale``.
@@ -214,10 +240,16 @@ def check_page(page: Path, screenshot: Path | None = None, width: int = 1280, he
             session = dt.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
             for domain in ("Page", "Runtime", "Log", "Network"):
                 dt.call(f"{domain}.enable", session=session)
-            dt.call("Network.emulateNetworkConditions", {"offline": True, "latency": 0, "downloadThroughput": -1,
-                                                         "uploadThroughput": -1}, session=session)
-            dt.call("Emulation.setDeviceMetricsOverride", {"width": width, "height": height, "deviceScaleFactor": 1,
-                                                          "mobile": False}, session=session)
+            dt.call(
+                "Network.emulateNetworkConditions",
+                {"offline": True, "latency": 0, "downloadThroughput": -1, "uploadThroughput": -1},
+                session=session,
+            )
+            dt.call(
+                "Emulation.setDeviceMetricsOverride",
+                {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+                session=session,
+            )
             dt.events.clear()
             dt.call("Page.navigate", {"url": url}, session=session)
             if not dt.wait_for("Page.loadEventFired", timeout):
@@ -232,9 +264,16 @@ def check_page(page: Path, screenshot: Path | None = None, width: int = 1280, he
                 h = size["height"] if full_page else height
                 if max_height:
                     h = min(h, max_height)
-                shot = dt.call("Page.captureScreenshot", {
-                    "format": "png", "captureBeyondViewport": True,
-                    "clip": {"x": 0, "y": 0, "width": width, "height": h, "scale": scale}}, session=session, timeout=timeout)
+                shot = dt.call(
+                    "Page.captureScreenshot",
+                    {
+                        "format": "png",
+                        "captureBeyondViewport": True,
+                        "clip": {"x": 0, "y": 0, "width": width, "height": h, "scale": scale},
+                    },
+                    session=session,
+                    timeout=timeout,
+                )
                 Path(screenshot).write_bytes(base64.b64decode(shot["data"]))
             dt.drain(0.2)
         finally:
@@ -280,14 +319,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--width", type=int, default=1280)
     parser.add_argument("--max-height", type=int, default=None, help="cut the screenshot at this many CSS pixels")
     parser.add_argument("--scale", type=float, default=1.0)
-    parser.add_argument("--min-figures", type=int, default=1, help="fewer figures than this is a problem (0 for a table page)")
+    parser.add_argument(
+        "--min-figures", type=int, default=1, help="fewer figures than this is a problem (0 for a table page)"
+    )
     parser.add_argument("--colors", type=int, default=0, help="re-encode the PNG with this many colours (smaller file)")
     args = parser.parse_args(argv)
     if not args.page.is_file():
         print(f"no page {args.page}", file=sys.stderr)
         return 2
     if not find_chromium():
-        print("no Chromium found: install it with scripts/setup.sh --browser (or set GEMBENCH_CHROMIUM)", file=sys.stderr)
+        print(
+            "no Chromium found: install it with scripts/setup.sh --browser (or set GEMBENCH_CHROMIUM)", file=sys.stderr
+        )
         return 2
     raw = args.screenshot.with_suffix(".raw.png") if args.screenshot and args.colors else args.screenshot
     check = check_page(args.page, raw, width=args.width, max_height=args.max_height, scale=args.scale)

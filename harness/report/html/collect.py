@@ -13,13 +13,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gembench.errors import UsageError
-from gembench.harness.store.results import (BASELINE_SCHEMA, BASELINES_DIR, RUN_KEYS, RUNS_DIR, expand_paths,
-                                            field as get)
+from gembench.harness.store.results import (
+    BASELINE_SCHEMA,
+    BASELINES_DIR,
+    RUN_KEYS,
+    RUNS_DIR,
+    expand_paths,
+)
+from gembench.harness.store.results import (
+    field as get,
+)
 
 SOURCE_DIR = Path(__file__).resolve().parents[2]  # the gembench checkout whose commits results name
 # what the page cannot be drawn without; a run lacking one is skipped with a warning naming it
-REQUIRED = ("config.name", "env.hardware_class", "run.stack", "summary.stages", "summary.step_time_s.p50",
-            "summary.mfu", "peak.tflops_per_device", "metrics")
+REQUIRED = (
+    "config.name",
+    "env.hardware_class",
+    "run.stack",
+    "summary.stages",
+    "summary.step_time_s.p50",
+    "summary.mfu",
+    "peak.tflops_per_device",
+    "metrics",
+)
 PROJECTION_SCHEMA = "gembench.projection/1"
 DEFAULT_INPUTS = (str(RUNS_DIR / "*.json"), str(BASELINES_DIR / "**" / "*.json"))
 
@@ -74,8 +90,14 @@ def load(inputs: list[str], warn=lambda msg: print(msg, file=sys.stderr)) -> Loa
 def commit_order(repo: Path = SOURCE_DIR) -> list[str]:
     """Every commit reachable from any ref, oldest first (topological); [] outside a git checkout."""
     try:
-        out = subprocess.run(["git", "rev-list", "--all", "--topo-order", "--reverse"], cwd=repo,
-                             capture_output=True, text=True, timeout=30, check=True).stdout
+        out = subprocess.run(
+            ["git", "rev-list", "--all", "--topo-order", "--reverse"],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return []
     return out.split()
@@ -83,8 +105,9 @@ def commit_order(repo: Path = SOURCE_DIR) -> list[str]:
 
 def head(repo: Path = SOURCE_DIR) -> str | None:
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
-                              timeout=10, check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
 
@@ -145,16 +168,28 @@ def group(loaded: Loaded, known_commits: list[str]) -> list[Group]:
         if runs and tuple(get(runs[0], k) for k in RUN_KEYS) == run_keys:
             g.baseline_path, g.baseline = path, runs
     # single-process groups before distributed ones, then by stack and hardware
-    return sorted(groups.values(), key=lambda g: (g.config, g.run_keys[2] or 1, g.run_keys[0] == "ab", str(g.run_keys[0]),
-                                                  g.hardware_class, str(g.run_keys)))
+    return sorted(
+        groups.values(),
+        key=lambda g: (
+            g.config,
+            g.run_keys[2] or 1,
+            g.run_keys[0] == "ab",
+            str(g.run_keys[0]),
+            g.hardware_class,
+            str(g.run_keys),
+        ),
+    )
 
 
 def gate_group(g: Group, thresholds_path: str | None) -> None:
     """The gate's own checks for every commit of the group: thresholds, then the baseline."""
     from gembench.harness.regression import gate, stats, thresholds
 
-    g.limits = (thresholds.load(thresholds_path, g.config, g.hardware_class) if thresholds_path
-                else thresholds.Limits(sources={}))
+    g.limits = (
+        thresholds.load(thresholds_path, g.config, g.hardware_class)
+        if thresholds_path
+        else thresholds.Limits(sources={})
+    )
     alpha = g.limits.alpha or stats.ALPHA
     min_effect = g.limits.min_effect if g.limits.min_effect is not None else stats.MIN_EFFECT
     baseline_ids = {r.get("id") for r in g.baseline}
@@ -174,7 +209,11 @@ def failed_metrics(checks: list) -> dict[str, str]:
     for c in checks:
         if c.status != gate.FAIL:
             continue
-        metric = gate.THRESHOLD_METRICS[c.name][0] if c.name in gate.THRESHOLD_METRICS else c.name.removeprefix("vs baseline ")
+        metric = (
+            gate.THRESHOLD_METRICS[c.name][0]
+            if c.name in gate.THRESHOLD_METRICS
+            else c.name.removeprefix("vs baseline ")
+        )
         out[metric] = c.line()
     return out
 

@@ -38,9 +38,16 @@ STYLE = {
 
 # One colour per stage name, the same in every figure of a page (single-process and rank stages).
 STAGE_COLORS = {
-    "data": "#9aa5b1", "sparse_forward": "#4e79a7", "input_dist": "#a0cbe8", "embedding_lookup": "#4e79a7",
-    "output_dist": "#86bcb6", "dense_forward": "#59a14f", "loss": "#b6992d", "backward": "#f28e2b",
-    "grad_sync": "#ff9d9a", "optimizer": "#b07aa1",
+    "data": "#9aa5b1",
+    "sparse_forward": "#4e79a7",
+    "input_dist": "#a0cbe8",
+    "embedding_lookup": "#4e79a7",
+    "output_dist": "#86bcb6",
+    "dense_forward": "#59a14f",
+    "loss": "#b6992d",
+    "backward": "#f28e2b",
+    "grad_sync": "#ff9d9a",
+    "optimizer": "#b07aa1",
 }
 EXTRA_COLORS = ["#76b7b2", "#edc948", "#9c755f", "#bab0ac", "#d37295"]
 SERIES = "#2b6cb0"
@@ -61,16 +68,24 @@ _counter = iter(range(1, 1 << 30))
 def to_svg(fig) -> str:
     """The figure as an <svg> element: no XML prolog, ids prefixed so several SVGs share one page."""
     buf = io.StringIO()
-    fig.savefig(buf, format="svg", bbox_inches="tight", facecolor="none",  # the page's panel shows through
-                metadata={"Date": None, "Creator": None})
+    fig.savefig(
+        buf,
+        format="svg",
+        bbox_inches="tight",
+        facecolor="none",  # the page's panel shows through
+        metadata={"Date": None, "Creator": None},
+    )
     plt.close(fig)
     text = buf.getvalue()
-    text = text[text.index("<svg"):]
+    text = text[text.index("<svg") :]
     prefix = f"f{next(_counter)}-"
     ids = set(re.findall(r'\bid="([^"]+)"', text))
     for name in sorted(ids, key=len, reverse=True):
-        text = (text.replace(f'id="{name}"', f'id="{prefix}{name}"')
-                .replace(f"#{name})", f"#{prefix}{name})").replace(f'#{name}"', f'#{prefix}{name}"'))
+        text = (
+            text.replace(f'id="{name}"', f'id="{prefix}{name}"')
+            .replace(f"#{name})", f"#{prefix}{name})")
+            .replace(f'#{name}"', f'#{prefix}{name}"')
+        )
     return text
 
 
@@ -80,6 +95,7 @@ def _fig(width: float, height: float):
 
 
 # -- history across commits -------------------------------------------------------------------
+
 
 def history(panels: list[dict], commits: list[str]) -> str:
     """Small multiples, one panel per metric, x = commits in git order.
@@ -96,10 +112,20 @@ def history(panels: list[dict], commits: list[str]) -> str:
             ys = np.array([v * k for _, v in p["points"]], dtype=float)
             ax.scatter(xs, ys, s=14, color=SERIES, alpha=0.55, zorder=3, label="run")
             med = [(x, float(np.median(ys[xs == x]))) for x in sorted(set(xs))]
-            ax.plot([m[0] for m in med], [m[1] for m in med], color=SERIES, lw=1.4, zorder=3,
-                    marker="o", ms=3.5, label="median per commit")
+            ax.plot(
+                [m[0] for m in med],
+                [m[1] for m in med],
+                color=SERIES,
+                lw=1.4,
+                zorder=3,
+                marker="o",
+                ms=3.5,
+                label="median per commit",
+            )
             if p.get("baseline") is not None:
-                ax.axhline(p["baseline"] * k, color=BASELINE, ls="--", lw=1.1, label=p.get("baseline_label", "baseline"))
+                ax.axhline(
+                    p["baseline"] * k, color=BASELINE, ls="--", lw=1.1, label=p.get("baseline_label", "baseline")
+                )
             if p.get("limit"):
                 value, label = p["limit"]
                 ax.axhline(value * k, color=LIMIT, ls=":", lw=1.3, label=label)
@@ -111,8 +137,13 @@ def history(panels: list[dict], commits: list[str]) -> str:
                 ax.scatter([], [], s=50, marker="X", color=BAD, label="gate FAIL")
             ax.set_title(p["title"], loc="left")
             ax.set_ylabel(p["ylabel"])
-            ax.set_xticks(range(len(commits)), commits, rotation=30 if len(commits) > 4 else 0,
-                          ha="right" if len(commits) > 4 else "center", fontsize=7)
+            ax.set_xticks(
+                range(len(commits)),
+                commits,
+                rotation=30 if len(commits) > 4 else 0,
+                ha="right" if len(commits) > 4 else "center",
+                fontsize=7,
+            )
             ax.set_xlim(-0.5, max(len(commits) - 0.5, 0.5))
             lo, hi = ax.get_ylim()
             ax.set_ylim(min(0, lo), hi * 1.08)
@@ -127,6 +158,7 @@ def history(panels: list[dict], commits: list[str]) -> str:
 
 # -- stages -----------------------------------------------------------------------------------
 
+
 def stage_bars(bars: list[tuple[str, dict[str, float]]], losses: list[tuple[str, float]]) -> str:
     """Horizontal stacked bars of mean stage time (s in, ms drawn), one bar per (label, stages).
 
@@ -138,20 +170,33 @@ def stage_bars(bars: list[tuple[str, dict[str, float]]], losses: list[tuple[str,
     with plt.rc_context(STYLE):
         fig = _fig(8.6, 0.55 + 0.48 * len(bars))
         ax = fig.subplots()
-        for i, (label, st) in enumerate(bars):
+        for i, (_label, st) in enumerate(bars):
             left = 0.0
             for s in stages:
                 width = 1e3 * st.get(s, 0.0)
                 loss = losses[i][0] == s
-                ax.barh(i, width, left=left, color=stage_color(s), height=0.62,
-                        edgecolor="#1a202c" if loss else "white", lw=1.6 if loss else 0.5,
-                        hatch="///" if loss else None)
+                ax.barh(
+                    i,
+                    width,
+                    left=left,
+                    color=stage_color(s),
+                    height=0.62,
+                    edgecolor="#1a202c" if loss else "white",
+                    lw=1.6 if loss else 0.5,
+                    hatch="///" if loss else None,
+                )
                 if width > 0.06 * sum(st.values()) * 1e3:
                     ax.text(left + width / 2, i, f"{width:.1f}", ha="center", va="center", fontsize=6.5, color="white")
                 left += width
             stage, secs = losses[i]
-            ax.text(left, i, f"  largest loss: {stage} ({1e3 * secs:.1f} ms above ideal)",
-                    va="center", fontsize=7, color="#1a202c")
+            ax.text(
+                left,
+                i,
+                f"  largest loss: {stage} ({1e3 * secs:.1f} ms above ideal)",
+                va="center",
+                fontsize=7,
+                color="#1a202c",
+            )
         ax.set_yticks(range(len(bars)), [b[0] for b in bars])
         ax.invert_yaxis()
         ax.set_xlabel("mean ms per step (stages; hatched = largest remaining loss)")
@@ -159,12 +204,20 @@ def stage_bars(bars: list[tuple[str, dict[str, float]]], losses: list[tuple[str,
         xmax = max(1e3 * sum(st.values()) for _, st in bars)
         ax.set_xlim(0, xmax * 1.6)
         handles = [Patch(facecolor=stage_color(s), edgecolor="white", label=s) for s in stages]
-        ax.legend(handles=handles, ncols=min(len(stages), 8), loc="lower left",
-                  bbox_to_anchor=(0.0, 1.0), fontsize=6.5, handlelength=1.2, columnspacing=1.0)
+        ax.legend(
+            handles=handles,
+            ncols=min(len(stages), 8),
+            loc="lower left",
+            bbox_to_anchor=(0.0, 1.0),
+            fontsize=6.5,
+            handlelength=1.2,
+            columnspacing=1.0,
+        )
         return to_svg(fig)
 
 
 # -- distributed runs -------------------------------------------------------------------------
+
 
 def rank_heatmap(ranks: list[dict], critical: dict[str, float]) -> str:
     """Ranks x stages, mean ms per step; the slowest rank of each stage is boxed."""
@@ -178,8 +231,15 @@ def rank_heatmap(ranks: list[dict], critical: dict[str, float]) -> str:
         im = ax.imshow(rel, aspect="auto", cmap="Oranges", vmin=0, vmax=1)
         for i in range(data.shape[0]):
             for j in range(data.shape[1]):
-                ax.text(j, i, f"{data[i, j]:.1f}", ha="center", va="center", fontsize=6.5,
-                        color="white" if rel[i, j] > 0.65 else "#1a202c")
+                ax.text(
+                    j,
+                    i,
+                    f"{data[i, j]:.1f}",
+                    ha="center",
+                    va="center",
+                    fontsize=6.5,
+                    color="white" if rel[i, j] > 0.65 else "#1a202c",
+                )
         ax.set_xticks(range(len(stages)), stages, rotation=25, ha="right")
         ax.set_yticks(range(len(ranks)), [f"rank {r['rank']}" for r in ranks])
         ax.grid(False)
@@ -190,8 +250,12 @@ def rank_heatmap(ranks: list[dict], critical: dict[str, float]) -> str:
         return to_svg(fig)
 
 
-def rank_loads(measured: dict[str, list[float]], planned: dict[str, list[float]], labels: dict[str, str],
-               limit: tuple[float, str] | None) -> str:
+def rank_loads(
+    measured: dict[str, list[float]],
+    planned: dict[str, list[float]],
+    labels: dict[str, str],
+    limit: tuple[float, str] | None,
+) -> str:
     """Embedding load per rank as a multiple of the mean over ranks: measured vs the planner's."""
     series = [("measured", k, v) for k, v in measured.items()] + [("planned", k, v) for k, v in planned.items()]
     nranks = len(series[0][2]) if series else 0
@@ -204,9 +268,16 @@ def rank_loads(measured: dict[str, list[float]], planned: dict[str, list[float]]
             v = np.array(values, dtype=float)
             rel = v / v.mean() if v.mean() > 0 else np.zeros_like(v)
             color = palette[i % 4] if side == "measured" else palette[4 + i % 2]
-            ax.bar(np.arange(nranks) + (i - (len(series) - 1) / 2) * width, rel, width * 0.92,
-                   color=color, hatch=None if side == "measured" else "..", edgecolor="white", lw=0.3,
-                   label=f"{side}: {labels.get(key, key)}")
+            ax.bar(
+                np.arange(nranks) + (i - (len(series) - 1) / 2) * width,
+                rel,
+                width * 0.92,
+                color=color,
+                hatch=None if side == "measured" else "..",
+                edgecolor="white",
+                lw=0.3,
+                label=f"{side}: {labels.get(key, key)}",
+            )
         ax.axhline(1.0, color=BASELINE, lw=0.8)
         if limit:
             ax.axhline(limit[0], color=LIMIT, ls=":", lw=1.3, label=limit[1])
@@ -229,11 +300,16 @@ def rebalance(sides: list[tuple[str, dict]], primary: str, label: str) -> str:
         for i, ((name, side), color) in enumerate(zip(sides, colors)):
             at = x + (i - (len(sides) - 1) / 2) * width
             m = side["metrics"][primary]["max_mean"]
-            left.bar(at, np.array(side["loads"][primary], dtype=float) / 1e6, width * 0.92, color=color,
-                     label=f"{name} (max/mean {m:.3f})")
+            left.bar(
+                at,
+                np.array(side["loads"][primary], dtype=float) / 1e6,
+                width * 0.92,
+                color=color,
+                label=f"{name} (max/mean {m:.3f})",
+            )
             right.bar(at, 1e3 * np.array(side["rank_step_p50_s"]), width * 0.92, color=color, label=name)
-        unit = "MB" if primary == "bytes_read" else "millions"
-        for ax, title, unit in ((left, f"{label} per rank", unit), (right, "step p50 per rank", "ms")):
+        load_unit = "MB" if primary == "bytes_read" else "millions"
+        for ax, title, unit in ((left, f"{label} per rank", load_unit), (right, "step p50 per rank", "ms")):
             ax.set_xticks(x, [f"rank {r}" for r in range(nranks)])
             ax.set_title(title, loc="left")
             ax.set_ylabel(unit)
@@ -255,8 +331,13 @@ def comm_split(by_kind: dict[str, dict], exposure: list[dict]) -> str:
             left.barh(y, exp, color=BAD, height=0.6, label="exposed")
             left.barh(y, ovl, left=exp, color=GOOD, height=0.6, label="overlapped")
         else:
-            left.barh(y, [1e3 * by_kind[k]["time_s"] for k in kinds], color=BASELINE, height=0.6,
-                      label="time (exposure not recorded per kind)")
+            left.barh(
+                y,
+                [1e3 * by_kind[k]["time_s"] for k in kinds],
+                color=BASELINE,
+                height=0.6,
+                label="time (exposure not recorded per kind)",
+            )
         maxes = [1e3 * by_kind[k].get("time_max_s", by_kind[k]["time_s"]) for k in kinds]
         left.scatter(maxes, y, marker="|", s=80, color="#1a202c", zorder=4, label="slowest rank")
         left.set_yticks(y, kinds)
@@ -301,8 +382,13 @@ def projection(rows: list[dict]) -> str:
         left.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=6.5)
         left.grid(axis="x", visible=False)
         right.plot(worlds, [100 * r["mfu"] for r in rows], marker="o", color=SERIES, label="MFU %")
-        right.plot(worlds, [100 * r["exposed_comm_fraction"] for r in rows], marker="s", color=BAD,
-                   label="exposed comm % of step")
+        right.plot(
+            worlds,
+            [100 * r["exposed_comm_fraction"] for r in rows],
+            marker="s",
+            color=BAD,
+            label="exposed comm % of step",
+        )
         right.set_xscale("log", base=2)
         right.set_xticks(worlds, [f"{w:,}" for w in worlds])
         right.set_xlabel("GPUs")

@@ -79,12 +79,12 @@ def details(summary_html: str, inner_html: str) -> str:
 def page(title: str, header_meta_html: str, body_html: str, footer_html: str = "") -> str:
     """A whole page: no <script>, no external URL; the only resources are inline."""
     return (
-        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
         # forbids every fetch: a page that tried one would show the violation in the console
-        "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
+        '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; '
         "style-src 'unsafe-inline'; img-src data:\">\n"
         f"<title>{esc(title)}</title>\n<style>{CSS}</style>\n</head>\n<body>\n"
-        f"<header class=\"top\"><h1>{esc(title)}</h1><div class=\"meta\">{header_meta_html}</div></header>\n"
+        f'<header class="top"><h1>{esc(title)}</h1><div class="meta">{header_meta_html}</div></header>\n'
         f"<main>\n{body_html}\n<footer>{footer_html}</footer>\n</main>\n</body>\n</html>\n"
     )

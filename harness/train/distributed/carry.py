@@ -72,8 +72,10 @@ def _check_sum(full: torch.Tensor, shards) -> None:
     dist.all_reduce(local)
     want = full.double().sum()
     if not torch.isclose(local, want, rtol=1e-5, atol=1e-6 * float(full.numel())):
-        raise RuntimeError(f"carrying a tensor of {tuple(full.shape)} to its new shards: their sum "
-                           f"{float(local):.6g} is not the old one's {float(want):.6g}")
+        raise RuntimeError(
+            f"carrying a tensor of {tuple(full.shape)} to its new shards: their sum "
+            f"{float(local):.6g} is not the old one's {float(want):.6g}"
+        )
 
 
 def _move(old: dict, new: dict) -> tuple[int, list[str]]:

@@ -39,8 +39,16 @@ from gembench.harness.train.distributed.plan import dense_parameters, sharded_mo
 from gembench.harness.train.stack import StackOptions, dense_optimizer
 from gembench.models.heads import multitask_loss
 
-STAGES = ("data", "input_dist", "embedding_lookup", "output_dist", "dense_forward", "backward",
-          "grad_sync", "optimizer")
+STAGES = (
+    "data",
+    "input_dist",
+    "embedding_lookup",
+    "output_dist",
+    "dense_forward",
+    "backward",
+    "grad_sync",
+    "optimizer",
+)
 PIPELINE_STAGES = ("data", "input_dist", "forward", "backward", "optimizer")
 
 
@@ -120,7 +128,7 @@ class StagedStep:
         offset = 0
         for p, g in zip(self.replicated, grads):
             n = g.numel()
-            p.grad = flat[offset:offset + n].view_as(g)
+            p.grad = flat[offset : offset + n].view_as(g)
             offset += n
 
 
@@ -170,8 +178,11 @@ class TrainModule(nn.Module):
         super().__init__()
         from torchrec import EmbeddingBagCollection, EmbeddingCollection
 
-        found = [(path, m) for path, m in model.named_modules()
-                 if isinstance(m, (EmbeddingBagCollection, EmbeddingCollection))]
+        found = [
+            (path, m)
+            for path, m in model.named_modules()
+            if isinstance(m, (EmbeddingBagCollection, EmbeddingCollection))
+        ]
         self.fields, slots = [], []
         for i, (path, module) in enumerate(found):
             name = f"embedding_{i}"
@@ -222,17 +233,24 @@ def _pipeline_batch_class():
 class PipelineStep:
     """TorchRec's TrainPipelineSparseDist, its phases timed by wrapping the pipeline's methods."""
 
-    PHASES = {"_wait_for_batch": "data", "enqueue_batch": "data",
-              "start_sparse_data_dist": "input_dist", "wait_sparse_data_dist": "input_dist",
-              "_model_fwd": "forward", "_backward": "backward", "_optimizer_step": "optimizer"}
+    PHASES = {
+        "_wait_for_batch": "data",
+        "enqueue_batch": "data",
+        "start_sparse_data_dist": "input_dist",
+        "wait_sparse_data_dist": "input_dist",
+        "_model_fwd": "forward",
+        "_backward": "backward",
+        "_optimizer_step": "optimizer",
+    }
 
     def __init__(self, dmp: nn.Module, device: torch.device, options: StackOptions):
         from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
         from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
         from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-        dense = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(dmp.named_parameters())),
-                                      lambda params: dense_optimizer(params, options))
+        dense = KeyedOptimizerWrapper(
+            dict(in_backward_optimizer_filter(dmp.named_parameters())), lambda params: dense_optimizer(params, options)
+        )
         self.optimizer = CombinedOptimizer([dmp.fused_optimizer, dense])
         self.pipeline = TrainPipelineSparseDist(dmp, self.optimizer, device, execute_all_batches=True)
         self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -250,6 +268,7 @@ class PipelineStep:
             finally:
                 self.sync()
                 self.times[phase] = self.times.get(phase, 0.0) + time.perf_counter() - start
+
         return wrapper
 
     def __call__(self, batches) -> tuple[torch.Tensor, dict[str, float]]:

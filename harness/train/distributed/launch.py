@@ -53,8 +53,10 @@ def main(args: RunConfig) -> int:
     env = torchrun_env()
     if env is not None:
         if args.nproc is not None and args.nproc != env["world_size"]:
-            raise UsageError(f"--nproc {args.nproc} but torchrun started {env['world_size']} ranks "
-                             f"(WORLD_SIZE): drop --nproc under torchrun, or make them agree")
+            raise UsageError(
+                f"--nproc {args.nproc} but torchrun started {env['world_size']} ranks "
+                f"(WORLD_SIZE): drop --nproc under torchrun, or make them agree"
+            )
         from gembench.harness.train.distributed.rank import main as rank_main
 
         return rank_main(args, env)
@@ -92,12 +94,12 @@ def check(args: RunConfig) -> None:
     already) cannot see: the batch split, the sharding spec, the backend and devices, --out."""
     import torch
 
-    from gembench.harness.train.distributed.rank import per_rank_batch
+    from gembench.harness.device.hardware import resolve_device
+    from gembench.harness.store.results import check_writable
     from gembench.harness.train.distributed.plan import parse_sharding
     from gembench.harness.train.distributed.process_group import backend_for
-    from gembench.harness.device.hardware import resolve_device
+    from gembench.harness.train.distributed.rank import per_rank_batch
     from gembench.harness.train.parallelize import HSDP_ONE_NODE
-    from gembench.harness.store.results import check_writable
     from gembench.models.config import load_config, with_global_batch
     from gembench.models.sparse import pooled_tables, sequence_tables
 
@@ -107,11 +109,16 @@ def check(args: RunConfig) -> None:
     sequences = [t.name for t in sequence_tables(cfg)] if cfg.kind == "gem" else []
     forced = parse_sharding(args.sharding, tables + sequences)
     # TorchRec's EmbeddingCollection (sequence tables) shards table-, row- or column-wise only
-    odd = sorted(t.removeprefix("table_") for t in sequences
-                 if forced.get(t) not in (None, "table_wise", "row_wise", "column_wise"))
+    odd = sorted(
+        t.removeprefix("table_")
+        for t in sequences
+        if forced.get(t) not in (None, "table_wise", "row_wise", "column_wise")
+    )
     if odd:
-        raise UsageError(f"--sharding: sequence table(s) {', '.join(odd)} can only be table_wise, row_wise "
-                         f"or column_wise in TorchRec; add e.g. {odd[0]}=row_wise to the spec")
+        raise UsageError(
+            f"--sharding: sequence table(s) {', '.join(odd)} can only be table_wise, row_wise "
+            f"or column_wise in TorchRec; add e.g. {odd[0]}=row_wise to the spec"
+        )
     if args.rebalance:
         from gembench.harness.train.distributed.rebalance import check as check_rebalance
 
@@ -121,8 +128,9 @@ def check(args: RunConfig) -> None:
     dev = resolve_device(args.device)
     backend_for(dev)
     if dev.type == "cuda" and torch.cuda.device_count() < args.nproc:
-        raise UsageError(f"--nproc {args.nproc} needs {args.nproc} GPUs on this host, "
-                         f"torch sees {torch.cuda.device_count()}")
+        raise UsageError(
+            f"--nproc {args.nproc} needs {args.nproc} GPUs on this host, torch sees {torch.cuda.device_count()}"
+        )
     if args.out is not None:
         check_writable(args.out)
 
@@ -132,20 +140,40 @@ def relaunch(nproc: int, argv: list[str], extra_env: dict | None = None) -> int:
     if os.environ.get("MASTER_PORT"):
         port = int(os.environ["MASTER_PORT"])
         if not port_free(port):
-            raise UsageError(f"port {port} on {HOST} (from $MASTER_PORT) is in use: pick a free one "
-                             f"or unset MASTER_PORT to let gembench choose")
+            raise UsageError(
+                f"port {port} on {HOST} (from $MASTER_PORT) is in use: pick a free one "
+                f"or unset MASTER_PORT to let gembench choose"
+            )
     else:
         port = free_port()
     env = {**os.environ, **(extra_env or {})}
     # Ranks share the cores: one rank per core slice, not every rank on every core.
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
-           "--nproc_per_node", str(nproc), "--master_addr", HOST, "--master_port", str(port),
-           "--max_restarts", "0", "-m", "gembench", *argv]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "1",
+        "--nproc_per_node",
+        str(nproc),
+        "--master_addr",
+        HOST,
+        "--master_port",
+        str(port),
+        "--max_restarts",
+        "0",
+        "-m",
+        "gembench",
+        *argv,
+    ]
     proc = subprocess.run(cmd, env=env)
     if proc.returncode != 0:
-        print(f"gembench run: the {nproc}-rank run failed (torchrun exit status {proc.returncode}); "
-              "the rank messages above say which rank and stage; no result written",
-              file=sys.stderr, flush=True)
+        print(
+            f"gembench run: the {nproc}-rank run failed (torchrun exit status {proc.returncode}); "
+            "the rank messages above say which rank and stage; no result written",
+            file=sys.stderr,
+            flush=True,
+        )
         return 1
     return 0

@@ -64,5 +64,7 @@ def install(verbose: bool) -> None:
 def hidden_note(rank: int) -> str | None:
     if not HIDDEN:
         return None
-    return (f"rank {rank} kept {len(HIDDEN)} library message(s) off the terminal (TorchRec planner and "
-            "deprecation warnings, profiler lines); --verbose shows them")
+    return (
+        f"rank {rank} kept {len(HIDDEN)} library message(s) off the terminal (TorchRec planner and "
+        "deprecation warnings, profiler lines); --verbose shows them"
+    )

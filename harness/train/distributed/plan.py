@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from gembench.harness.train.stack import ADAGRAD_EPS, EMBEDDING_LR
 from gembench.errors import UsageError
+from gembench.harness.train.stack import ADAGRAD_EPS, EMBEDDING_LR
 
 POOLING_DEFAULT = 1.0  # TorchRec's own default pooling factor
 MIN_POOLING = 1e-3  # a table no example looks up still needs a positive factor
@@ -48,15 +48,15 @@ def parse_sharding(spec: str | None, tables: list[str]) -> dict[str, str]:
     for item in spec.split(","):
         name, _, kind = item.strip().rpartition("=")
         if kind not in SHARDING_TYPES:
-            raise UsageError(f"--sharding: {kind!r} is not a sharding type; pick one of "
-                             f"{', '.join(SHARDING_TYPES)} (or auto)")
+            raise UsageError(
+                f"--sharding: {kind!r} is not a sharding type; pick one of {', '.join(SHARDING_TYPES)} (or auto)"
+            )
         if not name or name == "default":
             default = kind
             continue
         table = short.get(name, name if name in tables else None)
         if table is None:
-            raise UsageError(f"--sharding: no table {name!r} in this config; tables are "
-                             f"{', '.join(sorted(short))}")
+            raise UsageError(f"--sharding: no table {name!r} in this config; tables are {', '.join(sorted(short))}")
         forced[table] = kind
     if default:
         forced = {t: forced.get(t, default) for t in tables}
@@ -99,8 +99,19 @@ class PlanRecorder:
         self.storage = [0.0] * world_size
         self.tables: dict[str, dict] = {}
 
-    def log(self, sharding_plan, topology, batch_size, storage_reservation, num_proposals, num_plans,
-            run_time, best_plan, *args, **kwargs) -> None:
+    def log(
+        self,
+        sharding_plan,
+        topology,
+        batch_size,
+        storage_reservation,
+        num_proposals,
+        num_plans,
+        run_time,
+        best_plan,
+        *args,
+        **kwargs,
+    ) -> None:
         for option in best_plan:
             ranks = []
             for shard in option.shards:
@@ -112,8 +123,10 @@ class PlanRecorder:
                 if shard.storage is not None:
                     self.storage[shard.rank] += float(shard.storage.hbm + shard.storage.ddr)
             self.tables[option.name] = {
-                "sharding": option.sharding_type, "kernel": option.compute_kernel,
-                "ranks": ranks, "shard_sizes": [list(s.size) for s in option.shards],
+                "sharding": option.sharding_type,
+                "kernel": option.compute_kernel,
+                "ranks": ranks,
+                "shard_sizes": [list(s.size) for s in option.shards],
                 "shard_offsets": [list(s.offset) for s in option.shards],
             }
 
@@ -124,13 +137,23 @@ def table_constraints(pooling: dict[str, float], types: dict[str, list[str]], **
     given, the sharding types it may take; ``extra`` for every table (e.g. compute_kernels)."""
     from torchrec.distributed.planner import ParameterConstraints
 
-    return {t: ParameterConstraints(sharding_types=types.get(t),
-                                    pooling_factors=[max(pooling.get(t, POOLING_DEFAULT), MIN_POOLING)], **extra)
-            for t in {*pooling, *types}}
+    return {
+        t: ParameterConstraints(
+            sharding_types=types.get(t), pooling_factors=[max(pooling.get(t, POOLING_DEFAULT), MIN_POOLING)], **extra
+        )
+        for t in {*pooling, *types}
+    }
 
 
-def plan_sharding(model: nn.Module, forced: dict[str, str], env: dict, device: torch.device,
-                  batch_size: int, pooling: dict[str, float] | None = None, measured=None):
+def plan_sharding(
+    model: nn.Module,
+    forced: dict[str, str],
+    env: dict,
+    device: torch.device,
+    batch_size: int,
+    pooling: dict[str, float] | None = None,
+    measured=None,
+):
     """TorchRec's plan for ``model`` on this job, honouring ``forced``; and the planner's view.
 
     ``pooling``: mean IDs per example per table (models.data.expected_ids_per_example, or as
@@ -142,17 +165,26 @@ def plan_sharding(model: nn.Module, forced: dict[str, str], env: dict, device: t
     from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
     from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator, EmbeddingStorageEstimator
 
-    topology = Topology(world_size=env["world_size"], local_world_size=env["local_world_size"],
-                        compute_device=device.type)
+    topology = Topology(
+        world_size=env["world_size"], local_world_size=env["local_world_size"], compute_device=device.type
+    )
     constraints = table_constraints(pooling or {}, {t: [kind] for t, kind in forced.items()})
     enumerator = None
     if measured is not None:
-        enumerator = EmbeddingEnumerator(topology=topology, batch_size=batch_size, constraints=constraints,
-                                         estimator=[EmbeddingPerfEstimator(topology, constraints), measured,
-                                                    EmbeddingStorageEstimator(topology, constraints)])
+        enumerator = EmbeddingEnumerator(
+            topology=topology,
+            batch_size=batch_size,
+            constraints=constraints,
+            estimator=[
+                EmbeddingPerfEstimator(topology, constraints),
+                measured,
+                EmbeddingStorageEstimator(topology, constraints),
+            ],
+        )
     recorder = PlanRecorder(env["world_size"])
-    planner = EmbeddingShardingPlanner(topology=topology, batch_size=batch_size, enumerator=enumerator,
-                                       constraints=constraints, stats=[recorder])
+    planner = EmbeddingShardingPlanner(
+        topology=topology, batch_size=batch_size, enumerator=enumerator, constraints=constraints, stats=[recorder]
+    )
     try:
         plan = planner.collective_plan(model, sharders(), dist.GroupMember.WORLD)
     except Exception as err:  # noqa: BLE001  the planner's own message names the table

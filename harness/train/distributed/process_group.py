@@ -20,7 +20,8 @@ def torchrun_env() -> dict | None:
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         return None
     return {
-        "rank": int(os.environ["RANK"]), "world_size": int(os.environ["WORLD_SIZE"]),
+        "rank": int(os.environ["RANK"]),
+        "world_size": int(os.environ["WORLD_SIZE"]),
         "local_rank": int(os.environ.get("LOCAL_RANK", 0)),
         "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"])),
     }

@@ -3,7 +3,8 @@
 Every rank builds the same model from the same seed, shards it with the same plan, and trains on
 its own slice of the global batch (SyntheticData with its rank). After the timed steps it runs
 one whose costs it counts (metrics/counters.py) and a few more under torch.profiler for the
-communication figures (so counting and profiling cost the timed steps nothing), counts its real lookup load, and sends one record to rank 0, which assembles
+communication figures (so counting and profiling cost the timed steps nothing), counts its real
+lookup load, and sends one record to rank 0, which assembles
 the job's single result (result.py) and writes it.
 """
 
@@ -11,34 +12,39 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from dataclasses import dataclass
 import os
 import socket
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from gembench.errors import UsageError
+from gembench.harness.device.hardware import cpu_peak, device_name, recheck_peak, reference_peak, resolve_device
+from gembench.harness.metrics import comm
+from gembench.harness.metrics import counters as C
+from gembench.harness.metrics import trace as TR
+from gembench.harness.metrics.imbalance import hot_share
+from gembench.harness.metrics.mfu import summarize
 from gembench.harness.train import nvtx
-from gembench.harness.train.distributed import library_logs
 from gembench.harness.train.distributed import engines as E
+from gembench.harness.train.distributed import library_logs
 from gembench.harness.train.distributed import loads as L
 from gembench.harness.train.distributed import plan as P
 from gembench.harness.train.distributed import process_group as PG
 from gembench.harness.train.distributed import watchdog as W
+from gembench.harness.train.memory import (
+    SavedForBackward,
+    memory_fields,
+    peak_memory_bytes,
+    reset_peak_memory,
+    run_memory_bytes,
+)
 from gembench.harness.train.progress import Progress
 from gembench.harness.train.runconfig import RunConfig
-from gembench.errors import UsageError
-from gembench.harness.device.hardware import cpu_peak, device_name, recheck_peak, reference_peak, resolve_device
-from gembench.harness.metrics import comm
-from gembench.harness.metrics.mfu import summarize
-from gembench.harness.metrics import counters as C
-from gembench.harness.metrics import trace as TR
-from gembench.harness.metrics.imbalance import hot_share
-from gembench.harness.train.memory import (SavedForBackward, memory_fields, peak_memory_bytes, reset_peak_memory,
-                                     run_memory_bytes)
 from gembench.harness.train.runner import MAX_DISTINCT_BATCHES
 from gembench.harness.train.step import StageClock, timed_steps
 from gembench.models.config import for_device, load_config, with_global_batch
@@ -54,8 +60,10 @@ STEP_SPAN = TR.STEP_SPAN
 
 def per_rank_batch(global_batch: int, world_size: int) -> int:
     if global_batch % world_size:
-        raise UsageError(f"global batch {global_batch} does not split evenly over {world_size} ranks: "
-                         f"pick a rank count that divides it (each rank trains global / ranks examples)")
+        raise UsageError(
+            f"global batch {global_batch} does not split evenly over {world_size} ranks: "
+            f"pick a rank count that divides it (each rank trains global / ranks examples)"
+        )
     return global_batch // world_size
 
 
@@ -152,8 +160,16 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
         if recheck:
             watchdog.at("peak check")
             _recheck_peak(peak, records, socket.gethostname())
-        return build_result(cfg, args, env, records, job.planned, options, batch_indices=_indices(args, batches),
-                            backend=dist.get_backend())
+        return build_result(
+            cfg,
+            args,
+            env,
+            records,
+            job.planned,
+            options,
+            batch_indices=_indices(args, batches),
+            backend=dist.get_backend(),
+        )
 
     job = _build(args, env, dev, cfg, options, local_batch, watchdog, pooling)
     record, batches = _measure(job, args, env, dev, cfg, options, local_batch, watchdog, fault, peak, host_peak)
@@ -172,11 +188,16 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
     skew = R.row_skew(measured, job.planned.tables)
 
     before = result_of(records, job, batches)
-    _say(args, rank, "re-planning from the measured load: pooling "
-         + ", ".join(f"{t.removeprefix('table_')} {v:.1f}" for t, v in measured.pooling.items())
-         + f"; lookup {measured.seconds_per_byte * 1e9:.2f} ns/byte")
-    job, carried = _rebuild(job, args, env, dev, cfg, options, local_batch, watchdog, measured.pooling,
-                            R.MeasuredLookups(measured))
+    _say(
+        args,
+        rank,
+        "re-planning from the measured load: pooling "
+        + ", ".join(f"{t.removeprefix('table_')} {v:.1f}" for t, v in measured.pooling.items())
+        + f"; lookup {measured.seconds_per_byte * 1e9:.2f} ns/byte",
+    )
+    job, carried = _rebuild(
+        job, args, env, dev, cfg, options, local_batch, watchdog, measured.pooling, R.MeasuredLookups(measured)
+    )
     gc.collect()  # the first model, now unreferenced, before the second is timed
     record, batches = _measure(job, args, env, dev, cfg, options, local_batch, watchdog, fault, peak, host_peak)
     records = _gather(record, rank, world, watchdog)
@@ -188,13 +209,22 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
     records = _gather(record, rank, world, watchdog)
     if rank != 0:
         return {}
-    result["rebalance"] = R.section(before, result, result_of(records, job, batches), measured, expected, skew,
-                                    carried)
+    result["rebalance"] = R.section(before, result, result_of(records, job, batches), measured, expected, skew, carried)
     return result
 
 
-def _rebuild(old: "_Job", args: RunConfig, env: dict, dev: torch.device, cfg, options, local_batch: int, watchdog,
-             pooling: dict | None, measured=None):
+def _rebuild(
+    old: "_Job",
+    args: RunConfig,
+    env: dict,
+    dev: torch.device,
+    cfg,
+    options,
+    local_batch: int,
+    watchdog,
+    pooling: dict | None,
+    measured=None,
+):
     """The model built again on a new plan, ``old``'s trained state carried into it: (job, carried).
     torch.compile's caches of the old model are dropped (the new one compiles on its first step
     anyway), so that nothing of it outlives the caller's last reference."""
@@ -220,8 +250,17 @@ class _Job:
     start_bytes: int  # the rank's memory floor when the build began
 
 
-def _build(args: RunConfig, env: dict, dev: torch.device, cfg, options, local_batch: int, watchdog,
-           pooling: dict | None, measured=None) -> _Job:
+def _build(
+    args: RunConfig,
+    env: dict,
+    dev: torch.device,
+    cfg,
+    options,
+    local_batch: int,
+    watchdog,
+    pooling: dict | None,
+    measured=None,
+) -> _Job:
     """Model, plan (TorchRec's planner told ``pooling``; ``measured``: rebalance.MeasuredLookups),
     DMP, FSDP, compile, and the step engine (the staged one; the pipeline's is made in _measure)."""
     from gembench.harness.train.parallelize import apply_ac, apply_compile, apply_fsdp, dense_mesh
@@ -250,8 +289,19 @@ def _build(args: RunConfig, env: dict, dev: torch.device, cfg, options, local_ba
     return _Job(dmp, planned, engine, start_bytes)
 
 
-def _measure(job: _Job, args: RunConfig, env: dict, dev: torch.device, cfg, options, local_batch: int, watchdog,
-             fault, peak, host_peak) -> tuple[dict, list]:
+def _measure(
+    job: _Job,
+    args: RunConfig,
+    env: dict,
+    dev: torch.device,
+    cfg,
+    options,
+    local_batch: int,
+    watchdog,
+    fault,
+    peak,
+    host_peak,
+) -> tuple[dict, list]:
     """Time, count and profile this rank's steps on ``job``: its record for rank 0, and the batches."""
     from gembench.harness.train.parallelize import dense_shards, dense_state_bytes, recomputed_forward_flops
     from gembench.harness.train.stack import autocast_for
@@ -268,11 +318,14 @@ def _measure(job: _Job, args: RunConfig, env: dict, dev: torch.device, cfg, opti
     loads = L.measure_loads(dmp, timed[:LOAD_BATCHES], dev)
     # described once, before any step, from the host batches as generated
     per_block = [batch_forward_flops(cfg, b) for b in timed]
-    described = {"forward_flops": [float(sum(b.values())) for b in per_block],
-                 "recomputed_flops": [recomputed_forward_flops(b, options.activation_checkpointing) for b in per_block],
-                 "per_block": _mean_blocks(per_block), "embedding_bytes": embedding_bytes(cfg, timed[0]),
-                 "input_bytes": float(np.mean([b.input_bytes for b in timed])),
-                 "hot": _hot_counts(cfg, timed)}
+    described = {
+        "forward_flops": [float(sum(b.values())) for b in per_block],
+        "recomputed_flops": [recomputed_forward_flops(b, options.activation_checkpointing) for b in per_block],
+        "per_block": _mean_blocks(per_block),
+        "embedding_bytes": embedding_bytes(cfg, timed[0]),
+        "input_bytes": float(np.mean([b.input_bytes for b in timed])),
+        "hot": _hot_counts(cfg, timed),
+    }
     autocast = autocast_for(options, dev)
     since = C.fresh_compile_state()
     W.STAGE_ORDER.update({s: i for i, s in enumerate(E.PIPELINE_STAGES if args.pipeline else E.STAGES)})
@@ -307,22 +360,40 @@ def _measure(job: _Job, args: RunConfig, env: dict, dev: torch.device, cfg, opti
         loads["lookup_s"] = float(np.mean(samples.stages["embedding_lookup"]))
     (memory, memory_source), (run_bytes, run_source) = at_timed_end["peak"], at_timed_end["run"]
     storage = job.planned.storage
-    estimate = memory_estimate(cfg, local_batch, parameter_counts(cfg), options, dev.type,
-                               shards=dense_shards(options.dense_parallel, world, env["local_world_size"]),
-                               embedding_share=storage[rank] / sum(storage) if sum(storage) else 1.0 / world,
-                               on_rank=True)
+    estimate = memory_estimate(
+        cfg,
+        local_batch,
+        parameter_counts(cfg),
+        options,
+        dev.type,
+        shards=dense_shards(options.dense_parallel, world, env["local_world_size"]),
+        embedding_share=storage[rank] / sum(storage) if sum(storage) else 1.0 / world,
+        on_rank=True,
+    )
     dense_state = dense_state_bytes(P.dense_parameters(dmp), engine.optimizer)
     record = {
-        "rank": rank, "host": socket.gethostname(), "device": str(dev), "device_name": device_name(dev),
-        "local_rank": env["local_rank"], "peak_tflops": peak.tflops_per_device, "peak_source": peak.source,
-        "peak_dtype": peak.dtype, "torch_threads": torch.get_num_threads(),
-        "peak_provisional": peak.provisional, "peak_calibration": peak.calibration,
+        "rank": rank,
+        "host": socket.gethostname(),
+        "device": str(dev),
+        "device_name": device_name(dev),
+        "local_rank": env["local_rank"],
+        "peak_tflops": peak.tflops_per_device,
+        "peak_source": peak.source,
+        "peak_dtype": peak.dtype,
+        "torch_threads": torch.get_num_threads(),
+        "peak_provisional": peak.provisional,
+        "peak_calibration": peak.calibration,
         **_host_fields(host_peak),
-        "step_s": samples.step_s, "stages": samples.stages, "loss": samples.loss,
-        **described, "loads": loads,
+        "step_s": samples.step_s,
+        "stages": samples.stages,
+        "loss": samples.loss,
+        **described,
+        "loads": loads,
         "comm": {k: v for k, v in comm_stats.items() if k != "calls"},
         "comm_calls": comm_stats["calls"],
-        "peak_memory_bytes": memory, "peak_memory_source": memory_source, "dense_state_bytes": dense_state,
+        "peak_memory_bytes": memory,
+        "peak_memory_source": memory_source,
+        "dense_state_bytes": dense_state,
         **memory_fields(estimate, run_bytes, run_source),
         "activation_bytes": saved.bytes,
         "counters": counts,
@@ -346,9 +417,11 @@ def _timed(args: RunConfig, batches: list) -> list:
 def _indices(args: RunConfig, batches: list) -> dict:
     """Which of the distinct batches each kind of step trained on (the result's run.batches)."""
     n, total = len(batches), args.warmup + args.steps + COUNTED_STEPS + PROFILED_STEPS
-    return {"timed": [i % n for i in range(args.warmup, args.warmup + args.steps)],
-            "counted": [i % n for i in range(args.warmup + args.steps, total - PROFILED_STEPS)],
-            "profiled": [i % n for i in range(total - PROFILED_STEPS, total)]}
+    return {
+        "timed": [i % n for i in range(args.warmup, args.warmup + args.steps)],
+        "counted": [i % n for i in range(args.warmup + args.steps, total - PROFILED_STEPS)],
+        "profiled": [i % n for i in range(total - PROFILED_STEPS, total)],
+    }
 
 
 def _table_rows(cfg) -> dict[str, int]:
@@ -387,25 +460,36 @@ def _peaks(dev: torch.device, args, env: dict):
 def _host_fields(host_peak) -> dict:
     if host_peak is None:
         return {}
-    return {"host_peak_tflops": host_peak.tflops_per_device, "host_peak_source": host_peak.source,
-            "host_peak_threads": host_peak.calibration["threads"], "host_peak_provisional": host_peak.provisional}
+    return {
+        "host_peak_tflops": host_peak.tflops_per_device,
+        "host_peak_source": host_peak.source,
+        "host_peak_threads": host_peak.calibration["threads"],
+        "host_peak_provisional": host_peak.provisional,
+    }
 
 
 def _recheck_peak(peak, records: list[dict], host: str) -> None:
     """On rank 0: the peak check of one process (hardware.recheck_peak) over this host's ranks,
     each rank's steps summarized on its own; a new peak goes into this host's records."""
-    summaries = {f" of rank {r['rank']}": summarize(r["step_s"], r["stages"], r["forward_flops"], 1,
-                                                    peak.tflops_per_device)
-                 for r in records if r["host"] == host}
+    summaries = {
+        f" of rank {r['rank']}": summarize(r["step_s"], r["stages"], r["forward_flops"], 1, peak.tflops_per_device)
+        for r in records
+        if r["host"] == host
+    }
     new = recheck_peak(peak, summaries)
     for r in records:
         if new is not None and r["host"] == host:
-            r.update(peak_tflops=new.tflops_per_device, peak_source=new.source,
-                     peak_provisional=new.provisional, peak_calibration=new.calibration)
+            r.update(
+                peak_tflops=new.tflops_per_device,
+                peak_source=new.source,
+                peak_provisional=new.provisional,
+                peak_calibration=new.calibration,
+            )
 
 
-def _steps(engine_step, stages, total: int, args: RunConfig, dev: torch.device, counted, saved, autocast,
-           show: bool, timed_end):
+def _steps(
+    engine_step, stages, total: int, args: RunConfig, dev: torch.device, counted, saved, autocast, show: bool, timed_end
+):
     """This rank's steps in the one step loop (step.timed_steps): warm-up, the timed steps, then
     COUNTED_STEPS under the cost counters and PROFILED_STEPS under torch.profiler. Each step is
     one STEP_SPAN range (the communication analysis finds the steps by it).
@@ -423,8 +507,14 @@ def _steps(engine_step, stages, total: int, args: RunConfig, dev: torch.device, 
         with counting, saving, torch.autograd.profiler.record_function(STEP_SPAN), autocast():
             return engine_step(i)
 
-    samples = timed_steps(one_step, total, range(args.warmup, args.warmup + args.steps), dev, stages,
-                          progress=Progress(show, "gembench run (rank 0)"))
+    samples = timed_steps(
+        one_step,
+        total,
+        range(args.warmup, args.warmup + args.steps),
+        dev,
+        stages,
+        progress=Progress(show, "gembench run (rank 0)"),
+    )
     prof.__exit__(None, None, None)
     return samples, prof
 
@@ -432,6 +522,7 @@ def _steps(engine_step, stages, total: int, args: RunConfig, dev: torch.device, 
 def _staged_step(engine: E.StagedStep, batches, watchdog, fault, rank: int):
     """The staged engine as one step of the loop: a stage clock, and at every stage boundary the
     watchdog told where this rank is (and an injected fault, if any, fired)."""
+
     def engine_step(i: int):
         clock = StageClock(engine.device, E.STAGES)
 
@@ -446,17 +537,20 @@ def _staged_step(engine: E.StagedStep, batches, watchdog, fault, rank: int):
         clock.mark("start")
         loss = engine(batches[i % len(batches)], mark)
         return loss, clock.durations()
+
     return engine_step
 
 
 def _pipelined_step(engine: E.PipelineStep, feed, watchdog, fault, rank: int):
     """TorchRec's pipeline as one step of the loop: its phases timed by the engine itself."""
+
     def engine_step(i: int):
         watchdog.at("forward", i)
         if fault:
             fault.trigger(rank, i, "forward")
         with nvtx.span("step"):
             return engine(feed)
+
     return engine_step
 
 
@@ -467,9 +561,11 @@ def _mean_blocks(per_block: list[dict]) -> dict:
 def _hot_counts(cfg, batches) -> dict:
     """Lookups, and lookups that hit each table's hottest 1% of rows, over this rank's batches."""
     hits = lookups = 0.0
-    tables = [(b_field, key, rows) for b_field, key, rows in
-              [("sparse", f"t{i}", r) for i, r in enumerate(cfg.sparse.rows)]
-              + [("seq", s.name, s.rows) for s in cfg.sequences]]
+    tables = [
+        (b_field, key, rows)
+        for b_field, key, rows in [("sparse", f"t{i}", r) for i, r in enumerate(cfg.sparse.rows)]
+        + [("seq", s.name, s.rows) for s in cfg.sequences]
+    ]
     for field, key, rows in tables:
         ids = np.concatenate([getattr(b, field)[key].values().numpy() for b in batches])
         hits += hot_share(ids, rows) * ids.size

@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from gembench.errors import UsageError
 from gembench.harness.regression.stats import interval, relative_change
 from gembench.harness.report.tables import placement
-from gembench.errors import UsageError
 
 RESOLUTION = 256  # row bins per table: shard boundaries fall between bins to 0.4% of the rows
 BYTES = 4  # fp32 tables (loads.lookup_load reads the same)
@@ -38,11 +38,14 @@ GOAL_MAX_MEAN = 1.10  # issue 21: measured max/mean lookup work after rebalancin
 def check(sharding: str | None, forced: dict[str, str], tables: list[str], world: int, pipeline: bool) -> None:
     """What --rebalance refuses, before any work: nothing to re-plan, or an engine it cannot rebuild."""
     if world < 2:
-        raise UsageError(f"--rebalance moves tables between ranks and this job has {world}: "
-                         "run it with --nproc 2 or more")
+        raise UsageError(
+            f"--rebalance moves tables between ranks and this job has {world}: run it with --nproc 2 or more"
+        )
     if forced and set(forced) >= set(tables):
-        raise UsageError(f"--rebalance: --sharding {sharding} forces every table, so the planner has nothing "
-                         "to re-plan; force only some tables (t0=row_wise,...) or drop --sharding")
+        raise UsageError(
+            f"--rebalance: --sharding {sharding} forces every table, so the planner has nothing "
+            "to re-plan; force only some tables (t0=row_wise,...) or drop --sharding"
+        )
     if pipeline:
         raise UsageError("--rebalance rebuilds the staged step; drop --pipeline")
 
@@ -89,8 +92,14 @@ class Measured:
             hist[t] = h / h.sum() if h.sum() else np.full(len(h), 1.0 / len(h))
         read = sum(r["bytes_read"] for r in loads)
         seconds = sum(r.get("lookup_s", 0.0) for r in loads)
-        return cls(ids={t: v / steps for t, v in ids.items()}, pooling={t: v / examples for t, v in ids.items()},
-                   hist=hist, rows=rows, seconds_per_byte=seconds / read if read else 0.0, world=len(loads))
+        return cls(
+            ids={t: v / steps for t, v in ids.items()},
+            pooling={t: v / examples for t, v in ids.items()},
+            hist=hist,
+            rows=rows,
+            seconds_per_byte=seconds / read if read else 0.0,
+            world=len(loads),
+        )
 
     def share(self, table: str, lo: int, hi: int) -> float:
         """Share of ``table``'s IDs that fall in rows [lo, hi), partial bins pro rata."""
@@ -134,16 +143,20 @@ def row_skew(measured: Measured, plan: dict) -> dict[str, float]:
     for table, p in plan.items():
         if table not in measured.hist or len(p["ranks"]) < 2 or p["sharding"] not in ("row_wise", "table_row_wise"):
             continue
-        shares = [measured.share(table, off[0], off[0] + size[0])
-                  for off, size in zip(p["shard_offsets"], p["shard_sizes"])]
+        shares = [
+            measured.share(table, off[0], off[0] + size[0]) for off, size in zip(p["shard_offsets"], p["shard_sizes"])
+        ]
         out[table] = float(max(shares) / np.mean(shares)) if np.mean(shares) > 0 else 1.0
     return out
 
 
 def plan_change(before: dict, after: dict) -> list[dict]:
     """Tables whose sharding type or ranks changed, as "type@ranks" before and after."""
-    return [{"table": t, "before": placement(before[t]), "after": placement(after[t])}
-            for t in after if t in before and placement(before[t]) != placement(after[t])]
+    return [
+        {"table": t, "before": placement(before[t]), "after": placement(after[t])}
+        for t in after
+        if t in before and placement(before[t]) != placement(after[t])
+    ]
 
 
 @dataclass
@@ -160,8 +173,9 @@ def _side(result: dict) -> dict:
     return {
         "plan": result["plan"],
         "loads": imb["measured"]["loads"],
-        "metrics": {k: {m: v[m] for m in ("max_mean", "min_max", "chi", "kl")}
-                    for k, v in imb["measured"]["metrics"].items()},
+        "metrics": {
+            k: {m: v[m] for m in ("max_mean", "min_max", "chi", "kl")} for k, v in imb["measured"]["metrics"].items()
+        },
         "planned_perf_ms": imb["planned"]["loads"]["perf_ms"],
         "stall_cost": imb["stall_cost"],
         "exposed_comm_fraction": result["comm"]["exposed_comm_fraction"],
@@ -173,8 +187,15 @@ def _side(result: dict) -> dict:
     }
 
 
-def section(before: dict, after: dict, again: dict, measured: Measured, expected: dict[str, float],
-            skew: dict[str, float], carried: Carried) -> dict:
+def section(
+    before: dict,
+    after: dict,
+    again: dict,
+    measured: Measured,
+    expected: dict[str, float],
+    skew: dict[str, float],
+    carried: Carried,
+) -> dict:
     """The result's ``rebalance`` section: the three runs' imbalance and step (the planner's plan,
     the rebalanced one, the planner's plan again), the plan change, the inputs of the re-plan.
 
@@ -190,15 +211,21 @@ def section(before: dict, after: dict, again: dict, measured: Measured, expected
         "after": _side(after),
         "again": _side(again),
         "again_same_plan": {t: placement(p) for t, p in again["plan"].items()}
-                           == {t: placement(p) for t, p in before["plan"].items()},
+        == {t: placement(p) for t, p in before["plan"].items()},
         "moved": plan_change(before["plan"], after["plan"]),
         "pooling": {"measured": measured.pooling, "expected": {t: expected.get(t) for t in measured.pooling}},
         "row_skew_before": skew,
         "lookup_s_per_byte": measured.seconds_per_byte,
-        "step_change": {"ratio": change.change + 1.0, "ci95": [lo + 1.0, hi + 1.0],
-                        "test": "Welch on log step times, the planner's plan's two runs pooled"},
+        "step_change": {
+            "ratio": change.change + 1.0,
+            "ci95": [lo + 1.0, hi + 1.0],
+            "test": "Welch on log step times, the planner's plan's two runs pooled",
+        },
         "carried": dataclasses.asdict(carried),
-        "goal": {"max_mean_at_most": GOAL_MAX_MEAN, "max_mean": after_max_mean,
-                 "met_imbalance": after_max_mean <= GOAL_MAX_MEAN,
-                 "step_not_worse": lo <= 0.0},
+        "goal": {
+            "max_mean_at_most": GOAL_MAX_MEAN,
+            "max_mean": after_max_mean,
+            "met_imbalance": after_max_mean <= GOAL_MAX_MEAN,
+            "step_not_worse": lo <= 0.0,
+        },
     }

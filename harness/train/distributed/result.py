@@ -38,8 +38,9 @@ if TYPE_CHECKING:
 PRIMARY_LOAD = "bytes_read"  # deterministic and proportional to memory-bound lookup work
 
 
-def build_result(cfg, args: RunConfig, env: dict, records: list[dict], planned, options, batch_indices: dict,
-                 backend: str) -> dict:
+def build_result(
+    cfg, args: RunConfig, env: dict, records: list[dict], planned, options, batch_indices: dict, backend: str
+) -> dict:
     """``options``: the StackOptions the ranks ran (stack.on_ranks), recorded as run.options."""
     import torch
 
@@ -53,21 +54,32 @@ def build_result(cfg, args: RunConfig, env: dict, records: list[dict], planned, 
     peaks = [r["peak_tflops"] for r in records]
     global_batch = cfg.data.global_batch
     job_recomputed = [sum(r["recomputed_flops"][i] for r in records) for i in range(steps)]
-    summary = summarize(step_s, crit_stages, job_forward, global_batch, sum(peaks) / world, world,
-                        recomputed_flops=job_recomputed)
+    summary = summarize(
+        step_s, crit_stages, job_forward, global_batch, sum(peaks) / world, world, recomputed_flops=job_recomputed
+    )
     p50 = summary["step_time_s"]["p50"]
     summary["peak_memory_bytes"] = max(r["peak_memory_bytes"] for r in records)
     if all(r.get("peak_memory_run_bytes") for r in records):  # the rank whose run rose most
         worst = max(records, key=lambda r: r["peak_memory_run_bytes"])
-        summary.update({k: worst[k] for k in ("peak_memory_estimate_bytes", "peak_memory_run_bytes",
-                                              "peak_memory_run_source", "memory_estimate_ratio")})
+        summary.update(
+            {
+                k: worst[k]
+                for k in (
+                    "peak_memory_estimate_bytes",
+                    "peak_memory_run_bytes",
+                    "peak_memory_run_source",
+                    "memory_estimate_ratio",
+                )
+            }
+        )
         summary["peak_memory_run_source"] += ", the rank that rose most"
     summary["activation_bytes"] = max(r["activation_bytes"] for r in records)  # saved for backward, largest rank
     # the largest rank's dense weights, gradients and optimizer state
     summary["dense_state_bytes"] = max(r["dense_state_bytes"]["total"] for r in records)
     summary["peak_memory_source"] = records[0]["peak_memory_source"] + ", max over ranks"
     summary["embedding_bytes_per_step"] = {
-        k: sum(r["embedding_bytes"][k] for r in records) for k in records[0]["embedding_bytes"]}
+        k: sum(r["embedding_bytes"][k] for r in records) for k in records[0]["embedding_bytes"]
+    }
     summary["input_bytes_per_step"] = sum(r.get("input_bytes", 0.0) for r in records)  # every rank's batch
     stage_means = [{s: float(np.mean(r["stages"][s])) for s in stage_names} for r in records]
     summary["critical_path_s"] = sum(critical_path(stage_means).values())
@@ -81,28 +93,36 @@ def build_result(cfg, args: RunConfig, env: dict, records: list[dict], planned, 
         r["loss"] = finite_or_none(r["loss"])
     for r, means in zip(records, stage_means):
         train = train_flops(float(np.mean(r["forward_flops"])))
-        ranks.append({
-            "rank": r["rank"], "host": r["host"], "device": r["device"], "device_name": r["device_name"],
-            "torch_threads": r["torch_threads"],
-            "peak_tflops": r["peak_tflops"], "peak_source": r["peak_source"],
-            "per_rank_batch": global_batch // world,
-            "samples": {"step_s": r["step_s"], "stages": r["stages"], "loss": r["loss"]},
-            "stage_means_s": means,
-            "step_time_p50_s": float(np.median(r["step_s"])),
-            # this rank's stages over its own step: < 100% (its untimed gaps), unlike the
-            # critical path, whose slowest-rank-per-stage sum can exceed the step
-            "stage_coverage": float(np.mean([sum(r["stages"][s][i] for s in stage_names) / r["step_s"][i]
-                                             for i in range(steps)])),
-            "model_flops_per_step": train,
-            # its share of the job's FLOPs over the job's step time: what this rank achieved
-            "tflops": tflops(train, p50),
-            "mfu": mfu(train, p50, r["peak_tflops"]),
-            "loads": r["loads"], "comm": r["comm"],
-            "peak_memory_bytes": r["peak_memory_bytes"],
-            "dense_state_bytes": r["dense_state_bytes"],
-            **{k: r[k] for k in ("peak_memory_estimate_bytes", "peak_memory_run_bytes", "memory_estimate_ratio")},
-            "counters": r["counters"],
-        })
+        ranks.append(
+            {
+                "rank": r["rank"],
+                "host": r["host"],
+                "device": r["device"],
+                "device_name": r["device_name"],
+                "torch_threads": r["torch_threads"],
+                "peak_tflops": r["peak_tflops"],
+                "peak_source": r["peak_source"],
+                "per_rank_batch": global_batch // world,
+                "samples": {"step_s": r["step_s"], "stages": r["stages"], "loss": r["loss"]},
+                "stage_means_s": means,
+                "step_time_p50_s": float(np.median(r["step_s"])),
+                # this rank's stages over its own step: < 100% (its untimed gaps), unlike the
+                # critical path, whose slowest-rank-per-stage sum can exceed the step
+                "stage_coverage": float(
+                    np.mean([sum(r["stages"][s][i] for s in stage_names) / r["step_s"][i] for i in range(steps)])
+                ),
+                "model_flops_per_step": train,
+                # its share of the job's FLOPs over the job's step time: what this rank achieved
+                "tflops": tflops(train, p50),
+                "mfu": mfu(train, p50, r["peak_tflops"]),
+                "loads": r["loads"],
+                "comm": r["comm"],
+                "peak_memory_bytes": r["peak_memory_bytes"],
+                "dense_state_bytes": r["dense_state_bytes"],
+                **{k: r[k] for k in ("peak_memory_estimate_bytes", "peak_memory_run_bytes", "memory_estimate_ratio")},
+                "counters": r["counters"],
+            }
+        )
 
     imb = imbalance_section(records, planned, stage_means, p50)
     comm = comm_section(records)
@@ -110,25 +130,51 @@ def build_result(cfg, args: RunConfig, env: dict, records: list[dict], planned, 
     stack = f"{args.stack}-{'pipeline' if args.pipeline else 'staged'}"
     device = records[0]["device"]
     run = {
-        "steps": args.steps, "warmup": args.warmup, "dtype": options.dtype, "device": device,
-        "seed": args.seed, "stack": stack, "options": options.to_dict(),
-        "nproc": world, "nnodes": len({r["host"] for r in records}),
-        "global_batch": global_batch, "per_rank_batch": global_batch // world,
-        "sharding": args.sharding or "auto", "backend": backend, "timeout_s": args.timeout,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "dtype": options.dtype,
+        "device": device,
+        "seed": args.seed,
+        "stack": stack,
+        "options": options.to_dict(),
+        "nproc": world,
+        "nnodes": len({r["host"] for r in records}),
+        "global_batch": global_batch,
+        "per_rank_batch": global_batch // world,
+        "sharding": args.sharding or "auto",
+        "backend": backend,
+        "timeout_s": args.timeout,
         "batches": batch_indices,
     }
-    flops = {"forward_per_step": forward, "model_per_step": train_flops(forward),
-             "per_block": {k: sum(r["per_block"][k] for r in records) for k in records[0]["per_block"]}}
-    samples = {"step_s": step_s, "mfu": per_step_mfu(job_forward, step_s, sum(peaks)),
-               "loss": records[0]["loss"], "stages": crit_stages}
+    flops = {
+        "forward_per_step": forward,
+        "model_per_step": train_flops(forward),
+        "per_block": {k: sum(r["per_block"][k] for r in records) for k in records[0]["per_block"]},
+    }
+    samples = {
+        "step_s": step_s,
+        "mfu": per_step_mfu(job_forward, step_s, sum(peaks)),
+        "loss": records[0]["loss"],
+        "stages": crit_stages,
+    }
     peak = peak_section(records, summary)  # adds summary["mfu_host"]
     result = result_document(
-        cfg, f"{stack}-{world}r", run, fingerprint(torch.device(device)), peak, flops, samples, summary,
+        cfg,
+        f"{stack}-{world}r",
+        run,
+        fingerprint(torch.device(device)),
+        peak,
+        flops,
+        samples,
+        summary,
         sections={"ranks": ranks, "plan": planned.tables, "imbalance": imb, "comm": comm},
-        metrics={"imbalance_max_mean": imb["measured"]["metrics"][PRIMARY_LOAD]["max_mean"],
-                 "exposed_comm_fraction": comm["exposed_comm_fraction"],
-                 **flat_metrics(records[0]["counters"])},
-        diverged=diverged)
+        metrics={
+            "imbalance_max_mean": imb["measured"]["metrics"][PRIMARY_LOAD]["max_mean"],
+            "exposed_comm_fraction": comm["exposed_comm_fraction"],
+            **flat_metrics(records[0]["counters"]),
+        },
+        diverged=diverged,
+    )
     # rank 0's (every rank's are under ranks[r].counters): ranks run the same code
     result["counters"] = records[0]["counters"]
     return result
@@ -149,20 +195,34 @@ def peak_section(records, summary: dict) -> dict:
     world = len(records)
     peaks = [r["peak_tflops"] for r in records]
     first = records[0]
-    section = {"tflops_per_device": sum(peaks) / world, "devices": world, "dtype": first["peak_dtype"],
-               "source": first["peak_source"] + (" (per rank)" if world > 1 else ""), "per_rank": peaks,
-               "provisional": any(r.get("peak_provisional") for r in records),
-               "calibration": first.get("peak_calibration")}
-    section.update(peak_basis(torch.device(first["device"]), world, first["torch_threads"], None,
-                              override=first["peak_source"].startswith("override")))
+    section = {
+        "tflops_per_device": sum(peaks) / world,
+        "devices": world,
+        "dtype": first["peak_dtype"],
+        "source": first["peak_source"] + (" (per rank)" if world > 1 else ""),
+        "per_rank": peaks,
+        "provisional": any(r.get("peak_provisional") for r in records),
+        "calibration": first.get("peak_calibration"),
+    }
+    section.update(
+        peak_basis(
+            torch.device(first["device"]),
+            world,
+            first["torch_threads"],
+            None,
+            override=first["peak_source"].startswith("override"),
+        )
+    )
     hosts = {r["host"]: r for r in records if r.get("host_peak_tflops")}
     if hosts and len(hosts) == len({r["host"] for r in records}):
         nodes = len(hosts)
         section["host"] = {
             "tflops": sum(r["host_peak_tflops"] for r in hosts.values()),
-            "threads": first["host_peak_threads"], "hosts": nodes,
+            "threads": first["host_peak_threads"],
+            "hosts": nodes,
             "source": first["host_peak_source"],
-            "provisional": any(r["host_peak_provisional"] for r in hosts.values())}
+            "provisional": any(r["host_peak_provisional"] for r in hosts.values()),
+        }
         summary["mfu_host"] = summary["mfu"] * sum(peaks) / section["host"]["tflops"]
     return section
 
@@ -191,7 +251,10 @@ def comm_section(records) -> dict:
         time_s, size = mean("time_s"), mean("bytes")
         factor = rows[0]["busbw_Bps"] / rows[0]["algbw_Bps"] if rows[0]["algbw_Bps"] else 0.0
         by_kind[kind] = {
-            "family": rows[0]["family"], "calls": mean("calls"), "bytes": size, "time_s": time_s,
+            "family": rows[0]["family"],
+            "calls": mean("calls"),
+            "bytes": size,
+            "time_s": time_s,
             "time_max_s": float(max(x["time_s"] for x in rows)),
             "algbw_Bps": size / time_s if time_s > 0 else 0.0,
             "busbw_Bps": factor * size / time_s if time_s > 0 else 0.0,

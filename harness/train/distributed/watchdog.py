@@ -45,8 +45,11 @@ class Fault:
     def trigger(self, rank: int, step: int, stage: str) -> None:
         if (rank, step, stage) != (self.rank, self.step, self.stage):
             return
-        print(f"gembench run: rank {rank}: injected fault ({self.mode}) at step {step}, stage {stage}",
-              file=sys.stderr, flush=True)
+        print(
+            f"gembench run: rank {rank}: injected fault ({self.mode}) at step {step}, stage {stage}",
+            file=sys.stderr,
+            flush=True,
+        )
         if self.mode == "exit":
             os._exit(EXIT_CRASHED)
         if self.mode == "raise":
@@ -95,10 +98,15 @@ class Watchdog:
         positions = self._exchange()
         culprit = behind(positions)
         others = ", ".join(f"rank {r} in {_fmt(p)}" for r, p in sorted(positions.items()) if r != culprit)
-        print(f"gembench run: rank {culprit} hung in {_fmt(positions[culprit])}: no progress for "
-              f"{idle:.0f} s (--timeout {self.timeout:g})"
-              + (f"; waiting for it: {others}" if others else "") + f" [seen by rank {self.rank}]; "
-              "no result written", file=sys.stderr, flush=True)
+        print(
+            f"gembench run: rank {culprit} hung in {_fmt(positions[culprit])}: no progress for "
+            f"{idle:.0f} s (--timeout {self.timeout:g})"
+            + (f"; waiting for it: {others}" if others else "")
+            + f" [seen by rank {self.rank}]; "
+            "no result written",
+            file=sys.stderr,
+            flush=True,
+        )
         os._exit(EXIT_HUNG)
 
     def _exchange(self) -> dict[int, tuple[int, str]]:
@@ -142,5 +150,8 @@ def report_failure(rank: int, watchdog: Watchdog | None, err: BaseException) -> 
     hint = ""
     if "closed by peer" in text or "Connection reset" in text or "timed out" in text.lower():
         hint = " (another rank probably crashed or hung: see its message)"
-    print(f"gembench run: rank {rank} failed in {where}: {type(err).__name__}: {text[:300]}{hint}; "
-          f"no result written", file=sys.stderr, flush=True)
+    print(
+        f"gembench run: rank {rank} failed in {where}: {type(err).__name__}: {text[:300]}{hint}; no result written",
+        file=sys.stderr,
+        flush=True,
+    )

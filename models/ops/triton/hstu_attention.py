@@ -93,7 +93,8 @@ def run_kernels(name: str, device: torch.device, *args, **kwargs):
     if not interpreted():
         raise RuntimeError(
             f"triton_hstu_attention on {device.type} tensors needs Triton's interpreter: set "
-            "TRITON_INTERPRET=1 before anything imports triton (torchrec does; tests/conftest.py sets it)")
+            "TRITON_INTERPRET=1 before anything imports triton (torchrec does; tests/conftest.py sets it)"
+        )
     with interpreter_fixes():
         return getattr(kernels, name)(*args, **kwargs)
 
@@ -101,8 +102,9 @@ def run_kernels(name: str, device: torch.device, *args, **kwargs):
 def _check(q, k, v, rab, offsets, max_len) -> None:
     # Shapes, dtypes and devices only: nothing here reads device memory.
     if q.dim() != 3 or k.shape != q.shape or v.dim() != 3 or v.shape[:2] != q.shape[:2]:
-        raise ValueError(f"q, k must be (T, H, D_qk) and v (T, H, D_v); got {tuple(q.shape)}, "
-                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+        raise ValueError(
+            f"q, k must be (T, H, D_qk) and v (T, H, D_v); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
     if not (q.dtype == k.dtype == v.dtype) or q.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ValueError(f"q, k, v must share one dtype of fp32/bf16/fp16; got {q.dtype}, {k.dtype}, {v.dtype}")
     if rab.dim() != 2 or rab.shape[0] != q.shape[1] or rab.shape[1] < 1:

@@ -154,9 +154,28 @@ def _add_rab_grad(drab_row, vec, first, n, num_buckets, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _fwd_tile(acc, q, k_base, v_base, rab_row, m0, n0, n, inv_n, stride_kt, stride_vt, num_buckets,
-              D_QK: tl.constexpr, D_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
-              PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+def _fwd_tile(
+    acc,
+    q,
+    k_base,
+    v_base,
+    rab_row,
+    m0,
+    n0,
+    n,
+    inv_n,
+    stride_kt,
+    stride_vt,
+    num_buckets,
+    D_QK: tl.constexpr,
+    D_V: tl.constexpr,
+    BLOCK_DQK: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+):
     """acc += (SiLU(q k^T + rab) / n) v for the key block at n0; only blocks that cross the
     diagonal (CAUSAL) need the mask: earlier key blocks are whole and all before the queries."""
     cols = n0 + tl.arange(0, BLOCK_N)
@@ -172,15 +191,35 @@ def _fwd_tile(acc, q, k_base, v_base, rab_row, m0, n0, n, inv_n, stride_kt, stri
     return tl.dot(a.to(v.dtype), v, acc, input_precision=PRECISION)
 
 
-@triton.autotune(configs=_fwd_configs(), key=["max_len_key", "D_QK", "D_V"],
-                 prune_configs_by={"early_config_prune": _prune})
+@triton.autotune(
+    configs=_fwd_configs(), key=["max_len_key", "D_QK", "D_V"], prune_configs_by={"early_config_prune": _prune}
+)
 @triton.jit
 def hstu_fwd_kernel(
-    Q, K, V, RAB, OFFSETS, OUT,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_rh,
-    num_buckets, max_len_key,
-    D_QK: tl.constexpr, D_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
-    PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    Q,
+    K,
+    V,
+    RAB,
+    OFFSETS,
+    OUT,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_ot,
+    stride_oh,
+    stride_rh,
+    num_buckets,
+    max_len_key,
+    D_QK: tl.constexpr,
+    D_V: tl.constexpr,
+    BLOCK_DQK: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     """Grid (cdiv(max_len, BLOCK_M), B, H): query block x sequence x head."""
     b = tl.program_id(1)
@@ -197,11 +236,51 @@ def hstu_fwd_kernel(
         acc = tl.zeros((BLOCK_M, BLOCK_DV), dtype=tl.float32)
         diag = (m0 // BLOCK_N) * BLOCK_N  # first key block that reaches row m0
         for n0 in range(0, diag, BLOCK_N):
-            acc = _fwd_tile(acc, q, k_base, v_base, rab_row, m0, n0, n, inv_n, stride_kt, stride_vt,
-                            num_buckets, D_QK, D_V, BLOCK_DQK, BLOCK_DV, PRECISION, BLOCK_M, BLOCK_N, False)
+            acc = _fwd_tile(
+                acc,
+                q,
+                k_base,
+                v_base,
+                rab_row,
+                m0,
+                n0,
+                n,
+                inv_n,
+                stride_kt,
+                stride_vt,
+                num_buckets,
+                D_QK,
+                D_V,
+                BLOCK_DQK,
+                BLOCK_DV,
+                PRECISION,
+                BLOCK_M,
+                BLOCK_N,
+                False,
+            )
         for n0 in range(diag, tl.minimum(m0 + BLOCK_M, n), BLOCK_N):
-            acc = _fwd_tile(acc, q, k_base, v_base, rab_row, m0, n0, n, inv_n, stride_kt, stride_vt,
-                            num_buckets, D_QK, D_V, BLOCK_DQK, BLOCK_DV, PRECISION, BLOCK_M, BLOCK_N, True)
+            acc = _fwd_tile(
+                acc,
+                q,
+                k_base,
+                v_base,
+                rab_row,
+                m0,
+                n0,
+                n,
+                inv_n,
+                stride_kt,
+                stride_vt,
+                num_buckets,
+                D_QK,
+                D_V,
+                BLOCK_DQK,
+                BLOCK_DV,
+                PRECISION,
+                BLOCK_M,
+                BLOCK_N,
+                True,
+            )
         _store_rows(o_base, acc, rows, n, stride_ot, D_V, BLOCK_DV)
 
 
@@ -211,8 +290,19 @@ def hstu_fwd_kernel(
 
 
 @triton.jit
-def _scores(q, k, rab_row, delta, inv_n, rows, cols, num_buckets,
-            PRECISION: tl.constexpr, BLOCK: tl.constexpr, CAUSAL: tl.constexpr):
+def _scores(
+    q,
+    k,
+    rab_row,
+    delta,
+    inv_n,
+    rows,
+    cols,
+    num_buckets,
+    PRECISION: tl.constexpr,
+    BLOCK: tl.constexpr,
+    CAUSAL: tl.constexpr,
+):
     """Recomputed S of a (query, key) tile: returns (A, SiLU'(S) / n), both 0 above the diagonal."""
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
     s += _rab_tile(rab_row, delta, num_buckets, BLOCK, BLOCK)
@@ -227,10 +317,32 @@ def _scores(q, k, rab_row, delta, inv_n, rows, cols, num_buckets,
 
 
 @triton.jit
-def _bwd_kv_tile(dk, dv, carry, k, v, q_base, do_base, rab_row, drab_row, m0, p0, n, inv_n,
-                 stride_qt, stride_dot, num_buckets,
-                 D_QK: tl.constexpr, D_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
-                 PRECISION: tl.constexpr, BLOCK: tl.constexpr, CAUSAL: tl.constexpr, ROW_MASK: tl.constexpr):
+def _bwd_kv_tile(
+    dk,
+    dv,
+    carry,
+    k,
+    v,
+    q_base,
+    do_base,
+    rab_row,
+    drab_row,
+    m0,
+    p0,
+    n,
+    inv_n,
+    stride_qt,
+    stride_dot,
+    num_buckets,
+    D_QK: tl.constexpr,
+    D_V: tl.constexpr,
+    BLOCK_DQK: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    ROW_MASK: tl.constexpr,
+):
     """One query block m0 against the program's key block p0: dK, dV and the rab gradient.
 
     d_rab: the tile's dS summed along its diagonals. A gather rotates each row di left by di, so
@@ -259,9 +371,28 @@ def _bwd_kv_tile(dk, dv, carry, k, v, q_base, do_base, rab_row, drab_row, m0, p0
 
 
 @triton.jit
-def _bwd_q_tile(dq, q, do, k_base, v_base, rab_row, m0, n0, n, inv_n, stride_kt, stride_vt, num_buckets,
-                D_QK: tl.constexpr, D_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
-                PRECISION: tl.constexpr, BLOCK: tl.constexpr, CAUSAL: tl.constexpr):
+def _bwd_q_tile(
+    dq,
+    q,
+    do,
+    k_base,
+    v_base,
+    rab_row,
+    m0,
+    n0,
+    n,
+    inv_n,
+    stride_kt,
+    stride_vt,
+    num_buckets,
+    D_QK: tl.constexpr,
+    D_V: tl.constexpr,
+    BLOCK_DQK: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK: tl.constexpr,
+    CAUSAL: tl.constexpr,
+):
     """One key block n0 against the program's query block m0: dQ."""
     rows = m0 + tl.arange(0, BLOCK)
     cols = n0 + tl.arange(0, BLOCK)
@@ -272,16 +403,47 @@ def _bwd_q_tile(dq, q, do, k_base, v_base, rab_row, m0, n0, n, inv_n, stride_kt,
     return tl.dot(ds.to(k.dtype), k, dq, input_precision=PRECISION)
 
 
-@triton.autotune(configs=_bwd_configs(), key=["max_len_key", "D_QK", "D_V"], reset_to_zero=["DRAB"],
-                 prune_configs_by={"early_config_prune": _prune})
+@triton.autotune(
+    configs=_bwd_configs(),
+    key=["max_len_key", "D_QK", "D_V"],
+    reset_to_zero=["DRAB"],
+    prune_configs_by={"early_config_prune": _prune},
+)
 @triton.jit
 def hstu_bwd_kernel(
-    Q, K, V, RAB, OFFSETS, DO, DQ, DK, DV, DRAB,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
-    stride_dqt, stride_dqh, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_rh,
-    num_buckets, max_len_key,
-    D_QK: tl.constexpr, D_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
-    PRECISION: tl.constexpr, BLOCK: tl.constexpr,
+    Q,
+    K,
+    V,
+    RAB,
+    OFFSETS,
+    DO,
+    DQ,
+    DK,
+    DV,
+    DRAB,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_dot,
+    stride_doh,
+    stride_dqt,
+    stride_dqh,
+    stride_dkt,
+    stride_dkh,
+    stride_dvt,
+    stride_dvh,
+    stride_rh,
+    num_buckets,
+    max_len_key,
+    D_QK: tl.constexpr,
+    D_V: tl.constexpr,
+    BLOCK_DQK: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     """Grid (cdiv(max_len, BLOCK), B, H). Program p: dK, dV of key block p (query blocks p..end),
     then dQ of query block p (key blocks 0..p): every program of a sequence does the same number
@@ -304,19 +466,88 @@ def hstu_bwd_kernel(
         dk = tl.zeros((BLOCK, BLOCK_DQK), dtype=tl.float32)
         dv = tl.zeros((BLOCK, BLOCK_DV), dtype=tl.float32)
         carry = tl.zeros((BLOCK,), dtype=tl.float32)
-        dk, dv, carry = _bwd_kv_tile(dk, dv, carry, k, v, q_base, do_base, rab_row, drab_row, p0, p0, n, inv_n,
-                                     stride_qt, stride_dot, num_buckets,
-                                     D_QK, D_V, BLOCK_DQK, BLOCK_DV, PRECISION, BLOCK, True, True)
+        dk, dv, carry = _bwd_kv_tile(
+            dk,
+            dv,
+            carry,
+            k,
+            v,
+            q_base,
+            do_base,
+            rab_row,
+            drab_row,
+            p0,
+            p0,
+            n,
+            inv_n,
+            stride_qt,
+            stride_dot,
+            num_buckets,
+            D_QK,
+            D_V,
+            BLOCK_DQK,
+            BLOCK_DV,
+            PRECISION,
+            BLOCK,
+            True,
+            True,
+        )
         # Whole query blocks load without row masks; the sequence's last, partial one with them.
         whole = p0 + ((n - p0) // BLOCK) * BLOCK
         for m0 in range(p0 + BLOCK, whole, BLOCK):
-            dk, dv, carry = _bwd_kv_tile(dk, dv, carry, k, v, q_base, do_base, rab_row, drab_row, m0, p0, n, inv_n,
-                                         stride_qt, stride_dot, num_buckets,
-                                         D_QK, D_V, BLOCK_DQK, BLOCK_DV, PRECISION, BLOCK, False, False)
+            dk, dv, carry = _bwd_kv_tile(
+                dk,
+                dv,
+                carry,
+                k,
+                v,
+                q_base,
+                do_base,
+                rab_row,
+                drab_row,
+                m0,
+                p0,
+                n,
+                inv_n,
+                stride_qt,
+                stride_dot,
+                num_buckets,
+                D_QK,
+                D_V,
+                BLOCK_DQK,
+                BLOCK_DV,
+                PRECISION,
+                BLOCK,
+                False,
+                False,
+            )
         for m0 in range(tl.maximum(whole, p0 + BLOCK), n, BLOCK):
-            dk, dv, carry = _bwd_kv_tile(dk, dv, carry, k, v, q_base, do_base, rab_row, drab_row, m0, p0, n, inv_n,
-                                         stride_qt, stride_dot, num_buckets,
-                                         D_QK, D_V, BLOCK_DQK, BLOCK_DV, PRECISION, BLOCK, False, True)
+            dk, dv, carry = _bwd_kv_tile(
+                dk,
+                dv,
+                carry,
+                k,
+                v,
+                q_base,
+                do_base,
+                rab_row,
+                drab_row,
+                m0,
+                p0,
+                n,
+                inv_n,
+                stride_qt,
+                stride_dot,
+                num_buckets,
+                D_QK,
+                D_V,
+                BLOCK_DQK,
+                BLOCK_DV,
+                PRECISION,
+                BLOCK,
+                False,
+                True,
+            )
         last = ((n - 1 - p0) // BLOCK) * BLOCK  # distance offset of the last query block
         _add_rab_grad(drab_row, carry, last, n, num_buckets, BLOCK)
         _store_rows(DK + start * stride_dkt + h * stride_dkh, dk, rows, n, stride_dkt, D_QK, BLOCK_DQK)
@@ -326,10 +557,50 @@ def hstu_bwd_kernel(
         do = _load_rows(do_base, rows, n, stride_dot, D_V, BLOCK_DV, True)
         dq = tl.zeros((BLOCK, BLOCK_DQK), dtype=tl.float32)
         for n0 in range(0, p0, BLOCK):
-            dq = _bwd_q_tile(dq, q, do, k_base, v_base, rab_row, p0, n0, n, inv_n, stride_kt, stride_vt,
-                             num_buckets, D_QK, D_V, BLOCK_DQK, BLOCK_DV, PRECISION, BLOCK, False)
-        dq = _bwd_q_tile(dq, q, do, k_base, v_base, rab_row, p0, p0, n, inv_n, stride_kt, stride_vt,
-                         num_buckets, D_QK, D_V, BLOCK_DQK, BLOCK_DV, PRECISION, BLOCK, True)
+            dq = _bwd_q_tile(
+                dq,
+                q,
+                do,
+                k_base,
+                v_base,
+                rab_row,
+                p0,
+                n0,
+                n,
+                inv_n,
+                stride_kt,
+                stride_vt,
+                num_buckets,
+                D_QK,
+                D_V,
+                BLOCK_DQK,
+                BLOCK_DV,
+                PRECISION,
+                BLOCK,
+                False,
+            )
+        dq = _bwd_q_tile(
+            dq,
+            q,
+            do,
+            k_base,
+            v_base,
+            rab_row,
+            p0,
+            p0,
+            n,
+            inv_n,
+            stride_kt,
+            stride_vt,
+            num_buckets,
+            D_QK,
+            D_V,
+            BLOCK_DQK,
+            BLOCK_DV,
+            PRECISION,
+            BLOCK,
+            True,
+        )
         _store_rows(DQ + start * stride_dqt + h * stride_dqh, dq, rows, n, stride_dqt, D_QK, BLOCK_DQK)
 
 
@@ -375,11 +646,38 @@ def forward(q, k, v, rab, offsets, max_len: int, config: dict | None = None) -> 
     out = torch.empty((T, H, d_v), dtype=v.dtype, device=v.device)
     if T == 0 or B == 0 or max_len <= 0:
         return out
-    args = (q, k, v, rab, offsets, out, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-            v.stride(0), v.stride(1), out.stride(0), out.stride(1), rab.stride(0),
-            rab.shape[1], triton.next_power_of_2(max_len))
-    _launch(hstu_fwd_kernel, max_len, B, H, args, config, D_QK=d_qk, D_V=d_v, BLOCK_DQK=_block_d(d_qk),
-            BLOCK_DV=_block_d(d_v), PRECISION=_precision(q.dtype))
+    args = (
+        q,
+        k,
+        v,
+        rab,
+        offsets,
+        out,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        out.stride(0),
+        out.stride(1),
+        rab.stride(0),
+        rab.shape[1],
+        triton.next_power_of_2(max_len),
+    )
+    _launch(
+        hstu_fwd_kernel,
+        max_len,
+        B,
+        H,
+        args,
+        config,
+        D_QK=d_qk,
+        D_V=d_v,
+        BLOCK_DQK=_block_d(d_qk),
+        BLOCK_DV=_block_d(d_v),
+        PRECISION=_precision(q.dtype),
+    )
     return out
 
 
@@ -392,11 +690,46 @@ def backward(grad_out, q, k, v, rab, offsets, max_len: int, config: dict | None 
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     drab = torch.zeros(rab.shape, dtype=torch.float32, device=rab.device)  # atomics target
     if T > 0 and B > 0 and max_len > 0:
-        args = (q, k, v, rab, offsets, grad_out, dq, dk, dv, drab,
-                q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-                grad_out.stride(0), grad_out.stride(1), dq.stride(0), dq.stride(1), dk.stride(0),
-                dk.stride(1), dv.stride(0), dv.stride(1), rab.stride(0),
-                rab.shape[1], triton.next_power_of_2(max_len))
-        _launch(hstu_bwd_kernel, max_len, B, H, args, config, D_QK=d_qk, D_V=d_v,
-                BLOCK_DQK=_block_d(d_qk), BLOCK_DV=_block_d(d_v), PRECISION=_precision(q.dtype))
+        args = (
+            q,
+            k,
+            v,
+            rab,
+            offsets,
+            grad_out,
+            dq,
+            dk,
+            dv,
+            drab,
+            q.stride(0),
+            q.stride(1),
+            k.stride(0),
+            k.stride(1),
+            v.stride(0),
+            v.stride(1),
+            grad_out.stride(0),
+            grad_out.stride(1),
+            dq.stride(0),
+            dq.stride(1),
+            dk.stride(0),
+            dk.stride(1),
+            dv.stride(0),
+            dv.stride(1),
+            rab.stride(0),
+            rab.shape[1],
+            triton.next_power_of_2(max_len),
+        )
+        _launch(
+            hstu_bwd_kernel,
+            max_len,
+            B,
+            H,
+            args,
+            config,
+            D_QK=d_qk,
+            D_V=d_v,
+            BLOCK_DQK=_block_d(d_qk),
+            BLOCK_DV=_block_d(d_v),
+            PRECISION=_precision(q.dtype),
+        )
     return dq, dk, dv, drab.to(rab.dtype)
