@@ -102,10 +102,11 @@ def mlp_workload(steps: int, warmup: int, seed: int = 0):
 
 def tiny_workload(steps: int, warmup: int, seed: int = 0):
     """The real tiny training step through the harness API (one fresh run per call)."""
+    from gembench.harness.train.runconfig import RunConfig
     from gembench.harness.train.runner import run_benchmark
 
     def run(slow_s: float = 0.0) -> list[float]:
-        return list(run_benchmark("tiny", steps=steps, warmup=warmup, seed=seed)["samples"]["step_s"])
+        return list(run_benchmark(RunConfig("tiny", steps=steps, warmup=warmup, seed=seed))["samples"]["step_s"])
 
     return run
 
@@ -305,7 +306,7 @@ def plant_commit(root, base: str, fraction: float) -> str:
 def _commit_beside(root, base: str, branch: str, anchor: str, code: str, what: str, message: str) -> str:
     """Commit ``code`` after ``anchor`` in harness/train/step.py on ``branch`` from ``base``; the sha.
     The clone is left at ``base``."""
-    step = root / "harness" / "step.py"
+    step = root / "harness" / "train" / "step.py"
     _git(root, "checkout", "--quiet", "-B", branch, base)
     text = step.read_text()
     if anchor not in text:

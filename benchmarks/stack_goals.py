@@ -11,6 +11,7 @@ Printed, never asserted: a speed goal is a figure to watch, not a test to flake.
 import argparse
 
 from gembench.harness.report.tables import loss_line, pct, run_report
+from gembench.harness.train.runconfig import RunConfig
 from gembench.harness.train.runner import run_ab
 
 RATIO_GOAL = 2.0
@@ -25,9 +26,15 @@ def main() -> None:
     p.add_argument("--steps-per-round", type=int, default=2)
     p.add_argument("--warmup", type=int, default=3)
     args = p.parse_args()
-    result = run_ab(
-        args.config, rounds=args.rounds, steps_per_round=args.steps_per_round, warmup=args.warmup, device=args.device
+    run = RunConfig(
+        args.config,
+        steps=args.rounds * args.steps_per_round,
+        rounds=args.rounds,
+        warmup=args.warmup,
+        device=args.device,
+        ab=True,
     )
+    result = run_ab(run)
     print(run_report(result))
     ab, mfu = result["ab"], result["summary"]["mfu"]
     lo, hi = ab["mfu_ratio_ci95"]

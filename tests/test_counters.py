@@ -10,6 +10,7 @@ import torch
 from gembench.harness.metrics import counters as C
 from gembench.harness.metrics.trace import kineto_marks_dropped, self_times, top_rows
 from gembench.harness.train import step as step_module
+from gembench.harness.train.runconfig import RunConfig
 from gembench.harness.train.runner import run_benchmark
 from gembench.harness.train.stack import STACKS, build_train_state
 from gembench.harness.train.step import NoClock, run_steps, train_step
@@ -101,17 +102,8 @@ def test_self_times_subtract_nested_events_per_thread():
     assert sum(r["share"] for r in top_rows(events, torch.device("cpu"))[1]) == pytest.approx(1.0)
 
 
-def _tiny_baseline(**kw):
-    return run_benchmark(
-        "tiny",
-        steps=1,
-        warmup=1,
-        options=STACKS["baseline"],
-        device="cpu",
-        peak_tflops=1.0,
-        stack_name="baseline",
-        **kw,
-    )
+def _tiny_baseline():
+    return run_benchmark(RunConfig("tiny", steps=1, warmup=1, stack="baseline", device="cpu", peak_tflops=1.0))
 
 
 def test_counters_of_real_steps_are_deterministic_and_see_a_planted_op(monkeypatch):

@@ -104,12 +104,12 @@ def test_a_legacy_cache_file_is_migrated_best_of(cache, monkeypatch):
 
 def test_a_too_low_cached_peak_is_beaten_and_remeasured(cache, monkeypatch):
     """The issue's case: a peak cached while the machine was busy (far too low) and trusted."""
+    from gembench.harness.train.runconfig import RunConfig
     from gembench.harness.train.runner import run_benchmark
-    from gembench.harness.train.stack import STACKS
 
     plant(1e-7)  # settled, so a run would trust it forever without the beaten check
     FakeMachine(monkeypatch, 0.5)
-    result = run_benchmark("tiny", steps=2, warmup=1, options=STACKS["baseline"], device="cpu", stack_name="baseline")
+    result = run_benchmark(RunConfig("tiny", steps=2, warmup=1, stack="baseline", device="cpu"))
     peak = result["peak"]
     assert peak["tflops_per_device"] == 0.5 and "RE-MEASURED" in peak["source"]
     assert peak["calibration"]["how"].startswith("beaten by")
@@ -148,7 +148,7 @@ def test_peak_command_shows_recalibrates_and_clears(cache, monkeypatch, capsys):
 
 def test_a_distributed_run_that_beats_its_peak_remeasures_on_rank_0(cache, monkeypatch):
     from gembench.harness.device.hardware import Peak
-    from gembench.harness.train.distributed.rank import _recheck_peak
+    from gembench.harness.train.result import recheck
 
     plant(1e-4, threads=1)
     # the fake machine first, slower than the planted peak: read from the cache, the peak stays
@@ -170,10 +170,10 @@ def test_a_distributed_run_that_beats_its_peak_remeasures_on_rank_0(cache, monke
         }
         for r in (0, 1)
     ]
-    _recheck_peak(low, records, "h")
+    recheck(low, records, [" of rank 0", " of rank 1"])
     assert all(r["peak_tflops"] == 0.5 and "stage backward of rank 1" in r["peak_source"] for r in records)
     assert C.load_entry("bf16", 1).best.tflops == 0.5
     gemms = machine.gemms
     slow = [dict(r, stages={"dense_forward": [1.0], "backward": [1.0]}, step_s=[2.0]) for r in records]
-    _recheck_peak(Peak(0.5, "bf16", "x", calibration=records[0]["peak_calibration"]), slow, "h")
+    recheck(Peak(0.5, "bf16", "x", calibration=records[0]["peak_calibration"]), slow, [" of rank 0", " of rank 1"])
     assert machine.gemms == gemms  # nothing beat the peak: nothing measured

@@ -33,6 +33,7 @@ def test_every_run_flag_is_a_field_and_the_defaults_agree():
         (["--pace", "3,4", "--nproc", "2"], True, "--pace takes turns with one process"),
         (["--timeout", "0", "--nproc", "2"], True, "--timeout must be positive"),
         (["--ab", "--rounds", "1"], False, "--ab needs --rounds >= 2"),
+        (["--ab", "--stack", "baseline"], False, "would measure the baseline against itself"),
         (["--pace", "3,4", "--burst", "0"], False, "--pace needs a single stack and --burst >= 1"),
         (["--trace", "/proc/nope"], False, "cannot create folder /proc/nope for --trace"),
         (["--trace", "/proc/nope", "--nproc", "2"], True, "cannot create folder /proc/nope for --trace"),
@@ -46,3 +47,35 @@ def test_what_needs_no_model_is_refused_in_one_place(argv, distributed, words):
 def test_a_good_request_passes_and_creates_its_trace_folder(tmp_path):
     run = RunConfig.from_namespace(parsed("--config", "tiny", "--trace", str(tmp_path / "t"))).check(False)
     assert run.options.compile and Path(tmp_path / "t").is_dir()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["--config", "tiny", "--steps", "5", "--warmup", "1", "--seed", "3", "--device", "cpu"],
+        ["--stack", "baseline", "--dtype", "bf16", "--set", "compile=off", "--set", "jagged=off", "--batch", "64"],
+        ["--nproc", "2", "--sharding", "t0=row_wise,default=table_wise", "--pipeline", "--timeout", "60"],
+        ["--ab", "--rounds", "3", "--out", "r.json", "--trace", "tr", "--quiet", "--peak-tflops", "1.5"],
+        ["--pace", "3,4", "--burst", "5", "--verbose", "--rebalance", "--nsys", "prof"],
+    ],
+)
+def test_the_one_serializer_gives_back_the_same_request(argv):
+    """continuous, ablate --nproc and the launcher build `gembench run` command lines only
+    through RunConfig.to_argv: parsing its output must give back the config it came from, with
+    the flags that name a run always written."""
+    run = RunConfig.from_namespace(parsed(*argv))
+    again = run.to_argv()
+    assert RunConfig.from_namespace(parsed(*again)) == run
+    for flag in ("--config", "--steps", "--warmup", "--stack", "--seed", "--device"):
+        assert flag in again
+    assert again.count("--set") == len(run.switches)
+
+
+def test_the_ranks_command_line_is_the_run_without_nproc():
+    from gembench.harness.train.distributed.launch import rank_argv
+
+    run = RunConfig.from_namespace(parsed("--config", "tiny", "--nproc", "2", "--set", "compile=off"))
+    argv = rank_argv(run)
+    assert argv[0] == "run" and "--nproc" not in argv
+    assert RunConfig.from_namespace(parsed(*argv[1:])) == RunConfig("tiny", switches=("compile=off",))

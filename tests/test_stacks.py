@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from gembench.harness.train.runconfig import RunConfig
 from gembench.harness.train.runner import run_ab
 from gembench.harness.train.stack import STACKS, build_train_state
 from gembench.harness.train.step import run_steps
@@ -63,7 +64,7 @@ def test_broken_optimizer_is_caught(tiny, baseline_losses):
 
 
 def test_ab_ratio_and_gate(tmp_path):
-    result = run_ab("tiny", rounds=2, steps_per_round=2, warmup=2)
+    result = run_ab(RunConfig("tiny", rounds=2, steps=4, warmup=2, ab=True))
     ab = result["ab"]
     assert len(ab["round_ratios"]) == 2 and ab["mfu_ratio"] > 0
     assert result["metrics"]["ab_mfu_ratio"] == ab["mfu_ratio"]

@@ -26,13 +26,24 @@ def run_configs(nproc: int = 1) -> dict:
     """{config: metrics dict, or None where this commit cannot run it}."""
     if nproc > 1:
         return {c: run_ranks(c, nproc) for c in CONFIGS}
-    try:
+    try:  # the library takes a RunConfig whole
+        from gembench.harness.train.runconfig import RunConfig
         from gembench.harness.train.runner import run_benchmark
+    except ImportError:
+        return run_configs_keywords()
+    runs = {c: RunConfig(c, steps=STEPS, warmup=3, switches=tuple(SWITCHES), quiet=True) for c in CONFIGS}
+    return {c: dict(run_benchmark(run)["metrics"]) for c, run in runs.items()}
+
+
+def run_configs_keywords() -> dict:
+    """Commits from before the folders were the layers: run_benchmark took keyword arguments."""
+    try:
+        from gembench.harness.runner import run_benchmark
     except ImportError:  # a commit from before the harness API: nothing to track there
         return {c: None for c in CONFIGS}
     kwargs = {}
     if SWITCHES:  # only then: older commits' run_benchmark may not know stack switches
-        from gembench.harness.train.stack import STACKS, with_switches
+        from gembench.harness.stack import STACKS, with_switches
 
         kwargs["options"] = with_switches(STACKS["optimized"], SWITCHES)
     return {c: dict(run_benchmark(c, steps=STEPS, warmup=3, **kwargs)["metrics"]) for c in CONFIGS}

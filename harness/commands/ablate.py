@@ -112,6 +112,7 @@ def _ablate(args: argparse.Namespace) -> int:
     from gembench.harness.device.hardware import resolve_device
     from gembench.harness.report.tables import pct
     from gembench.harness.store.reservation import write_or_fallback
+    from gembench.harness.train.runconfig import RunConfig
     from gembench.harness.train.runner import measure_stack, prepare, summarized
     from gembench.models.config import load_config, with_global_batch
     from gembench.models.flops import memory_estimate, parameter_counts
@@ -125,7 +126,17 @@ def _ablate(args: argparse.Namespace) -> int:
         (options for _, options in added + removed),
         key=lambda o: memory_estimate(cfg, cfg.data.global_batch, counts, o, device_type)["total"],
     )
-    setup = prepare(cfg, args.steps, args.warmup, args.device, args.seed, args.peak_tflops, stacks=[hungriest])
+    run = RunConfig(
+        config=args.config,
+        steps=args.steps,
+        warmup=args.warmup,
+        batch=args.batch,
+        device=args.device,
+        seed=args.seed,
+        peak_tflops=args.peak_tflops,
+        quiet=args.quiet,
+    )
+    setup = prepare(run, [hungriest])
     runs = {}  # options -> Measured: "+ compile" is the optimized stack, measured once
     todo = added + removed + chosen
     for i, (label, options) in enumerate(todo):
@@ -135,9 +146,9 @@ def _ablate(args: argparse.Namespace) -> int:
                 print(
                     f"gembench ablate: [{i + 1}/{len(todo)}] {label}: {options.describe()}", file=sys.stderr, flush=True
                 )
-            runs[key] = measure_stack(setup, options, label, args.steps, args.warmup)
+            runs[key] = measure_stack(setup, options, label)
     # one peak for every variant: checked against all of them, re-measured once if beaten
-    by_key = dict(zip(runs, summarized(setup, list(runs.values()), args.warmup)))
+    by_key = dict(zip(runs, summarized(setup, list(runs.values()))))
     measured = {label: by_key[tuple(sorted(options.to_dict().items()))] for label, options in todo}
 
     def row(label, reference):

@@ -14,50 +14,39 @@ import sys
 import tempfile
 from pathlib import Path
 
-# (label, --set switches, extra run flags)
+# (label, --set switches, other RunConfig fields)
 RANK_VARIANTS = [
-    ("optimized, ddp", (), ()),
-    ("dense_parallel=fsdp", ("dense_parallel=fsdp",), ()),
-    ("activation_checkpointing=hstu", ("activation_checkpointing=hstu",), ()),
-    ("activation_checkpointing=all", ("activation_checkpointing=all",), ()),
-    ("fsdp + checkpointing hstu", ("dense_parallel=fsdp", "activation_checkpointing=hstu"), ()),
-    ("compile=off", ("compile=off",), ()),
-    ("+ pipeline", (), ("--pipeline",)),
-    ("content=off", ("content=off",), ()),  # configs with a [content] section only
+    ("optimized, ddp", (), {}),
+    ("dense_parallel=fsdp", ("dense_parallel=fsdp",), {}),
+    ("activation_checkpointing=hstu", ("activation_checkpointing=hstu",), {}),
+    ("activation_checkpointing=all", ("activation_checkpointing=all",), {}),
+    ("fsdp + checkpointing hstu", ("dense_parallel=fsdp", "activation_checkpointing=hstu"), {}),
+    ("compile=off", ("compile=off",), {}),
+    ("+ pipeline", (), {"pipeline": True}),
+    ("content=off", ("content=off",), {}),  # configs with a [content] section only
 ]
 REFERENCE = RANK_VARIANTS[0][0]
 
 
 def run_variant(args, switches, flags, out: Path) -> tuple[dict | None, str]:
     """One `gembench run --nproc N` of a variant: (its result or None, the error's last line)."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "gembench",
-        "run",
-        "--config",
-        str(args.config),
-        "--nproc",
-        str(args.nproc),
-        "--steps",
-        str(args.steps),
-        "--warmup",
-        str(args.warmup),
-        "--device",
-        args.device,
-        "--seed",
-        str(args.seed),
-        "--out",
-        str(out),
-        "--quiet",
-        *flags,
-    ]
-    if args.batch is not None:
-        cmd += ["--batch", str(args.batch)]
-    if args.peak_tflops is not None:
-        cmd += ["--peak-tflops", str(args.peak_tflops)]
-    for switch in switches:
-        cmd += ["--set", switch]
+    from gembench.harness.train.runconfig import RunConfig
+
+    run = RunConfig(
+        config=str(args.config),
+        steps=args.steps,
+        warmup=args.warmup,
+        batch=args.batch,
+        device=args.device,
+        seed=args.seed,
+        peak_tflops=args.peak_tflops,
+        switches=tuple(switches),
+        nproc=args.nproc,
+        out=out,
+        quiet=True,
+        **flags,
+    )
+    cmd = [sys.executable, "-m", "gembench", "run", *run.to_argv()]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0 or not out.exists():
         lines = (

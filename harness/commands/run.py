@@ -200,6 +200,7 @@ def under_nsys(args) -> int:
     import os
     import shutil
     import subprocess
+    from dataclasses import replace
 
     from gembench.errors import UsageError
     from gembench.harness.train.nvtx import ENV
@@ -214,14 +215,7 @@ def under_nsys(args) -> int:
             "nsys (NVIDIA Nsight Systems) is not on PATH: install it (https://developer.nvidia.com/"
             "nsight-systems, or the CUDA toolkit's nsight-systems package), or drop --nsys"
         )
-    argv, skip = [], False
-    for a in sys.argv[1:]:  # the same command without --nsys
-        if skip:
-            skip = False
-        elif a == "--nsys":
-            skip = True
-        elif not a.startswith("--nsys="):
-            argv.append(a)
+    argv = ["run", *replace(args, nsys=None).to_argv()]  # the same run without --nsys
     cmd = [*NSYS, "-o", str(args.nsys), sys.executable, "-m", "gembench", *argv]
     print("gembench run: " + " ".join(cmd), file=sys.stderr, flush=True)
     return subprocess.call(cmd, env={**os.environ, ENV: "1"})
@@ -290,36 +284,9 @@ def _run(run) -> int:
         except (ValueError, OSError) as err:
             raise UsageError(f"--pace {run.pace}: {err}") from None
     if run.ab:
-        result = run_ab(
-            run.config,
-            rounds=run.rounds,
-            steps_per_round=run.steps // run.rounds,
-            warmup=run.warmup,
-            device=run.device,
-            seed=run.seed,
-            peak_tflops=run.peak_tflops,
-            dtype=run.dtype,
-            progress=progress,
-            batch=run.batch,
-            on_prepared=compile_notice,
-            trace=run.trace,
-        )
+        result = run_ab(run, progress=progress, on_prepared=compile_notice)
     else:
-        result = run_benchmark(
-            run.config,
-            steps=run.steps,
-            warmup=run.warmup,
-            options=run.options,
-            stack_name=run.stack,
-            device=run.device,
-            seed=run.seed,
-            peak_tflops=run.peak_tflops,
-            progress=progress,
-            batch=run.batch,
-            on_prepared=compile_notice,
-            trace=run.trace,
-            pace=pace,
-        )
+        result = run_benchmark(run, progress=progress, on_prepared=compile_notice, pace=pace)
     out = run.out or DEFAULT_OUT_DIR / f"{result['id']}.json"
     print(run_report(result), flush=True)  # the figures reach the user even if the write fails
     write_or_fallback(out, result)

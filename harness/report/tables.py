@@ -136,8 +136,8 @@ def totals_table(result: dict) -> str:
             [
                 [
                     "dense state",
-                    f"{s['dense_state_bytes'] / 2**20:,.1f} MiB per rank (weights, gradients, optimizer "
-                    f"state; largest rank)",
+                    f"{s['dense_state_bytes'] / 2**20:,.1f} MiB (weights, gradients, optimizer state"
+                    f"{'; largest rank' if result['run']['nproc'] > 1 else ''})",
                 ]
             ]
             if s.get("dense_state_bytes") is not None

@@ -25,9 +25,15 @@ def check_counts(steps: int, warmup: int) -> None:
         raise UsageError(f"--warmup must be 0 or more, got {warmup}")
 
 
+# The flags that name a run: always written by to_argv, so that another revision's defaults
+# (`gembench continuous` runs other commits' `gembench run`) cannot change what is measured.
+IDENTITY = ("config", "steps", "warmup", "stack", "seed", "device")
+FLAG_OF = {"switches": "--set"}  # fields whose flag is not --<field-name>
+
+
 @dataclass(frozen=True)
 class RunConfig:
-    config: str = "small"  # a config name or a .toml path
+    config: str = "small"  # a config name or a .toml path (library callers: a ModelConfig too)
     steps: int = 10
     warmup: int = 3
     batch: int | None = None  # global batch override
@@ -62,6 +68,26 @@ class RunConfig:
         values["switches"] = tuple(values.get("switches") or ())
         return cls(**values)
 
+    def to_argv(self) -> list[str]:
+        """This request as `gembench run` flags: the one serializer, for the launcher's ranks,
+        `gembench continuous` and `gembench ablate --nproc`. IDENTITY always, the other fields
+        where they differ from their defaults; from_namespace(parse(to_argv())) == self."""
+        if not isinstance(self.config, str | Path):
+            raise TypeError("to_argv needs a config name or path, not a ModelConfig object")
+        argv = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if (f.name not in IDENTITY and value == f.default) or value is None or value is False:
+                continue
+            flag = FLAG_OF.get(f.name, "--" + f.name.replace("_", "-"))
+            if value is True:
+                argv.append(flag)
+            elif isinstance(value, tuple):
+                argv += [a for v in value for a in (flag, str(v))]
+            else:
+                argv += [flag, str(value)]
+        return argv
+
     @property
     def options(self) -> StackOptions:
         return stack_options(self.stack, self.dtype, self.switches)
@@ -87,6 +113,11 @@ class RunConfig:
                 raise UsageError(f"--timeout must be positive seconds, got {self.timeout}")
         if self.rebalance and not distributed:
             raise UsageError("--rebalance re-plans a sharded job on several ranks: add --nproc 2 (or more)")
+        if self.ab and self.stack == "baseline":
+            raise UsageError(
+                "--ab measures the baseline stack against the one --stack, --dtype and --set describe: "
+                "with --stack baseline it would measure the baseline against itself; drop --stack baseline"
+            )
         if self.ab and (self.rounds < 2 or self.steps < self.rounds):
             raise UsageError(
                 f"--ab needs --rounds >= 2 and --steps >= --rounds, got --rounds {self.rounds} --steps {self.steps}"

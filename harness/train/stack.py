@@ -270,6 +270,18 @@ def pure_model(cfg: ModelConfig, options: StackOptions, device: torch.device) ->
     return build_model(model_config(cfg, options), device, attention="jagged" if options.jagged else "padded")
 
 
+def seeded_model(cfg: ModelConfig, options: StackOptions, device: torch.device, seed: int) -> nn.Module:
+    """What one process and every rank start from: the pure model built from ``seed`` (the same
+    weights for every stack and rank), activation checkpointing applied, and its dense blocks in
+    NVTX ranges when they are on (gembench run --nsys)."""
+    torch.manual_seed(seed)
+    model = pure_model(cfg, options, device)
+    apply_ac(model, options.activation_checkpointing)
+    nvtx.enable_from_env(device)
+    nvtx.apply_block_ranges(model)
+    return model
+
+
 def on_ranks(options: StackOptions, pipeline: bool) -> StackOptions:
     """What a stack is on N ranks: TorchRec's sharded tables are always fbgemm's fused TBE (DMP has
     no plain-EmbeddingBag path), and overlap is the --pipeline choice; the rest is the stack's."""
@@ -280,10 +292,7 @@ def build_train_state(cfg: ModelConfig, options: StackOptions, device: torch.dev
     """Build the pure model from ``cfg`` with ``seed`` (same weights for every stack), then
     apply ``options`` to it."""
     check_one_process(options)
-    torch.manual_seed(seed)
-    model = pure_model(cfg, options, device)
-    apply_ac(model, options.activation_checkpointing)
-    nvtx.apply_block_ranges(model)  # only when NVTX ranges are on (gembench run --nsys)
+    model = seeded_model(cfg, options, device, seed)
     optimizers: list[torch.optim.Optimizer] = []
     if options.fused_embeddings:
         optimizers += fuse_embeddings(model, device)

@@ -64,29 +64,23 @@ def main(args: RunConfig) -> int:
     from gembench.harness.store.reservation import HELD_ENV, OUTCOME_ENV, Reservation
 
     if args.out is None:
-        return relaunch(args.nproc, without_nproc(sys.argv[1:]))
+        return relaunch(args.nproc, rank_argv(args))
     # held for the whole job; rank 0 writes under it (HELD_ENV) and reports a failed write in
     # the outcome file, so the job exits 2 after the table rather than as a failed rank
     import tempfile
 
     with Reservation.take(args.out) as held, tempfile.NamedTemporaryFile("r", prefix="gembench-outcome-") as outcome:
         extra = {HELD_ENV: str(held.path.resolve()), OUTCOME_ENV: outcome.name}
-        code = relaunch(args.nproc, without_nproc(sys.argv[1:]), extra)
+        code = relaunch(args.nproc, rank_argv(args), extra)
         return 2 if code == 0 and outcome.read().strip() == "write-failed" else code
 
 
-def without_nproc(argv: list[str]) -> list[str]:
-    """The command line for the ranks: they take the world size from torchrun, and torchrun's own
-    parser would reject --nproc as an ambiguous prefix of its --nproc-per-node."""
-    out, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-        elif a == "--nproc":
-            skip = True
-        elif not a.startswith("--nproc="):
-            out.append(a)
-    return out
+def rank_argv(args: RunConfig) -> list[str]:
+    """The ranks' command line: this run without --nproc (the ranks take the world size from
+    torchrun, whose own parser would take --nproc for a prefix of its --nproc-per-node)."""
+    from dataclasses import replace
+
+    return ["run", *replace(args, nproc=None).to_argv()]
 
 
 def check(args: RunConfig) -> None:

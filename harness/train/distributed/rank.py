@@ -23,12 +23,11 @@ import torch
 import torch.distributed as dist
 
 from gembench.errors import UsageError
-from gembench.harness.device.hardware import cpu_peak, device_name, recheck_peak, reference_peak, resolve_device
+from gembench.harness.device.hardware import cpu_peak, reference_peak, resolve_device
 from gembench.harness.metrics import comm
 from gembench.harness.metrics import counters as C
 from gembench.harness.metrics import trace as TR
 from gembench.harness.metrics.imbalance import hot_share
-from gembench.harness.metrics.mfu import summarize
 from gembench.harness.train import nvtx
 from gembench.harness.train.distributed import engines as E
 from gembench.harness.train.distributed import library_logs
@@ -44,12 +43,13 @@ from gembench.harness.train.memory import (
     run_memory_bytes,
 )
 from gembench.harness.train.progress import Progress
+from gembench.harness.train.result import Sharded, build_result, described, process_record, recheck, timed_batches
 from gembench.harness.train.runconfig import RunConfig
 from gembench.harness.train.runner import MAX_DISTINCT_BATCHES
 from gembench.harness.train.step import StageClock, timed_steps
 from gembench.models.config import for_device, load_config, with_global_batch
 from gembench.models.data import SyntheticData, expected_ids_per_example
-from gembench.models.flops import batch_forward_flops, embedding_bytes, memory_estimate, parameter_counts
+from gembench.models.flops import memory_estimate, parameter_counts
 
 COUNTED_STEPS = 1  # an extra step after the timed ones, its cost counters taken (no profiler:
 # the counting dispatch mode re-dispatches every op, which the profiler would record twice)
@@ -132,7 +132,6 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
     (carry.py); the result is the second run's, the first's figures in its ``rebalance`` section.
     """
     from gembench.harness.train.distributed import rebalance as R
-    from gembench.harness.train.distributed.result import build_result
     from gembench.harness.train.stack import model_config, on_ranks
 
     rank, world = env["rank"], env["world_size"]
@@ -152,36 +151,31 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
     if args.rebalance:
         R.check(args.sharding, P.parse_sharding(args.sharding, list(rows)), list(rows), world, args.pipeline)
 
-    def result_of(records, job, batches, recheck: bool = False):
-        """Rank 0: the job's result from every rank's records (None elsewhere); ``recheck``: the
-        peak check first, on the run the result is of."""
+    def result_of(records, job, batches, peak_check: bool = False):
+        """Rank 0: the job's result from every rank's records (None elsewhere); ``peak_check``:
+        the peak checked first (over this host's ranks), on the run the result is of."""
         if rank != 0:
             return None
-        if recheck:
+        if peak_check:
             watchdog.at("peak check")
-            _recheck_peak(peak, records, socket.gethostname())
-        return build_result(
-            cfg,
-            args,
-            env,
-            records,
-            job.planned,
-            options,
-            batch_indices=_indices(args, batches),
-            backend=dist.get_backend(),
+            mine = [r for r in records if r["host"] == socket.gethostname()]
+            recheck(peak, mine, [f" of rank {r['rank']}" for r in mine])
+        sharded = Sharded(
+            job.planned, _indices(args, batches), dist.get_backend(), args.sharding, args.pipeline, args.timeout
         )
+        return build_result(cfg, args, records, options, sharded)
 
     job = _build(args, env, dev, cfg, options, local_batch, watchdog, pooling)
     record, batches = _measure(job, args, env, dev, cfg, options, local_batch, watchdog, fault, peak, host_peak)
     records = _gather(record, rank, world, watchdog)
     if not args.rebalance:
-        return result_of(records, job, batches, recheck=True) or {}
+        return result_of(records, job, batches, peak_check=True) or {}
 
     # --rebalance: the planner's plan (A), the re-planned one (B), then A again, each on the state
     # the run before it trained, so that drift over the three runs cancels in B against A and A'
     watchdog.at("rebalance")
     counts = [None] * world  # on the batches measure_loads counted
-    dist.all_gather_object(counts, R.host_counts(_timed(args, batches)[:LOAD_BATCHES], rows))
+    dist.all_gather_object(counts, R.host_counts(timed_batches(batches, args.warmup, args.steps)[:LOAD_BATCHES], rows))
     loads = [None] * world
     dist.all_gather_object(loads, record["loads"])
     measured = R.Measured.from_ranks(counts, loads, rows)
@@ -201,7 +195,7 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
     gc.collect()  # the first model, now unreferenced, before the second is timed
     record, batches = _measure(job, args, env, dev, cfg, options, local_batch, watchdog, fault, peak, host_peak)
     records = _gather(record, rank, world, watchdog)
-    result = result_of(records, job, batches, recheck=True)
+    result = result_of(records, job, batches, peak_check=True)
     _say(args, rank, "the planner's plan once more, after the rebalanced one")
     job, _ = _rebuild(job, args, env, dev, cfg, options, local_batch, watchdog, pooling)
     gc.collect()
@@ -263,16 +257,12 @@ def _build(
 ) -> _Job:
     """Model, plan (TorchRec's planner told ``pooling``; ``measured``: rebalance.MeasuredLookups),
     DMP, FSDP, compile, and the step engine (the staged one; the pipeline's is made in _measure)."""
-    from gembench.harness.train.parallelize import apply_ac, apply_compile, apply_fsdp, dense_mesh
-    from gembench.harness.train.stack import pure_model
+    from gembench.harness.train.parallelize import apply_compile, apply_fsdp, dense_mesh
+    from gembench.harness.train.stack import seeded_model
 
     watchdog.at("build")
     start_bytes = reset_peak_memory(dev)  # the rank's floor: what was loaded before the run
-    torch.manual_seed(args.seed)  # same seed on every rank: identical replicated weights
-    gem = pure_model(cfg, options, dev)
-    apply_ac(gem, options.activation_checkpointing)
-    nvtx.enable_from_env(dev)  # gembench run --nsys: ranges for Nsight Systems
-    nvtx.apply_block_ranges(gem)
+    gem = seeded_model(cfg, options, dev, args.seed)  # same seed on every rank: identical replicated weights
     model = gem
     if args.pipeline:  # embedding modules lifted out where the pipeline's tracer can find them
         model = E.TrainModule(gem)
@@ -303,7 +293,7 @@ def _measure(
     host_peak,
 ) -> tuple[dict, list]:
     """Time, count and profile this rank's steps on ``job``: its record for rank 0, and the batches."""
-    from gembench.harness.train.parallelize import dense_shards, dense_state_bytes, recomputed_forward_flops
+    from gembench.harness.train.parallelize import dense_shards, dense_state_bytes
     from gembench.harness.train.stack import autocast_for
 
     rank, world, dmp = env["rank"], env["world_size"], job.dmp
@@ -312,20 +302,11 @@ def _measure(
     total = args.warmup + args.steps + COUNTED_STEPS + PROFILED_STEPS
     batches = [data.batch(i) for i in range(min(total, MAX_DISTINCT_BATCHES))]
 
-    timed = _timed(args, batches)
+    timed = timed_batches(batches, args.warmup, args.steps)
     watchdog.at("load count")
     # before the pipeline rewrites the modules' input dist for its own schedule
     loads = L.measure_loads(dmp, timed[:LOAD_BATCHES], dev)
-    # described once, before any step, from the host batches as generated
-    per_block = [batch_forward_flops(cfg, b) for b in timed]
-    described = {
-        "forward_flops": [float(sum(b.values())) for b in per_block],
-        "recomputed_flops": [recomputed_forward_flops(b, options.activation_checkpointing) for b in per_block],
-        "per_block": _mean_blocks(per_block),
-        "embedding_bytes": embedding_bytes(cfg, timed[0]),
-        "input_bytes": float(np.mean([b.input_bytes for b in timed])),
-        "hot": _hot_counts(cfg, timed),
-    }
+    shape = described(cfg, timed, options)  # once, before any step, from the host batches as generated
     autocast = autocast_for(options, dev)
     since = C.fresh_compile_state()
     W.STAGE_ORDER.update({s: i for i, s in enumerate(E.PIPELINE_STAGES if args.pipeline else E.STAGES)})
@@ -370,34 +351,26 @@ def _measure(
         embedding_share=storage[rank] / sum(storage) if sum(storage) else 1.0 / world,
         on_rank=True,
     )
-    dense_state = dense_state_bytes(P.dense_parameters(dmp), engine.optimizer)
-    record = {
-        "rank": rank,
-        "host": socket.gethostname(),
-        "device": str(dev),
-        "device_name": device_name(dev),
-        "local_rank": env["local_rank"],
-        "peak_tflops": peak.tflops_per_device,
-        "peak_source": peak.source,
-        "peak_dtype": peak.dtype,
-        "torch_threads": torch.get_num_threads(),
-        "peak_provisional": peak.provisional,
-        "peak_calibration": peak.calibration,
-        **_host_fields(host_peak),
-        "step_s": samples.step_s,
-        "stages": samples.stages,
-        "loss": samples.loss,
-        **described,
-        "loads": loads,
-        "comm": {k: v for k, v in comm_stats.items() if k != "calls"},
-        "comm_calls": comm_stats["calls"],
-        "peak_memory_bytes": memory,
-        "peak_memory_source": memory_source,
-        "dense_state_bytes": dense_state,
+    record = process_record(
+        dev,
+        rank,
+        samples,
+        peak,
+        host_peak,
+        local_rank=env["local_rank"],
+        **shape,
+        hot=_hot_counts(cfg, timed),
+        loads=loads,
+        comm={k: v for k, v in comm_stats.items() if k != "calls"},
+        comm_calls=comm_stats["calls"],
+        peak_memory_bytes=memory,
+        peak_memory_source=memory_source,
+        dense_state_bytes=dense_state_bytes(P.dense_parameters(dmp), engine.optimizer),
         **memory_fields(estimate, run_bytes, run_source),
-        "activation_bytes": saved.bytes,
-        "counters": counts,
-    }
+        memory_estimate=estimate,
+        activation_bytes=saved.bytes,
+        counters=counts,
+    )
     return record, batches
 
 
@@ -407,11 +380,6 @@ def _gather(record: dict, rank: int, world: int, watchdog) -> list[dict] | None:
     records = [None] * world if rank == 0 else None
     dist.gather_object(record, records, dst=0)
     return records
-
-
-def _timed(args: RunConfig, batches: list) -> list:
-    """The batches the timed steps train on (steps cycle through the distinct batches)."""
-    return [batches[i % len(batches)] for i in range(args.warmup, args.warmup + args.steps)]
 
 
 def _indices(args: RunConfig, batches: list) -> dict:
@@ -455,36 +423,6 @@ def _peaks(dev: torch.device, args, env: dict):
     dist.all_gather_object(shared, mine)
     host = socket.gethostname()
     return next((p, h) for name, p, h in filter(None, shared) if name == host)
-
-
-def _host_fields(host_peak) -> dict:
-    if host_peak is None:
-        return {}
-    return {
-        "host_peak_tflops": host_peak.tflops_per_device,
-        "host_peak_source": host_peak.source,
-        "host_peak_threads": host_peak.calibration["threads"],
-        "host_peak_provisional": host_peak.provisional,
-    }
-
-
-def _recheck_peak(peak, records: list[dict], host: str) -> None:
-    """On rank 0: the peak check of one process (hardware.recheck_peak) over this host's ranks,
-    each rank's steps summarized on its own; a new peak goes into this host's records."""
-    summaries = {
-        f" of rank {r['rank']}": summarize(r["step_s"], r["stages"], r["forward_flops"], 1, peak.tflops_per_device)
-        for r in records
-        if r["host"] == host
-    }
-    new = recheck_peak(peak, summaries)
-    for r in records:
-        if new is not None and r["host"] == host:
-            r.update(
-                peak_tflops=new.tflops_per_device,
-                peak_source=new.source,
-                peak_provisional=new.provisional,
-                peak_calibration=new.calibration,
-            )
 
 
 def _steps(
@@ -552,10 +490,6 @@ def _pipelined_step(engine: E.PipelineStep, feed, watchdog, fault, rank: int):
             return engine(feed)
 
     return engine_step
-
-
-def _mean_blocks(per_block: list[dict]) -> dict:
-    return {k: sum(b[k] for b in per_block) / len(per_block) for k in per_block[0]}
 
 
 def _hot_counts(cfg, batches) -> dict:
