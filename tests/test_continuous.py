@@ -7,6 +7,7 @@ clone of this repository: errors and interrupts cost seconds, one real run of ti
 import math
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -352,8 +353,9 @@ def test_a_revision_older_than_pace_makes_every_round_sequential(clone, capsys):
     run one process after the other instead, with a notice (two rounds of tiny baseline, 2 steps)."""
     run_py = clone / "harness" / "commands" / "run.py"
     text = run_py.read_text()
-    assert 'paced.add_argument("--pace",' in text
-    run_py.write_text(text.replace('paced.add_argument("--pace",', 'paced.add_argument("--no-such-pace", dest="pace",'))
+    flag = re.compile(r'paced\.add_argument\(\s*"--pace",')
+    assert flag.search(text)
+    run_py.write_text(flag.sub('paced.add_argument("--no-such-pace", dest="pace",', text))
     _git(clone, "commit", "--quiet", "-am", "as before --pace")
     code, out, err = run_cli(
         [
@@ -383,7 +385,7 @@ def test_a_revision_older_than_pace_makes_every_round_sequential(clone, capsys):
 
 
 def test_child_env_sets_threads_and_only_the_revision_path(tmp_path, monkeypatch):
-    from gembench.harness.commands.continuous import child_env
+    from gembench.harness.continuous.pairs import child_env
 
     monkeypatch.setenv("GEMBENCH_COMMIT", "f" * 40)  # would make the result claim another commit
     monkeypatch.setenv("PYTHONPATH", "/somewhere/else")
@@ -398,8 +400,8 @@ def test_child_env_sets_threads_and_only_the_revision_path(tmp_path, monkeypatch
 )
 def test_a_pair_is_pinned_to_one_cpu_once_warm(tmp_path):
     """Both processes of a pair end up on the same CPU (the one they are given), every thread of them."""
-    from gembench.harness.commands.continuous import pair_cpu
     from gembench.harness.continuous import interleave
+    from gembench.harness.continuous.pairs import pair_cpu
 
     cpus = sorted(os.sched_getaffinity(0))
     assert [pair_cpu(i) for i in range(4)] == [cpus[i % len(cpus)] for i in range(4)]

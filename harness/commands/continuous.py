@@ -84,9 +84,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -98,7 +95,6 @@ DEFAULT_STEPS = 480
 TURN_STEPS = 5  # steps per turn unless --bursts says otherwise: the noise is faster than a turn
 MIN_EFFECT = 0.01  # a 2% slowdown must be caught: the regression threshold sits below it
 MARGIN = 0.02  # "unchanged" needs the interval inside +-2%: precise enough for 1%, not for 0.2%
-LABELS = ("BASE", "HEAD")
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -229,97 +225,6 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
 
-def run_process(cmd: list[str], env: dict, cwd: Path, timeout: float) -> tuple[int, str]:
-    """Run one benchmark process in its own session; (exit status, stderr). Killed on any interrupt.
-
-    Its own session, so that on Ctrl-C or SIGTERM the whole group (torchrun ranks, compile workers)
-    is ended here, and none outlives the command.
-    """
-    from gembench.harness.continuous.interleave import end_group
-    from gembench.harness.continuous.worktrees import deferred_interrupts
-
-    proc = None
-    try:
-        with deferred_interrupts():  # an interrupt now would orphan the half-started child
-            proc = subprocess.Popen(
-                cmd,
-                env=env,
-                cwd=cwd,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                text=True,
-                start_new_session=True,
-            )
-        _, err = proc.communicate(timeout=timeout)
-        return proc.returncode, err
-    except subprocess.TimeoutExpired:
-        end_group(proc)
-        return 124, f"timed out after {timeout:g} s (--timeout)"
-    finally:
-        if proc is not None and proc.poll() is None:
-            end_group(proc)
-
-
-def error_line(stderr: str) -> str:
-    """The one line of a failed run that says why: its `error:` line, else the last line."""
-    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
-    for ln in reversed(lines):
-        if (
-            "error:" in ln.lower()
-            or ln.startswith(("Traceback", "ModuleNotFoundError", "ImportError"))
-            or "Error" in ln.split(":")[0]
-        ):
-            return ln
-    return lines[-1] if lines else "no output"
-
-
-def child_env(pythonpath: Path, threads: int | None = None) -> dict:
-    env = dict(os.environ)
-    if threads is not None:  # torch takes its intra-op thread count from these at start-up
-        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
-    env["PYTHONPATH"] = str(pythonpath)  # only the revision: an inherited path could shadow it
-    # One string-hash seed for every process: randomised hashing changes dict and set layouts from
-    # process to process, and with them tiny's Python-bound step time (measured: spread of the best
-    # step across 8 fresh processes 3.1% with random seeds, 1.6% with one seed).
-    env.setdefault("PYTHONHASHSEED", "0")
-    for var in ("GEMBENCH_COMMIT", "ASV_COMMIT"):  # the result's commit must be the worktree's own
-        env.pop(var, None)
-    return env
-
-
-def run_command(args: argparse.Namespace, out: Path, worktree: Path) -> list[str]:
-    if args.benchmark == "instructions":
-        kernels = [a for k in (args.kernel or []) for a in ("--kernel", k)]
-        return [sys.executable, str(worktree / "benchmarks" / "instructions.py"), "--out", str(out), *kernels]
-    config = args.config
-    if config.endswith(".toml") or Path(config).exists():
-        config = str(Path(config).resolve())  # the process runs in the worktree
-    cmd = [
-        sys.executable,
-        "-m",
-        "gembench",
-        "run",
-        "--config",
-        config,
-        "--steps",
-        str(args.steps),
-        "--warmup",
-        str(args.warmup),
-        "--stack",
-        args.stack,
-        "--seed",
-        str(args.seed),
-        "--device",
-        args.device,
-        "--out",
-        str(out),
-        "--quiet",
-    ]
-    if args.nproc is not None:
-        cmd += ["--nproc", str(args.nproc)]
-    return cmd
-
-
 def check_args(args: argparse.Namespace) -> None:
     from gembench.harness.commands.compare import check_decision_args
     from gembench.harness.regression.directions import METRICS
@@ -366,113 +271,24 @@ def check_args(args: argparse.Namespace) -> None:
     if args.sequential:
         args.parallel = 1  # one fresh process after another: nothing to run beside it
     elif args.parallel is None:
+        from gembench.harness.continuous.pairs import default_parallel
+
         args.parallel = default_parallel(args.device)
     args.parallel = min(args.parallel, args.pairs)
     if args.keep_results is not None:
         args.keep_results.mkdir(parents=True, exist_ok=True)
 
 
-def failure(c, label: str, code: int, stderr: str) -> UsageError:
-    return UsageError(f"{label} {c.revision} ({c.sha[:10]}) failed to run (exit {code}): {error_line(stderr)}")
-
-
-def sequential_pair(args: argparse.Namespace, co: dict, outs: dict[str, Path], order: tuple[str, str]) -> None:
-    """One fresh process per revision, one after the other, in ``order``."""
-    for label in order:
-        c = co[label]
-        code, err = run_process(
-            run_command(args, outs[label], c.path), child_env(c.pythonpath, args.threads), c.path, args.timeout
-        )
-        if code != 0 or not outs[label].exists():
-            raise failure(c, label, code, err)
-
-
-def interleaved_pairs(
-    args: argparse.Namespace,
-    co: dict,
-    batch: list[tuple[int, dict[str, Path], tuple[str, str], int | None]],
-    folder: Path,
-) -> bool:
-    """Pairs side by side: per (index, outs, order, cpu) both revisions' processes at once, taking
-    turns a burst at a time on the pair's ``cpu``; False if a revision predates --pace.
-
-    Alone (one pair), a pair's two start-ups run on two CPUs and it is pinned once warm; side by
-    side, each pair is pinned from its start, so its start-ups, turns and counters stay on its CPU.
-    """
-    from gembench.harness.continuous import interleave
-    from gembench.harness.continuous.worktrees import deferred_interrupts
-
-    workers, pairs = [], []
-    try:
-        for r, outs, order, cpu in batch:
-            sub = folder / f"pair{r + 1:02d}"  # each pair's stderr files apart
-            sub.mkdir(exist_ok=True)
-            pair = []
-            for label in order:  # who goes first also starts first: which core, which pid
-                c = co[label]
-                cmd, env = run_command(args, outs[label], c.path), child_env(c.pythonpath, args.threads)
-                with deferred_interrupts():  # held until the worker is in `workers`, where close() finds it
-                    worker = interleave.start(label, cmd, env, c.path, sub, args.burst_steps)
-                    workers.append(worker)
-                if len(batch) > 1:
-                    interleave.pin([worker], cpu)
-                pair.append(worker)
-            pairs.append((pair, cpu))
-        interleave.take_turns_side_by_side(pairs, args.bursts, args.timeout)
-        interleave.finish(workers, args.timeout)
-    except interleave.WorkerFailed as err:
-        if err.predates_pacing:
-            return False
-        raise failure(co[err.worker.label], err.worker.label, err.code, err.stderr) from None
-    finally:
-        interleave.close(workers)
-    return True
-
-
-def default_parallel(device: str) -> int:
-    """Pairs at once by default: one per CPU this process may use, but one on a GPU (which they would share)."""
-    if device != "cpu":
-        from gembench.harness.device.hardware import resolve_device
-
-        if resolve_device(device).type != "cpu":
-            return 1
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
-
-
-def pair_cpu(index: int, parallel: int = 1) -> int | None:
-    """The CPU a pair's two processes share: the allowed CPUs in turn, pair by pair, so every CPU
-    is sampled and each pair's two processes run on the same one (interleave.pin). Side by side,
-    each batch shifts by one, so the pair that starts with BASE is not always on the same CPU."""
-    if not hasattr(os, "sched_getaffinity"):
-        return None
-    cpus = sorted(os.sched_getaffinity(0))
-    shift = index // parallel if parallel > 1 else 0
-    return cpus[(index + shift) % len(cpus)]
-
-
-def checked_result(c, label: str, out: Path) -> dict:
-    """The result a revision's process wrote, checked to come from that revision's commit."""
-    from gembench.harness.store.results import field, load_result
-
-    result = load_result(out)
-    ran = field(result, "env.git_commit")
-    if ran not in (c.sha, "unknown"):
-        raise UsageError(
-            f"{label} {c.revision}: the process ran commit {str(ran)[:10]}, not {c.sha[:10]}; "
-            "PYTHONPATH did not win over the installed gembench"
-        )
-    return result
-
-
 def main(args: argparse.Namespace) -> int:
-    from gembench.harness.regression import paired, stats, thresholds, worktrees
+    from gembench.harness.continuous import worktrees
+    from gembench.harness.continuous.pairs import run_pairs
+    from gembench.harness.regression import paired, stats, thresholds
     from gembench.harness.store.results import differences, field
 
     check_args(args)
     repo = worktrees.repo_root(args.repo)
     started = time.perf_counter()
     say = (lambda msg: None) if args.quiet else (lambda msg: print(f"continuous: {msg}", file=sys.stderr, flush=True))
-    rounds: list[tuple[dict, dict]] = []
     with worktrees.temporary_checkouts(repo, {"BASE": args.base, "HEAD": args.head}) as co:
         interleaved = not args.sequential
         what = (
@@ -490,43 +306,7 @@ def main(args: argparse.Namespace) -> int:
             f"BASE {args.base} = {co['BASE'].sha[:10]}, HEAD {args.head} = {co['HEAD'].sha[:10]}: {args.pairs} pairs "
             f"of processes (ABBA) running `{what}`, {how}"
         )
-        results_dir = co["BASE"].path.parent / "results"
-        results_dir.mkdir()
-        durations: list[float] = []  # per pair: its batch's time over the pairs in it
-        for start in range(0, args.pairs, args.parallel):
-            t0 = time.perf_counter()
-            batch = []
-            for r in range(start, min(start + args.parallel, args.pairs)):
-                outs = {label: results_dir / f"pair{r + 1:02d}-{label.lower()}.json" for label in LABELS}
-                order = LABELS if r % 2 == 0 else LABELS[::-1]  # ABBA: who goes first alternates by pair
-                batch.append((r, outs, order, pair_cpu(r, args.parallel)))
-            if interleaved:
-                interleaved = interleaved_pairs(args, co, batch, results_dir)
-                if not interleaved:
-                    say(
-                        "a revision's `gembench run` predates --pace: every pair runs its two processes one "
-                        "after the other instead (as --sequential)"
-                    )
-            if not interleaved:
-                for _, outs, order, _ in batch:
-                    sequential_pair(args, co, outs, order)
-            seconds = time.perf_counter() - t0
-            for r, outs, order, cpu in batch:
-                pair = {label: checked_result(co[label], label, outs[label]) for label in LABELS}
-                if args.keep_results is not None:
-                    for out in outs.values():
-                        shutil.copy(out, args.keep_results / out.name)
-                rounds.append((pair["BASE"], pair["HEAD"]))
-                durations.append(seconds / len(batch))
-                eta = sum(durations) / len(durations) * (args.pairs - len(durations))
-                steps = {label: paired.process_value(pair[label], "step_time_s", args.statistic) for label in LABELS}
-                step_text = "".join(f"{label} {1e3 * v:.2f} ms, " for label, v in steps.items() if v)
-                where = f" on cpu {cpu}" if interleaved and cpu is not None else ""
-                beside = f" ({len(batch)} pairs at once)" if len(batch) > 1 else ""
-                say(
-                    f"pair {r + 1}/{args.pairs} ({order[0]} first): {args.statistic} step {step_text}"
-                    f"{seconds:.0f} s{where}{beside}, ~{eta / 60:.1f} min left"
-                )
+        rounds, interleaved = run_pairs(args, co, say)
 
     first = rounds[0][0]
     config, hw = field(first, "config.name"), field(first, "env.hardware_class")
