@@ -4,7 +4,7 @@ Shapes of medium's first sequence (models/configs/medium.toml: H heads of hstu.d
 drawn as models/data.py draws them, + 1 for the CLS token GEM prepends), batch 512 by default.
 Throughput is causal *model* FLOPs, the formula FlopCounterMode is given for the ops:
 3 H (d_qk + d_v) sum_i n_i^2 for forward (1x) + backward (2x), over real lengths.
-Goals (issue 8), printed and never asserted: Triton >= 88 TFLOP/s (aim 150) on one H200,
+Goals, printed and never asserted: Triton >= 88 TFLOP/s (aim 150) on one H200,
 0 host synchronisations and <= 4 kernel launches per attention call (forward+backward).
 
   python benchmarks/attention_gpu.py                      # CUDA: batch 512, bf16, all three paths

@@ -1,6 +1,6 @@
 """Each rank's memory estimate against its measured rise, for ddp/fsdp x none/hstu checkpointing.
 
-The grid issue 19 asks for (tiny and small on 2 gloo ranks), one `gembench run --nproc N` per cell,
+The grid of the dense-side switches (tiny and small on 2 gloo ranks), one `gembench run --nproc N` per cell,
 printed with the ratio and whether it is inside 0.7-1.5. The test suite holds the same eight cells
 without compile (tests/test_parallelize.py: tiny in fp32; tests/test_rank_memory.py: small in bf16);
 this prints them for any

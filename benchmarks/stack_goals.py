@@ -1,6 +1,6 @@
 """The doubling on this machine: optimized vs baseline stack, interleaved, against the goals.
 
-Goals (issue 5): optimized/baseline MFU >= 2.0 (GEM's doubled efficiency), and on a CPU the
+Goals: optimized/baseline MFU >= 2.0 (GEM's doubled efficiency), and on a CPU the
 optimized MFU >= 25% of the measured bf16 GEMM peak; on one H200 (medium) >= 25% of 989 TFLOP/s.
 Printed, never asserted: a speed goal is a figure to watch, not a test to flake.
 

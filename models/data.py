@@ -105,7 +105,7 @@ def zipf_ids(
     are: the hot IDs are not all in the first rows (which would make row-wise sharding look
     artificially skewed). The offset, from the table's name (``salt``), moves each table's single
     hottest ID off row 0, where a multiplicative permutation alone leaves it: every table's first
-    row-wise shard held its head (max/mean 1.15 under row_wise on small, Dec 2026). With
+    row-wise shard held its head (docs/distributed.md has the imbalance it caused). With
     ``hashed=False`` (data.id_layout "sorted") rank r is row r: the hot rows come first.
     """
     u = rng.random(size)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check (issue 9 item 5): what a GPU run of gembench looks like, in under 8 minutes on one
+# The GPU check: what a GPU run of gembench looks like, in under 8 minutes on one
 # H100/H200. Every step is bounded (few steps, a timeout, one shared time budget); results go to
 # results/runs/gpu-check-*.json; a summary table ends it.
 #

@@ -1,4 +1,4 @@
-"""The ad's content (issue 22): ContentArch and the item content measured like every block, the
+"""The ad's content: ContentArch and the item content measured like every block, the
 data, the switch, configs without content unchanged, and the refusals."""
 
 import dataclasses

@@ -154,7 +154,7 @@ def test_batches_carry_their_kjt_layout_so_torchrec_reads_nothing_back():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_one_tiny_step_on_cuda_makes_no_host_sync():
-    # Needs the fused GPU attention kernel (issue 8) in place of the tiled CPU op on CUDA: the
+    # Needs the fused GPU attention kernel (Triton) in place of the tiled CPU op on CUDA: the
     # tiled op plans its tiles on the host and syncs ~86 times per step.
     cfg = load_config("tiny")
     dev = torch.device("cuda")

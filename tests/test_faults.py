@@ -1,6 +1,6 @@
 """Fault injection: every fault and bad input ends as one clear line, with nothing measured lost.
 
-One test (or parameter) per row of issue 12: a run-less result, a full disk (a real 4 KB tmpfs
+One test (or parameter) per fault: a run-less result, a full disk (a real 4 KB tmpfs
 when the tests run as root, and always a monkeypatched write), two runs with the same --out at
 once, a planted NaN, a corrupt file among the baselines, Ctrl-C during promote, a result from a
 newer schema version, and a device out-of-memory error mid-run (simulated on CPU: the dense half
@@ -84,7 +84,7 @@ def tiny_tmpfs(where: Path):
 @pytest.mark.parametrize(
     "doc, words",
     [
-        ({"schema": "gembench.result/1"}, "$.id is missing (also missing: config, run, env"),  # the issue's row
+        ({"schema": "gembench.result/1"}, "$.id is missing (also missing: config, run, env"),  # a run-less result
         ({"schema": "gembench.result/2"}, "written by a newer gembench; this one reads gembench.result/1: upgrade"),
         ({"schema": "gembench.baseline/3", "runs": []}, "upgrade gembench"),
         ({"schema": "gembench.ablation/1"}, "expected gembench.result/1, gembench.baseline/1"),

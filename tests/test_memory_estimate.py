@@ -1,4 +1,4 @@
-"""The memory estimate tracks the measured peak (issue 9 item 2), and refuses before allocating.
+"""The memory estimate tracks the measured peak, and refuses before allocating.
 
 On CPU the measured peak is how far the process's peak RSS rose during the run (the runtime
 loaded before it is not the run's); the estimate adds CPU_RUNTIME_BYTES for what a run grows by

@@ -1,4 +1,4 @@
-"""NVTX ranges for Nsight Systems (issue 19 item 6), checked on CPU through a recording stand-in."""
+"""NVTX ranges for Nsight Systems, checked on CPU through a recording stand-in."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""GEM's dense-side techniques as stack switches (issue 19): activation checkpointing, FSDP2, HFU.
+"""GEM's dense-side techniques as stack switches: activation checkpointing, FSDP2, HFU.
 
 The checkpointing tests run in this process on tiny in fp32 without compile (seconds); the FSDP
 ones run `gembench run --nproc 2` on gloo ranks, as a user would.

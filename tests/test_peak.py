@@ -103,7 +103,7 @@ def test_a_legacy_cache_file_is_migrated_best_of(cache, monkeypatch):
 
 
 def test_a_too_low_cached_peak_is_beaten_and_remeasured(cache, monkeypatch):
-    """The issue's case: a peak cached while the machine was busy (far too low) and trusted."""
+    """The case that matters: a peak cached while the machine was busy (far too low) and trusted."""
     from gembench.harness.train.runconfig import RunConfig
     from gembench.harness.train.runner import run_benchmark
 

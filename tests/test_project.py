@@ -1,4 +1,4 @@
-"""`gembench project` (issue 20): the cost model's parts, the offline planner, the command's
+"""`gembench project`: the cost model's parts, the offline planner, the command's
 refusals, --calibrate on gloo, and --check against measured runs on tiny."""
 
 from __future__ import annotations

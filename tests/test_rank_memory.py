@@ -1,4 +1,4 @@
-"""The rank memory estimate on small (issue 19), ddp/fsdp x none/hstu on 2 gloo ranks: a file of its
+"""The rank memory estimate on small, ddp/fsdp x none/hstu on 2 gloo ranks: a file of its
 own so that `pytest -n 2 --dist loadgroup` runs these four 2-rank runs on the other worker from
 tests/test_parallelize.py's tiny ones."""
 

@@ -73,7 +73,7 @@ def test_run_trace_writes_one_step_and_prints_top_ops(tiny_run):
 
 
 def test_a_default_run_shows_no_user_warning(tiny_run):
-    # e.g. "Sparse invariant checks are implicitly disabled" from the sparse Adagrad (issue 9)
+    # e.g. "Sparse invariant checks are implicitly disabled" from the sparse Adagrad
     assert "UserWarning" not in tiny_run[0].stderr, tiny_run[0].stderr
     assert "profiler_start" not in tiny_run[0].stderr  # libkineto's marks (trace.py)
 

@@ -1,29 +1,24 @@
 """Measure what each optimization buys: add them one at a time, then remove them one at a time.
 
-Starting from the baseline stack, each row adds one more optimization (cumulative), so the
-gain column shows what that optimization adds on top of the ones before it. Then, starting
-from the optimized stack, each row removes one optimization alone, so the loss column shows
-what the full stack would lose without it. All MFU figures are against the same dense bf16
-peak, at the same model FLOPs, so a ratio of MFUs is a ratio of throughputs.
+Starting from the baseline stack, each row adds one more optimization (cumulative): the gain
+column is what it adds on top of those before it. Then, from the optimized stack, each row removes
+one alone: the loss column is what the full stack would lose without it. After the two tables
+the choices (activation_checkpointing=hstu / all, and content=off for a config with a [content]
+section) are measured on the optimized stack, with MFU, HFU and the activation memory each step
+saved; content=off's MFU is against its own, smaller FLOPs. All MFU figures are against the same
+dense bf16 peak, so a ratio of MFUs is a ratio of throughputs. `pipeline` acts on ranks only.
 
-Each variant's cost counters (aten ops, host syncs, ...; see `gembench run`) go into --out.
+With --nproc N the dense-side switches are measured on N torchrun ranks instead, each variant one
+`gembench run --nproc N --set ...`: DDP against FSDP2, activation checkpointing, compile, the
+pipeline (and content=off), with step time, MFU, HFU, peak memory, activation memory and dense
+state per rank and the dense part's communication, and the goals beside them (docs/configs.md).
 
-`pipeline` only acts on several ranks (gembench run --nproc N); on one process it is skipped.
-After the two tables, the choices (activation_checkpointing=hstu / all, and content=off for a
-config with a [content] section) are measured one at a time on the optimized stack, with MFU,
-HFU and the activation memory each step saved. content=off runs a smaller model (no ContentArch):
-its MFU is against its own FLOPs, and its step time is what the content costs.
-
-With --nproc N, GEM's dense-side switches are measured on N torchrun ranks instead, each variant
-one `gembench run --nproc N --set ...` (so exactly what a user would run): DDP against FSDP2,
-activation checkpointing, compile, the pipeline (and content=off), with step time, MFU, HFU, peak memory,
-activation memory and dense state per rank, and the dense part's communication. The issue's
-goals (FSDP's dense state, checkpointing's activation memory) are printed beside the figures.
+exit status: 0 measured; 2 a usage error, or a variant refused before it starts (it would not fit).
 
 examples:
   gembench ablate --config small
   gembench ablate --config small --nproc 2
-  gembench ablate --config tiny --steps 5 --warmup 2 --out ablation.json
+  gembench ablate --config tiny --steps 5 --warmup 2 --out ablation.json   # each variant's result
   gembench ablate --config medium --device cuda --batch 256   # a batch every variant fits
 """
 

@@ -2,18 +2,13 @@
 
 Each SIDE is one set of replicate runs of one commit: a result file, a baseline file (which may
 hold several runs), several files joined by commas, a quoted glob, or a folder (all *.json in it).
-The first SIDE is the reference A; every further SIDE is compared against it.
-
-Verdicts know each metric's direction (mfu, examples_per_s, ab_mfu_ratio: higher is better;
-step_time_s, imbalance_max_mean, exposed_comm_fraction, peak_memory_bytes: lower is better):
-Cost counters (aten_ops, host_syncs, h2d_bytes, kernels, graph_breaks, recompiles) and kernel
-instruction counts (instructions.<kernel>, from benchmarks/instructions.py) are exact: any increase
-beyond --thresholds' allowance (default 0; instructions 1%) regresses, any decrease improves; a
-counter absent on either side is not judged ("-").
-For timing metrics, improved / regressed need a one-sided test at --alpha (Holm-corrected across metrics) AND a change
-of at least --min-effect; unchanged needs the interval inside +-min-effect; else inconclusive.
-Replicate runs (two or more per side) are the independent unit; with one run per side, batch medians
-of its per-step samples stand in (within-run noise only: run replicates for decisions that matter).
+The first SIDE is the reference A; every further SIDE is compared against it. Verdicts know each
+metric's direction (mfu higher is better, step_time_s lower, ...). Timing metrics: improved or
+regressed need a one-sided test at --alpha (Holm across metrics) AND a change of at least
+--min-effect; unchanged needs the interval inside +-min-effect; else inconclusive. Replicate runs
+are the independent unit; with one run per side, batch medians of its steps stand in (within-run
+noise only). Cost counters and instruction counts are exact: any increase beyond --thresholds'
+allowance regresses (docs/continuous.md).
 
 exit status: 0 compared, 2 usage error, 3 not comparable (other hardware class, package stack or
 config hash; --force compares anyway). compare never fails on a regression: use `gembench gate`.
@@ -22,9 +17,7 @@ examples:
   gembench compare results/runs/a.json results/runs/b.json
   gembench compare 'results/runs/main-*.json' 'results/runs/pr-*.json'      # replicates
   gembench compare results/baselines/cpu/tiny.json r1.json,r2.json,r3.json --format markdown
-  gembench compare a.json b.json --format json > cmp.json
   gembench compare base.json pr.json --format html --out compare.html     # CI artifact, opens offline
-  gembench compare a.json b.json --force       # compare across hardware classes anyway
 """
 
 from __future__ import annotations

@@ -1,83 +1,25 @@
 """Compare two commits by running them side by side: pairs of processes taking turns.
 
-Checks BASE and HEAD out into temporary git worktrees and runs `gembench run` for each, with the
-same Python and venv, config, stack, seed, batches and string-hash seed. A pair is one process per
-revision, started together: both import, build and warm up at once (the start-up, paid once per
-process), then take turns for the rest of their lives (`gembench run --pace`): --steps/--bursts
-steps of one, then of the other, ABBA, --bursts turns each (the waiting one blocks in a read, using
-no CPU, so the two never run at once). Who goes first alternates by pair. Pairs run side by side,
-one per CPU (--parallel): each pair's two processes are pinned to its CPU from their start, so a
-pair never shares its CPU and every CPU works through the whole comparison. Per process one value
-per timing metric, the mean of its faster half of steps (--statistic fast-half; or p10, min,
-median); per pair the ratio HEAD/BASE of those. The pairs are the units of the test: a paired
-one-sided t-test on their log ratios at --alpha (Holm across the timing metrics), so whatever
-differs from process to process (memory layout, which pages it got) is in the spread the test
-sees, never averaged away inside one process. Verdicts: regressed needs p <= alpha AND a slowdown >= --min-effect (1%);
-unchanged needs the 98% interval inside +-margin (2%); else inconclusive. The table shows the
-ratio HEAD/BASE with its 95% interval. Cost counters (aten_ops, host_syncs, h2d_bytes, kernels,
-graph_breaks, recompiles), where the results carry them, are compared exactly: any increase beyond
-results/thresholds.toml's allowance (default 0) is a regression, with no statistics.
-
-Fresh processes one after the other (--sequential) is the fallback: for --nproc (torchrun ranks
-are not paced), for --benchmark instructions (exact counts), and automatically for a revision
-whose `gembench run` predates --pace.
-
-Why this design and its defaults (tiny, optimized stack, --pairs 10, two at once on 2 CPUs,
---steps 480 in turns of 5, --threads 1, --statistic fast-half). Measured on the 2-core AMD EPYC VM
-(Dec 2026):
-- a tiny process costs ~13 s before its first timed step (imports 2.7 s, torch.compile from its
-  cache ~7 s, data and the peak probe) and its steps 9-15 ms; the issue's Intel Xeon machine
-  measured ~20 s and ~25 ms (not measured here). Start-up is paid once per process: more steps per
-  process are cheap, more processes are not;
-- the spread of one pair's log(HEAD/BASE) comes from within the processes, not between them: the
-  ratios of a pair's odd and even turns are uncorrelated (r = -0.5 to 0.3 over 4 sessions), so
-  longer processes shrink it (p10 of 100, 200, 400 steps in turns of 20: 2.4%, 1.9%, 1.1% in a
-  quiet hour; 3.5% at 400 steps in a noisy one, when single turns ran 12 to 35 ms);
-- the noise is faster than a turn: ratios of adjacent turns are no steadier than whole processes',
-  so turns are short (5 steps; a turn's first step pays cold caches, and both sides alike);
-- left alone, each process of a pair kept its own vCPU for its whole life (BASE on cpu0, HEAD on
-  cpu1), so its ratio also carried the two vCPUs' difference: both are pinned to one;
-- one pair at a time left a CPU idle while it took turns (a pair: start-ups 12 s on both CPUs,
-  turns 13 s on one, counters and exits 4 s). Two pairs side by side, a CPU each, take 41-45 s
-  for the two (start-ups 24 s, turns 13 s, exits 4 s; 37-40 s since a paced worker skips torch's
-  1.8 s teardown) against 28-31 s for one, and the spread of a pair
-  did not grow: 1.05% over 10 pairs one at a time, 0.59% and 1.09% over 12 and 16 side by side
-  (two batches of the 16 disturbed by another job), in the same hour;
-- fast-half, the mean of a process's faster half of steps, uses 240 steps' worth of information
-  where p10 uses one order statistic: over 15 comparisons (120 pairs, 105 degrees of freedom) the
-  spread of a pair was 1.19% with fast-half (95% upper bound 1.35%), 1.31% with p10, 3.2% with min;
-- one torch thread: when one of two threads is descheduled, a parallel op waits a whole scheduler
-  tick, so two threads on a shared 2-core machine are far noisier (measured when turns came in).
-With K pairs, a 2% slowdown is caught with 95% power at alpha = 1% when the spread of a pair is at
-most 2% * sqrt(K) / (t(0.99, K-1) + t(0.95, K-1)): 1.16% for K = 8, 1.36% for K = 10, 1.54% for
-K = 12. Side by side, over 18 comparisons (198 pairs; harness_quality --paired at 4823b06 with 12
-pairs and at e3b49af with 10), the spread of a pair was 0.98% (95% upper bound 1.08%, 180 degrees
-of freedom) and the log ratios of two pairs run at once correlated r = 0.02 (upper bound 0.19,
-99 batches): the t-test may take them as independent. With those and normal log ratios, K = 10
-catches 2% in 99.8% of comparisons (99.1% at both bounds), 5% in 100%, calls unchanged code
-unchanged in 99.7% (98.3%) and regressed in 0.06% (0.24%); K = 8 gives 98.4% (95.8%), 97.1%
-(91.8%) and 0.17% (0.51%). A comparison takes ~K/2 x 40-50 s on the EPYC VM (per batch of two
-pairs: start-ups 24 s, turns 13 s, as its load allows): 3.1-4.0 min measured with the defaults
-before paced workers skipped torch's teardown (4.1-5.3 with 12 pairs). The Intel machine was not
-measured: from its start-up (~20 s) and steps (~25 ms), ~5 min is estimated; where it runs over,
---steps 240 (fewer --steps, not fewer --pairs: a pair's spread grows slowly with fewer steps, its
-power falls fast with fewer pairs).
-benchmarks/harness_quality.py --paired measures all of it end to end (README: "Two commits side by
-side" has its lines).
+BASE and HEAD are checked out into temporary git worktrees. A pair is one `gembench run` process
+per revision, started together, pinned to one CPU and, once warm, taking turns of a few steps
+(ABBA, `gembench run --pace`), so that the machine's drift hits both alike; pairs run side by
+side, one per CPU (--parallel). Each process gives one value per timing metric (--statistic), each
+pair the ratio HEAD/BASE, and a paired one-sided t-test over the pairs decides: regressed needs
+p <= --alpha and a slowdown >= --min-effect; unchanged needs the 98% interval inside +-margin; else
+inconclusive. Cost counters are compared exactly (results/thresholds.toml; default: no increase).
+--sequential runs a pair's processes one after the other: for --nproc, --benchmark instructions
+and revisions older than --pace. The defaults catch a 2% slowdown on a shared 2-core machine; the
+measurements behind them are in docs/continuous.md.
 
 exit status (as `gembench gate`):
   0  no regression (every metric unchanged or improved)
-  1  a metric regressed (a counter increased beyond its threshold, or a significant slowdown)
-  4  too noisy to tell: rerun with more --pairs (or, on a busy runner, treat it as a warning)
+  1  a metric regressed (a counter beyond its threshold, or a significant slowdown)
+  4  too noisy to tell: rerun with more --pairs (on a busy runner, treat it as a warning)
   2  an error: unknown revision, a revision that fails to run (named, with its error), bad flag
 
 examples:
-  gembench continuous HEAD~1 HEAD                         # tiny, 10 pairs two at a time, 3-4 min on 2 cores
   gembench continuous origin/main HEAD --format markdown >> $GITHUB_STEP_SUMMARY
-  gembench continuous v0.1 HEAD --config small --steps 50 --bursts 10 --pairs 6
-  gembench continuous HEAD~1 HEAD --format json > continuous.json
-  gembench continuous HEAD~1 HEAD --keep-results runs/    # keep every process's result JSON
-  gembench continuous HEAD~1 HEAD --benchmark instructions --kernel wukong_fm   # callgrind counts, 1% allowed
+  gembench continuous HEAD~1 HEAD --benchmark instructions --kernel wukong_fm   # callgrind counts
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ memory_estimate), per stack, for one CUDA device: embeddings (tables + Adagrad s
 gradients without fused embeddings), dense (weights, gradients, Adam state), activations saved
 for backward, the largest transient block, and build (the moment fused tables are built next to
 the plain ones). total = max(build, the rest summed): the peak torch.cuda.max_memory_allocated
-should show. On CPU a run adds its runtime's growth (see README "Memory estimate").
+should show. On CPU a run adds its runtime's growth (docs/configs.md, "Batch size and the memory
+estimate").
 """
 
 from __future__ import annotations

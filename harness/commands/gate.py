@@ -2,25 +2,21 @@
 
 RESULT is one or more replicate result files of the commit under test (or quoted globs). Limits
 come from --thresholds for the run's config and hardware class; the baseline is
-results/baselines/<hardware_class>/<config>.json unless --baseline names another. Prints one line
-per check: PASS, FAIL, SKIP (nothing to check), INCONCLUSIVE or NOT-COMPARABLE. Cost counters
-(aten_ops, host_syncs, h2d_bytes, kernels, graph_breaks, recompiles) present in both the run and the
-baseline are checked exactly: more than the thresholds' max_counter_increase (default 0) is a FAIL.
+results/baselines/<hardware_class>/<config>.json unless --baseline names another. One line per
+check: PASS, FAIL, SKIP, INCONCLUSIVE or NOT-COMPARABLE. Cost counters in both the run and the
+baseline are checked exactly (default: no increase). Thresholds: docs/continuous.md.
 
 exit status (worst check wins, in this order):
-  1  a threshold missed, a metric regressed against the baseline, or a run diverged (its loss
-     turned NaN/inf: result["diverged"])
+  1  a threshold missed, a metric regressed against the baseline, or a run diverged (NaN/inf loss)
   3  the baseline is not comparable (other hardware class, torch/torchrec/fbgemm, config hash,
      stack, dtype, ranks or batch): promote a new baseline or pass a matching --baseline
-  4  inconclusive: too noisy to decide; rerun with more replicates (--repeat in CI)
+  4  inconclusive: too noisy to decide; rerun with more replicates
   0  every check passed (a missing baseline is a SKIP unless --require-baseline)
   2  an error: missing or malformed file, bad threshold field (named in the message)
 
 examples:
   gembench gate results/runs/r.json
-  gembench gate r1.json r2.json r3.json --baseline results/baselines/cpu-x-2t/tiny.json
   gembench gate 'results/runs/pr-*.json' --thresholds results/thresholds.toml --require-baseline
-  # in CI (bash): run, gate, keep the status
   gembench run --config tiny --steps 30 --out r.json && gembench gate r.json; echo "gate: $?"
 """
 

@@ -10,7 +10,8 @@ load average, cores other processes kept busy, quiet or busy.
 --recalibrate measures again, several rounds, best of: for the thread counts runs use, one thread
 (what each rank of `gembench run --nproc N` gets on an N-core host) and all cores (one process),
 plus any other thread count already cached. Quiet figures are cached; busy ones are not, except
-that a figure beating a settled entry raises it. GPUs use datasheet peaks and are not calibrated.
+that a figure beating a settled entry raises it. GPUs use datasheet peaks and are not calibrated
+(docs/measuring.md).
 
 examples:
   gembench peak                            # cached peaks: figure, when and how measured

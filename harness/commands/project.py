@@ -5,20 +5,20 @@ group, a Topology from the cluster, each table's pooling factor as a constraint)
 model (harness/projection/cost.py; every constant in docs/design.md section 8) prices each
 stage of a step: compute from a measured result (--from) or the datasheet, lookups from bytes
 over HBM, each collective alpha-beta over NVLink within a node and the NIC across nodes, overlap
-as TorchRec's pipeline schedules it. The slowest rank sets each synchronized stage.
+as TorchRec's pipeline schedules it. The slowest rank sets each synchronized stage. A projection
+is a model: `--check` prints its error against a measured run of the same setup
+(docs/projection.md). Clusters: h100, h200, b200 (nodes of 8) or your own TOML file (name,
+gpus_per_node, peak_tflops, hbm_gib, hbm_GBps, [intra] and [inter] with latency_us and
+bandwidth_GBps; optional efficiency, lookup_efficiency, [collectives.<family>]).
+
+exit status: 0 projected (a world size no plan fits is a row that says why); 2 a usage error.
 
 examples:
-  gembench project --config xl --gpus 8,64,512,4096 --cluster h100 \
-      --set dense_parallel=fsdp --set activation_checkpointing=hstu
   gembench project --config dcnv2-mlperf --gpus 8,64,128 --cluster h200 --out p.json
+  gembench project --config xl --gpus 4096 --cluster h100 --set dense_parallel=fsdp --set activation_checkpointing=hstu
   gembench project --config small --gpus 8,64 --from results/runs/r.json   # compute as measured
   gembench project --calibrate --out here.toml           # this host's links, as a cluster file
   gembench project --check dist.json --from one-rank.json --cluster here.toml   # vs measured
-
-A projection is a model: `--check` prints its error against a measured run of the same setup.
-Clusters: h100, h200, b200 (nodes of 8; see docs/design.md section 8) or your own TOML file
-(fields: name, gpus_per_node, peak_tflops, hbm_gib, hbm_GBps, [intra] and [inter] with
-latency_us and bandwidth_GBps; optional efficiency, lookup_efficiency, [collectives.<family>]).
 """
 
 from __future__ import annotations

@@ -2,17 +2,13 @@
 
 RESULTS are result files, baseline files, quoted globs (** recurses) or folders (every *.json
 below); by default results/runs/*.json and results/baselines/**/*.json. Writes DIR/index.html:
-one file with every figure inline as SVG (matplotlib), no scripts, no network requests, so it
-opens from disk and can be kept as a CI artifact. Runs are grouped by config, hardware class,
-stack, dtype, ranks and batch (what one baseline applies to); in each group:
-  - MFU and step time per commit in git order, the committed baseline, the gate's limits from
-    --thresholds, and every commit where a `gembench gate` check fails marked;
-  - the latest run's stages as stacked bars (both stacks for --ab runs), largest loss called out;
-  - for --nproc runs: per-rank stage heat map, embedding load per rank (measured vs planned),
-    communication per collective with exposed vs overlapped time;
-  - each run's cost counters and environment fingerprint, collapsed.
-A corrupt or foreign JSON file is named in a warning and skipped. index.html is replaced if it
-exists (the page is a view of result files, which are never touched).
+one file with every figure inline as SVG, no scripts, no network requests, so it opens from disk
+and can be kept as a CI artifact. Runs are grouped by config, hardware class, stack, dtype, ranks
+and batch (what one baseline applies to); in each group: MFU and step time per commit in git
+order with the baseline, the gate's limits and the commits where a `gembench gate` check fails;
+the latest run's stages; for --nproc runs per-rank stages, embedding load and communication; each
+run's counters and environment. A corrupt or foreign JSON file is named in a warning and skipped.
+index.html is replaced if it exists; result files are never touched (docs/report.md).
 
 exit status: 0 written (perhaps with warnings), 2 nothing to report or a usage error.
 

@@ -1,32 +1,25 @@
 """Train a configuration for a few steps and report MFU per training stage.
 
 Each step is cut into stages (data, sparse_forward, dense_forward, loss, backward, optimizer),
-each timed on a synchronised device; warm-up steps are discarded and every timed step is kept
-in the JSON result, with the environment fingerprint (packages, device, commit, config hash,
-seed, and the peak the MFU is measured against). One more step after the timed ones counts
-what a step costs besides time: aten ops dispatched, host syncs, host-to-device bytes, kernels,
-and torch.compile graph breaks and recompiles over the run (README: "Cost counters").
+each timed on a synchronised device; warm-up steps are discarded and every timed step is kept in
+the JSON result, with the environment fingerprint (packages, device, commit, config hash, seed and
+the peak MFU is measured against). Extra steps after the timed ones count what a step costs
+besides time: aten ops, host syncs, host-to-device bytes, kernels, graph breaks and recompiles
+(docs/measuring.md). Stacks: `optimized` (default: bf16, torch.compile, fused embeddings, jagged
+attention, fused Adam) and `baseline` (fp32 eager, one EmbeddingBag per table, padded attention),
+both against the same dense bf16 peak, so their MFU ratio is a throughput ratio.
 
-Stacks: `optimized` (default: bf16 autocast, torch.compile, fused table-batched embeddings,
-jagged attention, fused Adam) and `baseline` (fp32 eager, one EmbeddingBag per table, padded
-attention, a separate optimizer). MFU of both is against the same dense bf16 peak, so their
-ratio is the throughput gain at equal model FLOPs. `--ab` runs both interleaved and reports
-that ratio with a confidence interval; `gembench ablate` measures each optimization alone.
+exit status: 0 measured and written; 1 a rank of an --nproc run failed or hung (named); 2 a usage
+error, a run refused before it starts (it would not fit: the largest --batch that does is named),
+or a result that could not be written (kept in $TMPDIR); 130 interrupted.
 
 examples:
-  gembench run                                  # small, optimized stack: ~40 s on 2 cores (+2 min to compile, once)
+  gembench run                                  # small, optimized stack
   gembench run --config tiny --steps 5 --out r.json
-  gembench run --config small --stack baseline
   gembench run --config small --ab              # optimized/baseline MFU ratio, interleaved
-  gembench run --config medium --device cuda --batch 512   # override the config's global batch
   gembench run --config tiny --trace traces/    # + one profiled step: traces/trace.json, top-10 ops
-  gembench run --config my_model.toml           # any config file of your own
-  gembench run --device cuda --peak-tflops 989  # override the datasheet peak
-  gembench run --config small --nproc 2         # 2 torchrun ranks, TorchRec's plan, staged step
-  gembench run --nproc 2 --sharding row_wise --pipeline --trace traces/
+  gembench run --config small --nproc 2         # 2 torchrun ranks (docs/distributed.md)
   gembench run --nproc 2 --rebalance            # re-plan from the measured load; before/after
-  torchrun --nnodes 2 --nproc_per_node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
-      -m gembench run --config medium           # multi-node: run this on every node
 """
 
 from __future__ import annotations

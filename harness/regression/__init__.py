@@ -1,1 +1,1 @@
-"""Regression detection: the result store, statistics, comparison, thresholds and the CI gate."""
+"""Regression detection, statistics only: tests, paired commits, comparison, exact counters, thresholds, the gate."""

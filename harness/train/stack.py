@@ -60,14 +60,12 @@ class StackOptions:
     pipeline: bool = True  # several ranks: TorchRec TrainPipelineSparseDist (input dist overlapped)
     # several ranks: the dense part's data parallelism. ddp: replicas, gradients all-reduced;
     # fsdp: FSDP2 fully_shard per dense block; hsdp: fsdp within a node, replicas across nodes.
-    # Default ddp, by measurement (`gembench ablate --config small --nproc 2`, 2 gloo ranks on the
-    # 2-core EPYC, Dec 2026): fsdp halved the dense state (23.5 -> 11.7 MiB per rank) but its
-    # gathers and reduce-scatters cost 94 ms of a 635 ms step against ddp's 9 ms (496 ms step).
-    # small's dense part is 1.5 M parameters: FSDP pays where dense state, not comm, is the limit.
+    # Default ddp: FSDP pays where the dense state, not communication, is the limit, and on small
+    # its gathers cost more step time than the memory they save is worth (docs/configs.md).
     dense_parallel: str = "ddp"
     # torch.utils.checkpoint (non-reentrant) around: none, each HSTU layer ("hstu"), every dense block ("all").
-    # Default none, by the same measurement: hstu cut the activations 57% (130 -> 57 MiB of a
-    # 1.5 GiB rank) for a 7% longer step (HFU 14.4% vs MFU 11.4%); on for models that do not fit.
+    # Default none: checkpointing trades a longer step for activation memory, worth it for models
+    # that do not fit (the measurement that chose both defaults: docs/configs.md).
     activation_checkpointing: str = "none"
     # The ad's content (a config's [content] section: ContentArch, item content): "off" runs the
     # config without it, so that its cost is one row of `gembench ablate`. A model choice, not

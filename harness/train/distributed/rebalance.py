@@ -32,7 +32,7 @@ from gembench.harness.report.tables import placement
 
 RESOLUTION = 256  # row bins per table: shard boundaries fall between bins to 0.4% of the rows
 BYTES = 4  # fp32 tables (loads.lookup_load reads the same)
-GOAL_MAX_MEAN = 1.10  # issue 21: measured max/mean lookup work after rebalancing, small at 2 ranks
+GOAL_MAX_MEAN = 1.10  # the goal: measured max/mean lookup work after rebalancing, small at 2 ranks
 
 
 def check(sharding: str | None, forced: dict[str, str], tables: list[str], world: int, pipeline: bool) -> None:
