@@ -173,7 +173,8 @@ def ablate_ranks(args) -> int:
 
 
 def goals(results: dict) -> list[str]:
-    """The issue's goals beside what was measured (printed, not asserted: timings move with load)."""
+    """The dense-side switches' goals beside what was measured (printed, not asserted: timings move
+    with load)."""
     out = []
     ddp, fsdp = results.get(REFERENCE), results.get("dense_parallel=fsdp")
     if ddp and fsdp and ddp["summary"].get("dense_state_bytes") and fsdp["summary"].get("dense_state_bytes"):

@@ -241,9 +241,9 @@ def main(args: argparse.Namespace) -> int:
         if reservation is not None:
             reservation.release()
     if run.pace is not None:
-        # A paced worker (`gembench continuous`) is done once its result is written; the teardown
-        # of an interpreter holding torch and a compiled model takes ~1.8 s more (measured on the
-        # EPYC VM, after every atexit handler has run), and a pair pays it twice on one CPU.
+        # A paced worker (`gembench continuous`) is done once its result is written: the teardown
+        # of an interpreter holding torch and a compiled model takes seconds more, paid twice per
+        # pair on one CPU (measured in docs/continuous.md).
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
