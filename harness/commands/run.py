@@ -250,23 +250,40 @@ def main(args: argparse.Namespace) -> int:
     return code
 
 
+def first_step_key(run) -> str:
+    """What the first step's time depends on: the config and its batch, the stack, torch, the CPU."""
+    import torch
+
+    from gembench.harness.device.calibration import cpu_model
+
+    return f"{run.config}|{run.batch}|{run.options.describe()}|{run.device}|torch {torch.__version__}|{cpu_model()}"
+
+
 def _run(run) -> int:
     from gembench.errors import UsageError
     from gembench.harness.report.tables import run_report
     from gembench.harness.store.reservation import write_or_fallback
-    from gembench.harness.train.progress import Progress
+    from gembench.harness.train.progress import Progress, first_step_seconds, remember_first_step
     from gembench.harness.train.runner import run_ab, run_benchmark
 
     progress = Progress(not run.quiet, f"gembench run {run.config}")
+    first_step = first_step_key(run)
+    expected = first_step_seconds(first_step)
 
     def compile_notice() -> None:  # once the run is validated and fits: never before a refusal
         if not run.quiet and (run.ab or run.options.compile):
+            how_long = (
+                f"~{expected:.0f} s, as the last time on this machine"
+                if expected
+                else "1-2 minutes on 2 cores the first time on a machine, seconds once torch's cache has it"
+            )
             print(
-                "gembench run: the first warm-up step compiles the dense arch with torch.compile "
-                "(1-2 minutes on 2 cores the first time on a machine, cached afterwards)",
+                f"gembench run: the first warm-up step compiles the dense arch with torch.compile ({how_long})",
                 file=sys.stderr,
                 flush=True,
             )
+            if not run.ab:  # --ab warms both stacks up before its first timed round
+                progress.during_first_step("compiling the dense arch (first warm-up step)", expected)
 
     pace = None
     if run.pace is not None:
@@ -280,6 +297,8 @@ def _run(run) -> int:
         result = run_ab(run, progress=progress, on_prepared=compile_notice)
     else:
         result = run_benchmark(run, progress=progress, on_prepared=compile_notice, pace=pace)
+    if progress.first_step_s is not None and not run.ab:
+        remember_first_step(first_step, progress.first_step_s)
     out = run.out or DEFAULT_OUT_DIR / f"{result['id']}.json"
     print(run_report(result), flush=True)  # the figures reach the user even if the write fails
     write_or_fallback(out, result)
