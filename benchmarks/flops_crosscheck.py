@@ -23,7 +23,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from gembench.harness.metrics.flopcheck import hstu_attention_check, summary_check
 from gembench.harness.metrics.mfu import train_flops
-from gembench.harness.report.tables import si
+from gembench.harness.report.numbers import si
 from gembench.models.config import load_config
 from gembench.models.data import SyntheticData
 from gembench.models.flops import batch_forward_flops

@@ -10,7 +10,8 @@ Printed, never asserted: a speed goal is a figure to watch, not a test to flake.
 
 import argparse
 
-from gembench.harness.report.tables import loss_line, pct, run_report
+from gembench.harness.report.numbers import pct
+from gembench.harness.report.tables import loss_line, run_report
 from gembench.harness.train.runconfig import RunConfig
 from gembench.harness.train.runner import run_ab
 

@@ -18,6 +18,7 @@ import pytest
 from synthetic import make_result, run_cli
 
 from gembench.harness.regression import paired, stats
+from gembench.harness.report.verdicts import render_paired
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -101,9 +102,9 @@ def test_counters_judged_exactly_beside_the_times():
     assert by["aten_ops"].verdict == "regressed" and by["aten_ops"].method == "count"
     assert by["h2d_bytes"].verdict == "unchanged" and "kernels" not in by
     assert paired.exit_status(j) == 1
-    text = paired.render(j, ["header"], "table")
+    text = render_paired(j, ["header"], "table")
     assert "aten_ops (lower better)" in text and "exact count" in text and "8 pair ratios" in text
-    assert paired.render(j, ["header"], "markdown").startswith("**gembench continuous**")
+    assert render_paired(j, ["header"], "markdown").startswith("**gembench continuous**")
     # absent on one side: not judged
     j = paired.judge_rounds(_rounds(0.0, seed=5, head_counters=counts), ["step_time_s"], 0.01, 0.03)
     assert [x.metric for x in j] == ["step_time_s"]

@@ -43,7 +43,7 @@ def test_one_more_op_regresses_one_fewer_improves():
 def test_counter_absent_on_one_side_is_not_judged():
     c = compare([make_result("a")], [make_result("b", counters=COUNTS)])
     assert "aten_ops" not in _verdicts(c) and c.unjudged["aten_ops"] == (None, 1200)
-    from gembench.harness.regression.compare import render_table
+    from gembench.harness.report.verdicts import render_table
 
     row = [ln for ln in render_table(c, "table").splitlines() if ln.startswith("aten_ops")][0]
     assert " - " in row and "not judged" in row

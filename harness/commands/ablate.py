@@ -105,7 +105,7 @@ def _ablate(args: argparse.Namespace) -> int:
     from tabulate import tabulate
 
     from gembench.harness.device.hardware import resolve_device
-    from gembench.harness.report.tables import pct
+    from gembench.harness.report.numbers import pct
     from gembench.harness.store.reservation import write_or_fallback
     from gembench.harness.train.runconfig import RunConfig
     from gembench.harness.train.runner import measure_stack, prepare, summarized

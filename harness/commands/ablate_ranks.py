@@ -65,7 +65,7 @@ def dense_comm_ms(result: dict) -> float:
 def ablate_ranks(args) -> int:
     from tabulate import tabulate
 
-    from gembench.harness.report.tables import pct
+    from gembench.harness.report.numbers import pct
     from gembench.harness.store.reservation import write_or_fallback
 
     if args.nproc < 2:

@@ -121,6 +121,7 @@ def counter_limits(path: str | None, reference: dict):
 def main(args: argparse.Namespace) -> int:
     from gembench.harness.regression import compare, stats
     from gembench.harness.regression.directions import METRICS
+    from gembench.harness.report.verdicts import render_table
 
     if len(args.sides) < 2:
         raise UsageError("give at least two SIDEs: the reference A and one to compare with it")
@@ -145,7 +146,7 @@ def main(args: argparse.Namespace) -> int:
 
         text = render_compare(results)
     else:
-        text = "\n\n".join(compare.render_table(c, args.format) for c in results)
+        text = "\n\n".join(render_table(c, args.format) for c in results)
     if args.out:
         write_output(Path(args.out), text + "\n")
         print(f"compare: {args.out}", file=sys.stderr)

@@ -225,6 +225,7 @@ def main(args: argparse.Namespace) -> int:
     from gembench.harness.continuous import worktrees
     from gembench.harness.continuous.pairs import run_pairs
     from gembench.harness.regression import paired, stats, thresholds
+    from gembench.harness.report.verdicts import render_paired
     from gembench.harness.store.results import differences, field
 
     check_args(args)
@@ -319,6 +320,6 @@ def main(args: argparse.Namespace) -> int:
             f"kernel instruction counts (benchmarks/instructions.py, callgrind) on {hw}: "
             f"{args.pairs} pair(s), {minutes:.1f} min"
         )
-    print(paired.render(judgements, header, args.format))
+    print(render_paired(judgements, header, args.format))
     print(verdict)
     return code

@@ -136,7 +136,7 @@ def _switch_cells(cfg):
 def main(args: argparse.Namespace) -> int:
     from tabulate import tabulate
 
-    from gembench.harness.report.tables import si
+    from gembench.harness.report.numbers import si
     from gembench.models.config import load_config, with_global_batch
 
     d = describe(with_global_batch(load_config(args.config), args.batch))

@@ -119,26 +119,6 @@ def counter_limit(limits, metric: str) -> tuple[float, str]:
     return Limits().counter_limit(metric)
 
 
-# ----------------------------------------------------------------------------- rendering
-
-
-def _num(v: float | None) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "-"
-    if v != 0 and (abs(v) >= 1e6 or abs(v) < 1e-3):
-        return f"{v:.4g}"
-    return f"{v:.4f}".rstrip("0").rstrip(".") if abs(v) < 100 else f"{v:.1f}"
-
-
-def _count(v: float | None) -> str:
-    """An exact count as an integer with thousands separators."""
-    return "-" if v is None else f"{v:,.0f}" if float(v).is_integer() else f"{v:,}"
-
-
-def _pct(v: float | None) -> str:
-    return "-" if v is None else f"{100 * v:+.2f}%"
-
-
 def rows(c: Comparison) -> list[dict]:
     """One plain dict per metric: what the JSON output holds and the tables show."""
     out = []
@@ -164,53 +144,6 @@ def rows(c: Comparison) -> list[dict]:
             {"metric": name, "better": None, "a": va, "b": vb, "change": None, "ci": None, "verdict": "not judged"}
         )
     return out
-
-
-def header(c: Comparison) -> list[str]:
-    lines = [f"A: {', '.join(c.a_ids)}", f"B: {', '.join(c.b_ids)}"]
-    if c.reasons:
-        lines.append(("FORCED, " if c.forced else "") + "not comparable: " + "; ".join(c.reasons))
-    tested = sum(1 for j in c.judgements if j.method != "count")
-    counted = len(c.judgements) - tested
-    lines.append(
-        f"one-sided tests at alpha={c.alpha:g} (Holm across {tested} metrics), "
-        f"min effect {100 * c.min_effect:g}%, interval {100 * (1 - 2 * c.alpha):g}%"
-        + (f"; {counted} exact counters: any increase beyond its threshold regresses" if counted else "")
-    )
-    return lines
-
-
-def render_table(c: Comparison, fmt: str) -> str:
-    """Terminal ("table") or Markdown ("markdown") rendering of one comparison."""
-    from tabulate import tabulate
-
-    level = f"{100 * (1 - 2 * c.alpha):g}% CI"
-    table = []
-    for r in rows(c):
-        ci = "-" if not r["ci"] else f"[{_pct(r['ci'][0])}, {_pct(r['ci'][1])}]"
-        p = r.get("p_worse_holm") if r["verdict"] != "improved" else r.get("p_better_holm")
-        arrow = {"lower": " (lower better)", "higher": " (higher better)"}.get(r["better"], "")
-        fmt_value = _count if r.get("method") == "count" else _num
-        table.append(
-            [
-                r["metric"] + arrow,
-                fmt_value(r["a"]),
-                fmt_value(r["b"]),
-                _pct(r["change"]),
-                ci,
-                _num(p),
-                r.get("method", "-"),
-                r["verdict"],
-            ]
-        )
-    cols = ["metric", "A", "B", "change", level, "p (Holm)", "one value is", "verdict"]
-    lines = header(c)
-    if c.reasons and not c.forced:
-        return "\n".join(lines + ["(pass --force to compare anyway)"])
-    body = tabulate(table, cols, tablefmt="github" if fmt == "markdown" else "simple", disable_numparse=True)
-    if fmt == "markdown":
-        return "\n".join(["**gembench compare**", ""] + [f"- {ln}" for ln in lines] + ["", body])
-    return "\n".join(lines + ["", body])
 
 
 def to_json(c: Comparison) -> dict:

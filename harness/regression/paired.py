@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 
 from gembench.harness.regression import stats
-from gembench.harness.regression.compare import _count, counter_limit
+from gembench.harness.regression.compare import counter_limit
 from gembench.harness.regression.counters import judge_counter
 from gembench.harness.regression.directions import info, per_step
 
@@ -125,45 +125,3 @@ def rows(judgements: list[stats.Judgement]) -> list[dict]:
             }
         )
     return out
-
-
-def _num(v) -> str:
-    if v is None or (isinstance(v, float) and not math.isfinite(v)):
-        return "-"
-    if v != 0 and (abs(v) >= 1e6 or abs(v) < 1e-3):
-        return f"{v:.4g}"
-    return f"{v:.4f}".rstrip("0").rstrip(".") if abs(v) < 100 else f"{v:.1f}"
-
-
-def _ratio(v) -> str:
-    return "-" if v is None or not math.isfinite(v) else f"{v:.4f}"
-
-
-def render(judgements: list[stats.Judgement], header: list[str], fmt: str) -> str:
-    """Terminal ("table") or Markdown ("markdown") table, one row per metric."""
-    from tabulate import tabulate
-
-    table = []
-    for r in rows(judgements):
-        ci = r["ratio_ci95"]
-        ci_text = "-" if not ci or any(not math.isfinite(x) for x in ci) else f"[{ci[0]:.4f}, {ci[1]:.4f}]"
-        p = r["p_better_holm"] if r["verdict"] == stats.IMPROVED else r["p_worse_holm"]
-        one = {"paired": f"{r['rounds']} pair ratios", "count": "exact count"}.get(r["method"], r["method"])
-        value = _count if r["method"] == "count" else _num
-        table.append(
-            [
-                f"{r['metric']} ({r['better']} better)",
-                value(r["base"]),
-                value(r["head"]),
-                _ratio(r["ratio"]),
-                ci_text,
-                _num(p),
-                one,
-                r["verdict"],
-            ]
-        )
-    cols = ["metric", "BASE", "HEAD", "HEAD/BASE", "95% CI", "p (Holm)", "one value is", "verdict"]
-    body = tabulate(table, cols, tablefmt="github" if fmt == "markdown" else "simple", disable_numparse=True)
-    if fmt == "markdown":
-        return "\n".join(["**gembench continuous**", ""] + [f"- {ln}" for ln in header] + ["", body])
-    return "\n".join(header + ["", body])

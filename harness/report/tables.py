@@ -4,21 +4,7 @@ from __future__ import annotations
 
 from tabulate import tabulate
 
-
-def si(value: float, unit: str = "") -> str:
-    """1234567 -> '1.23 M'; keeps tables narrow without losing the order of magnitude."""
-    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(value) >= factor:
-            return f"{value / factor:.3g} {prefix}{unit}"
-    return f"{value:.3g} {unit}".strip()
-
-
-def pct(value: float) -> str:
-    return f"{100 * value:.1f}%"
-
-
-def ms(seconds: float) -> str:
-    return f"{1e3 * seconds:.1f}"
+from gembench.harness.report.numbers import ms, pct, si
 
 
 def header(result: dict) -> str:

@@ -14,7 +14,8 @@ import socket
 from gembench.harness.report.html import figures
 from gembench.harness.report.html.collect import Group, failed_metrics, overall, short
 from gembench.harness.report.html.page import badge, details, esc, figure, page, table
-from gembench.harness.report.tables import LOAD_LABELS, largest_loss, pct, si
+from gembench.harness.report.numbers import pct, si
+from gembench.harness.report.tables import LOAD_LABELS, largest_loss
 from gembench.harness.store.results import field as get
 
 
@@ -388,7 +389,9 @@ def render(
 
 def render_compare(comparisons: list, title: str = "gembench compare") -> str:
     """The compare/gate verdict table(s) of `gembench compare --format html`."""
-    from gembench.harness.regression.compare import _num, _pct, header, rows
+    from gembench.harness.regression.compare import rows
+    from gembench.harness.report.numbers import change, num
+    from gembench.harness.report.verdicts import header
 
     body = []
     for c in comparisons:
@@ -400,17 +403,17 @@ def render_compare(comparisons: list, title: str = "gembench compare") -> str:
         level = f"{100 * (1 - 2 * c.alpha):g}% CI"
         table_rows = []
         for r in rows(c):
-            ci = "-" if not r["ci"] else f"[{_pct(r['ci'][0])}, {_pct(r['ci'][1])}]"
+            ci = "-" if not r["ci"] else f"[{change(r['ci'][0])}, {change(r['ci'][1])}]"
             p = r.get("p_worse_holm") if r["verdict"] != "improved" else r.get("p_better_holm")
             better = f" ({r['better']} better)" if r["better"] else ""
             table_rows.append(
                 [
                     f'<span class="l">{esc(r["metric"])}{esc(better)}</span>',
-                    esc(_num(r["a"])),
-                    esc(_num(r["b"])),
-                    esc(_pct(r["change"])),
+                    esc(num(r["a"])),
+                    esc(num(r["b"])),
+                    esc(change(r["change"])),
                     esc(ci),
-                    esc(_num(p)),
+                    esc(num(p)),
                     esc(r.get("method", "-")),
                     badge(r["verdict"]),
                 ]

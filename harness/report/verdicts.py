@@ -1,0 +1,90 @@
+"""The verdict tables of `gembench compare` and `gembench continuous`: terminal and Markdown.
+
+The statistics (regression/compare.py, regression/paired.py) give plain rows; this renders them.
+"""
+
+from __future__ import annotations
+
+import math
+
+from gembench.harness.regression import stats
+from gembench.harness.regression.compare import Comparison, rows
+from gembench.harness.regression.paired import rows as paired_rows
+from gembench.harness.report.numbers import change, count, num, ratio
+
+
+def header(c: Comparison) -> list[str]:
+    lines = [f"A: {', '.join(c.a_ids)}", f"B: {', '.join(c.b_ids)}"]
+    if c.reasons:
+        lines.append(("FORCED, " if c.forced else "") + "not comparable: " + "; ".join(c.reasons))
+    tested = sum(1 for j in c.judgements if j.method != "count")
+    counted = len(c.judgements) - tested
+    lines.append(
+        f"one-sided tests at alpha={c.alpha:g} (Holm across {tested} metrics), "
+        f"min effect {100 * c.min_effect:g}%, interval {100 * (1 - 2 * c.alpha):g}%"
+        + (f"; {counted} exact counters: any increase beyond its threshold regresses" if counted else "")
+    )
+    return lines
+
+
+def render_table(c: Comparison, fmt: str) -> str:
+    """Terminal ("table") or Markdown ("markdown") rendering of one comparison."""
+    from tabulate import tabulate
+
+    level = f"{100 * (1 - 2 * c.alpha):g}% CI"
+    table = []
+    for r in rows(c):
+        ci = "-" if not r["ci"] else f"[{change(r['ci'][0])}, {change(r['ci'][1])}]"
+        p = r.get("p_worse_holm") if r["verdict"] != "improved" else r.get("p_better_holm")
+        arrow = {"lower": " (lower better)", "higher": " (higher better)"}.get(r["better"], "")
+        fmt_value = count if r.get("method") == "count" else num
+        table.append(
+            [
+                r["metric"] + arrow,
+                fmt_value(r["a"]),
+                fmt_value(r["b"]),
+                change(r["change"]),
+                ci,
+                num(p),
+                r.get("method", "-"),
+                r["verdict"],
+            ]
+        )
+    cols = ["metric", "A", "B", "change", level, "p (Holm)", "one value is", "verdict"]
+    lines = header(c)
+    if c.reasons and not c.forced:
+        return "\n".join(lines + ["(pass --force to compare anyway)"])
+    body = tabulate(table, cols, tablefmt="github" if fmt == "markdown" else "simple", disable_numparse=True)
+    if fmt == "markdown":
+        return "\n".join(["**gembench compare**", ""] + [f"- {ln}" for ln in lines] + ["", body])
+    return "\n".join(lines + ["", body])
+
+
+def render_paired(judgements: list[stats.Judgement], header: list[str], fmt: str) -> str:
+    """Terminal ("table") or Markdown ("markdown") table, one row per metric."""
+    from tabulate import tabulate
+
+    table = []
+    for r in paired_rows(judgements):
+        ci = r["ratio_ci95"]
+        ci_text = "-" if not ci or any(not math.isfinite(x) for x in ci) else f"[{ci[0]:.4f}, {ci[1]:.4f}]"
+        p = r["p_better_holm"] if r["verdict"] == stats.IMPROVED else r["p_worse_holm"]
+        one = {"paired": f"{r['rounds']} pair ratios", "count": "exact count"}.get(r["method"], r["method"])
+        value = count if r["method"] == "count" else num
+        table.append(
+            [
+                f"{r['metric']} ({r['better']} better)",
+                value(r["base"]),
+                value(r["head"]),
+                ratio(r["ratio"]),
+                ci_text,
+                num(p),
+                one,
+                r["verdict"],
+            ]
+        )
+    cols = ["metric", "BASE", "HEAD", "HEAD/BASE", "95% CI", "p (Holm)", "one value is", "verdict"]
+    body = tabulate(table, cols, tablefmt="github" if fmt == "markdown" else "simple", disable_numparse=True)
+    if fmt == "markdown":
+        return "\n".join(["**gembench continuous**", ""] + [f"- {ln}" for ln in header] + ["", body])
+    return "\n".join(header + ["", body])
