@@ -121,16 +121,7 @@ def _ablate(args: argparse.Namespace) -> int:
         (options for _, options in added + removed),
         key=lambda o: memory_estimate(cfg, cfg.data.global_batch, counts, o, device_type)["total"],
     )
-    run = RunConfig(
-        config=args.config,
-        steps=args.steps,
-        warmup=args.warmup,
-        batch=args.batch,
-        device=args.device,
-        seed=args.seed,
-        peak_tflops=args.peak_tflops,
-        quiet=args.quiet,
-    )
+    run = RunConfig.from_namespace(args, out=None, nproc=None)  # ablate's --out is its own table
     setup = prepare(run, [hungriest])
     runs = {}  # options -> Measured: "+ compile" is the optimized stack, measured once
     todo = added + removed + chosen

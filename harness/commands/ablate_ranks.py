@@ -32,20 +32,7 @@ def run_variant(args, switches, flags, out: Path) -> tuple[dict | None, str]:
     """One `gembench run --nproc N` of a variant: (its result or None, the error's last line)."""
     from gembench.harness.train.runconfig import RunConfig
 
-    run = RunConfig(
-        config=str(args.config),
-        steps=args.steps,
-        warmup=args.warmup,
-        batch=args.batch,
-        device=args.device,
-        seed=args.seed,
-        peak_tflops=args.peak_tflops,
-        switches=tuple(switches),
-        nproc=args.nproc,
-        out=out,
-        quiet=True,
-        **flags,
-    )
+    run = RunConfig.from_namespace(args, config=str(args.config), switches=switches, out=out, quiet=True, **flags)
     cmd = [sys.executable, "-m", "gembench", "run", *run.to_argv()]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0 or not out.exists():

@@ -62,9 +62,11 @@ class RunConfig:
     burst: int = 20
 
     @classmethod
-    def from_namespace(cls, ns) -> "RunConfig":
-        """From `gembench run`'s parsed arguments (the only place a Namespace is read)."""
+    def from_namespace(cls, ns, **overrides) -> "RunConfig":
+        """From parsed arguments (the only place a Namespace is read): `gembench run`'s, or another
+        command's (ablate), whose flags of the same name mean the same; ``overrides`` set the rest."""
         values = {f.name: getattr(ns, f.name) for f in fields(cls) if hasattr(ns, f.name)}
+        values.update(overrides)
         values["switches"] = tuple(values.get("switches") or ())
         return cls(**values)
 

@@ -165,8 +165,9 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
         )
         return build_result(cfg, args, records, options, sharded)
 
-    job = _build(args, env, dev, cfg, options, local_batch, watchdog, pooling)
-    record, batches = _measure(job, args, env, dev, cfg, options, local_batch, watchdog, fault, peak, host_peak)
+    me = _Rank(args, env, dev, cfg, options, local_batch, watchdog, fault, peak, host_peak)
+    job = _build(me, pooling)
+    record, batches = _measure(job, me)
     records = _gather(record, rank, world, watchdog)
     if not args.rebalance:
         return result_of(records, job, batches, peak_check=True) or {}
@@ -189,17 +190,15 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
         + ", ".join(f"{t.removeprefix('table_')} {v:.1f}" for t, v in measured.pooling.items())
         + f"; lookup {measured.seconds_per_byte * 1e9:.2f} ns/byte",
     )
-    job, carried = _rebuild(
-        job, args, env, dev, cfg, options, local_batch, watchdog, measured.pooling, R.MeasuredLookups(measured)
-    )
+    job, carried = _rebuild(job, me, measured.pooling, R.MeasuredLookups(measured))
     gc.collect()  # the first model, now unreferenced, before the second is timed
-    record, batches = _measure(job, args, env, dev, cfg, options, local_batch, watchdog, fault, peak, host_peak)
+    record, batches = _measure(job, me)
     records = _gather(record, rank, world, watchdog)
     result = result_of(records, job, batches, peak_check=True)
     _say(args, rank, "the planner's plan once more, after the rebalanced one")
-    job, _ = _rebuild(job, args, env, dev, cfg, options, local_batch, watchdog, pooling)
+    job, _ = _rebuild(job, me, pooling)
     gc.collect()
-    record, batches = _measure(job, args, env, dev, cfg, options, local_batch, watchdog, fault, peak, host_peak)
+    record, batches = _measure(job, me)
     records = _gather(record, rank, world, watchdog)
     if rank != 0:
         return {}
@@ -207,31 +206,38 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
     return result
 
 
-def _rebuild(
-    old: "_Job",
-    args: RunConfig,
-    env: dict,
-    dev: torch.device,
-    cfg,
-    options,
-    local_batch: int,
-    watchdog,
-    pooling: dict | None,
-    measured=None,
-):
+def _rebuild(old: "_Job", me: "_Rank", pooling: dict | None, measured=None):
     """The model built again on a new plan, ``old``'s trained state carried into it: (job, carried).
     torch.compile's caches of the old model are dropped (the new one compiles on its first step
     anyway), so that nothing of it outlives the caller's last reference."""
     from gembench.harness.train.distributed.carry import carry_state
 
-    job = _build(args, env, dev, cfg, options, local_batch, watchdog, pooling, measured)
-    watchdog.at("carry")
+    job = _build(me, pooling, measured)
+    me.watchdog.at("carry")
     carried = carry_state(old.dmp, job.dmp, old.engine.optimizer, job.engine.optimizer)
     torch._dynamo.reset()
     return job, carried
 
 
 UNTOLD = "untold"  # --sharding untold: TorchRec's planner without the tables' pooling (its default)
+
+
+@dataclass
+class _Rank:
+    """What every build and measurement of this rank's job shares: the request, the torchrun
+    environment, the device, the config and stack as run, the per-rank batch, the watchdog, an
+    injected fault (tests), this rank's peak and its host's."""
+
+    args: RunConfig
+    env: dict
+    dev: torch.device
+    cfg: object
+    options: object
+    local_batch: int
+    watchdog: W.Watchdog
+    fault: object
+    peak: object
+    host_peak: object
 
 
 @dataclass
@@ -244,19 +250,10 @@ class _Job:
     start_bytes: int  # the rank's memory floor when the build began
 
 
-def _build(
-    args: RunConfig,
-    env: dict,
-    dev: torch.device,
-    cfg,
-    options,
-    local_batch: int,
-    watchdog,
-    pooling: dict | None,
-    measured=None,
-) -> _Job:
+def _build(me: _Rank, pooling: dict | None, measured=None) -> _Job:
     """Model, plan (TorchRec's planner told ``pooling``; ``measured``: rebalance.MeasuredLookups),
     DMP, FSDP, compile, and the step engine (the staged one; the pipeline's is made in _measure)."""
+    args, env, dev, cfg, options, watchdog = me.args, me.env, me.dev, me.cfg, me.options, me.watchdog
     from gembench.harness.train.parallelize import apply_compile, apply_fsdp, dense_mesh
     from gembench.harness.train.stack import seeded_model
 
@@ -268,7 +265,7 @@ def _build(
         model = E.TrainModule(gem)
     watchdog.at("plan")
     forced = P.parse_sharding(args.sharding, P.table_names(model))
-    plan, planned = P.plan_sharding(model, forced, env, dev, local_batch, pooling, measured)
+    plan, planned = P.plan_sharding(model, forced, env, dev, me.local_batch, pooling, measured)
     watchdog.at("shard")
     dmp = P.shard(model, plan, dev, ddp=args.pipeline and options.dense_parallel == "ddp")
     if options.dense_parallel != "ddp":  # FSDP2 on the dense blocks DMP left plain
@@ -279,20 +276,10 @@ def _build(
     return _Job(dmp, planned, engine, start_bytes)
 
 
-def _measure(
-    job: _Job,
-    args: RunConfig,
-    env: dict,
-    dev: torch.device,
-    cfg,
-    options,
-    local_batch: int,
-    watchdog,
-    fault,
-    peak,
-    host_peak,
-) -> tuple[dict, list]:
+def _measure(job: _Job, me: _Rank) -> tuple[dict, list]:
     """Time, count and profile this rank's steps on ``job``: its record for rank 0, and the batches."""
+    args, env, dev, cfg, options, local_batch = me.args, me.env, me.dev, me.cfg, me.options, me.local_batch
+    watchdog, fault, peak, host_peak = me.watchdog, me.fault, me.peak, me.host_peak
     from gembench.harness.train.parallelize import dense_shards, dense_state_bytes
     from gembench.harness.train.stack import autocast_for
 
