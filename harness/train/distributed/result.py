@@ -30,6 +30,7 @@ from gembench.harness.metrics.counters import flat_metrics
 from gembench.harness.metrics.imbalance import critical_path, imbalance, stall_cost
 from gembench.harness.metrics.mfu import mfu, per_step_mfu, summarize, tflops, train_flops
 from gembench.harness.store.document import result_document
+from gembench.harness.train.distributed.slurm import scheduler_section
 from gembench.harness.train.step import divergence, finite_or_none
 
 if TYPE_CHECKING:
@@ -167,7 +168,7 @@ def build_result(
         flops,
         samples,
         summary,
-        sections={"ranks": ranks, "plan": planned.tables, "imbalance": imb, "comm": comm},
+        sections={"ranks": ranks, "plan": planned.tables, "imbalance": imb, "comm": comm, **scheduler_section()},
         metrics={
             "imbalance_max_mean": imb["measured"]["metrics"][PRIMARY_LOAD]["max_mean"],
             "exposed_comm_fraction": comm["exposed_comm_fraction"],
