@@ -197,7 +197,7 @@ def idle_nodes() -> list[str]:
     return proc.stdout.split() if proc.returncode == 0 else []
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # session: asked first, it skips before a shared run is made
 def local_slurm():
     nodes = idle_nodes()
     if not nodes:
@@ -253,7 +253,7 @@ def test_one_node_two_ranks_equals_nproc_2_in_shape(local_slurm, table_wise, ske
     """The same run as the session's `run --nproc 2` (tests/conftest.py: table_wise), submitted."""
     _, ref, _ = table_wise
     run = ["run", "--config", str(skew_config), "--steps", "3", "--warmup", "1", "--sharding", "table_wise"]
-    proc = submit("--ranks-per-node", "2", "--wait", "--", *run, "--trace", "traces", "--quiet", cwd=tmp_path)
+    proc = submit("--ranks-per-node", "2", "--wait", "--", *run, "--quiet", cwd=tmp_path)  # --trace: no field
     job = job_id(proc)
     out, err = finish(proc)
     assert proc.returncode == 0, err[-3000:]
