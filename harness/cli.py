@@ -33,6 +33,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "gembench.harness.commands.report",
         "one self-contained HTML page: MFU across commits, stages, ranks, comm",
     ),
+    "submit": (
+        "gembench.harness.commands.submit",
+        "run on a Slurm cluster: one sbatch job, torchrun on every node, one merged result",
+    ),
 }
 
 EPILOG = """\
@@ -50,6 +54,7 @@ examples:
   gembench peak --recalibrate           # CPU peaks: best of several quiet GEMM rounds
   gembench project --config dcnv2-mlperf --cluster h200   # 8 to 4,096 GPUs: TorchRec's planner + a cost model
   gembench report --out report/         # HTML page of results/runs and the baselines
+  gembench submit --nodes 2 --gpus-per-node 8 --wait -- run --config medium   # a Slurm job, 16 ranks
   gembench <command> --help             # every flag of a command
 """
 

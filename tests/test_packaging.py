@@ -1,8 +1,9 @@
 """The wheel holds every package of the tree: pyproject.toml lists them by hand (the repository
 root is the package), so a folder added or moved must be listed, or an installed gembench lacks it."""
 
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 

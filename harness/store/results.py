@@ -26,6 +26,8 @@ Schema ``gembench.result/1`` (all times in seconds, FLOPs as floats):
     profile: (run --trace only) {trace: path, ranked: "CUDA kernels" | "CPU ops",
              top: [{name, calls, self_us, share}]}: the profiled step's top 10 by self time
     distributed runs add ranks, imbalance and comm: see harness/train/distributed/result.py
+    scheduler: (runs under Slurm: gembench submit) {name: "slurm", job_id, job_name, cluster,
+             partition, nodelist (Slurm's compressed form), nodes: [names], nnodes}
 
 Baselines (``gembench.baseline/1``) bundle one or more replicate runs of one config on one hardware
 class: {schema, promoted (ISO 8601 UTC), hardware_class, config, runs: [result, ...]}. They live

@@ -27,6 +27,7 @@ from gembench.harness.metrics.counters import flat_metrics
 from gembench.harness.metrics.imbalance import critical_path, imbalance, stall_cost
 from gembench.harness.metrics.mfu import mfu, per_step_mfu, summarize, tflops, train_flops
 from gembench.harness.store.document import result_document
+from gembench.harness.train.distributed.slurm import scheduler_section
 from gembench.harness.train.parallelize import recomputed_forward_flops
 from gembench.harness.train.step import divergence, finite_or_none
 from gembench.models.flops import batch_forward_flops, embedding_bytes
@@ -205,6 +206,7 @@ def build_result(
             "exposed_comm_fraction": comm["exposed_comm_fraction"],
             **metrics,
         }
+    sections.update(scheduler_section())  # a job a scheduler started: its id and nodes
     label = f"{stack}-{world}r" if sharded else stack
     result = result_document(
         cfg,

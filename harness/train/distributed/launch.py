@@ -90,8 +90,24 @@ def check(args: RunConfig) -> None:
 
     from gembench.harness.device.hardware import resolve_device
     from gembench.harness.store.results import check_writable
-    from gembench.harness.train.distributed.plan import parse_sharding
     from gembench.harness.train.distributed.process_group import backend_for
+
+    check_job(args, nnodes=1)
+    dev = resolve_device(args.device)
+    backend_for(dev)
+    if dev.type == "cuda" and torch.cuda.device_count() < args.nproc:
+        raise UsageError(
+            f"--nproc {args.nproc} needs {args.nproc} GPUs on this host, torch sees {torch.cuda.device_count()}"
+        )
+    if args.out is not None:
+        check_writable(args.out)
+
+
+def check_job(args: RunConfig, nnodes: int):
+    """What the ranks of a job of ``args.nproc`` ranks on ``nnodes`` nodes would refuse, wherever
+    they run (no device is looked at): the config, the batch split, the sharding spec, --rebalance,
+    HSDP on one node. The config, as the ranks will load it."""
+    from gembench.harness.train.distributed.plan import parse_sharding
     from gembench.harness.train.distributed.rank import per_rank_batch
     from gembench.harness.train.parallelize import HSDP_ONE_NODE
     from gembench.models.config import load_config, with_global_batch
@@ -117,16 +133,9 @@ def check(args: RunConfig) -> None:
         from gembench.harness.train.distributed.rebalance import check as check_rebalance
 
         check_rebalance(args.sharding, forced, tables + sequences, args.nproc, args.pipeline)
-    if args.options.dense_parallel == "hsdp":  # --nproc starts every rank on this one host
+    if args.options.dense_parallel == "hsdp" and nnodes < 2:  # --nproc starts every rank on this one host
         raise UsageError(HSDP_ONE_NODE)
-    dev = resolve_device(args.device)
-    backend_for(dev)
-    if dev.type == "cuda" and torch.cuda.device_count() < args.nproc:
-        raise UsageError(
-            f"--nproc {args.nproc} needs {args.nproc} GPUs on this host, torch sees {torch.cuda.device_count()}"
-        )
-    if args.out is not None:
-        check_writable(args.out)
+    return cfg
 
 
 def relaunch(nproc: int, argv: list[str], extra_env: dict | None = None) -> int:
