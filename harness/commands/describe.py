@@ -92,7 +92,7 @@ def _block_params(cfg) -> dict[str, int]:
     """Parameters of each top-level block of the model (built on meta), by the block's name."""
     import torch
 
-    from gembench.models.gem import build_model
+    from gembench.models.zoo import build_model
 
     with torch.device("meta"):
         model = build_model(cfg, device="meta")
@@ -102,8 +102,8 @@ def _block_params(cfg) -> dict[str, int]:
 def _content_bytes(cfg) -> float:
     """Content input bytes per example: candidate vectors and tokens, and every item's content
     over the expected sequence lengths."""
-    from gembench.models.content import content_input_bytes
     from gembench.models.flops import expected_lengths
+    from gembench.models.zoo import content_input_bytes
 
     items = sum(float(n.mean()) for n in expected_lengths(cfg, samples=4096).values())
     return content_input_bytes(cfg.content, 1, items)

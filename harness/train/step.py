@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from gembench.harness.train import nvtx
-from gembench.models.heads import task_losses
+from gembench.models.zoo import task_losses
 
 STAGES = ("data", "sparse_forward", "dense_forward", "loss", "backward", "optimizer")
 

@@ -95,12 +95,13 @@ def check(args: RunConfig) -> None:
     from gembench.harness.train.distributed.rank import per_rank_batch
     from gembench.harness.train.parallelize import HSDP_ONE_NODE
     from gembench.models.config import load_config, with_global_batch
-    from gembench.models.sparse import pooled_tables, sequence_tables
+    from gembench.models.sparse import pooled_tables
+    from gembench.models.zoo import sequence_table_names
 
     cfg = with_global_batch(load_config(args.config), args.batch, args.nproc)
     per_rank_batch(cfg.data.global_batch, args.nproc)
     tables = [t.name for t in pooled_tables(cfg)]
-    sequences = [t.name for t in sequence_tables(cfg)] if cfg.kind == "gem" else []
+    sequences = sequence_table_names(cfg)
     forced = parse_sharding(args.sharding, tables + sequences)
     # TorchRec's EmbeddingCollection (sequence tables) shards table-, row- or column-wise only
     odd = sorted(

@@ -394,10 +394,9 @@ def _indices(args: RunConfig, batches: list) -> dict:
 
 def _table_rows(cfg) -> dict[str, int]:
     """Rows of every table by its name, from the config as run (models.sparse's table configs)."""
-    from gembench.models.sparse import pooled_tables, sequence_tables
+    from gembench.models.zoo import zoo_tables
 
-    tables = pooled_tables(cfg) + (sequence_tables(cfg) if cfg.kind == "gem" else [])
-    return {t.name: t.num_embeddings for t in tables}
+    return {t.name: t.num_embeddings for t in zoo_tables(cfg)}
 
 
 def _say(args: RunConfig, rank: int, text: str) -> None:
