@@ -31,12 +31,34 @@ from pathlib import Path
 from gembench.harness.store.results import RUNS_DIR as DEFAULT_OUT_DIR  # one name for the runs folder
 
 
-def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
+def add_model_flags(p: argparse.ArgumentParser, config_help: str = "") -> None:
+    """--config, or --model with --model-arg: the one way every command names its model."""
+    which = p.add_mutually_exclusive_group()
+    which.add_argument(
         "--config",
-        default="small",
-        help="config name (tiny, small, medium, large, xl, dlrm, dcnv2) or path to a .toml file (default: small)",
+        default=None,
+        help=config_help
+        or "config name (tiny, small, medium, large, xl, dlrm, dcnv2) or path to a .toml file (default: small)",
     )
+    which.add_argument(
+        "--model",
+        default=None,
+        metavar="SPEC",
+        help="your own model instead of a config: pkg.module:factory or path/to/file.py:factory returning a "
+        "gembench.workload.Workload (docs/workload.md; check it first with `gembench check-model SPEC`)",
+    )
+    p.add_argument(
+        "--model-arg",
+        dest="model_args",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a keyword argument of --model's factory (repeatable; values as Python literals)",
+    )
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    add_model_flags(p)
     p.add_argument("--steps", type=int, default=10, help="timed steps (default: 10)")
     p.add_argument("--warmup", type=int, default=3, help="discarded warm-up steps (default: 3)")
     p.add_argument(
@@ -257,7 +279,7 @@ def _run(run) -> int:
     from gembench.harness.train.progress import Progress
     from gembench.harness.train.runner import run_ab, run_benchmark
 
-    progress = Progress(not run.quiet, f"gembench run {run.config}")
+    progress = Progress(not run.quiet, f"gembench run {run.model or run.config}")
 
     def compile_notice() -> None:  # once the run is validated and fits: never before a refusal
         if not run.quiet and (run.ab or run.options.compile):
