@@ -98,6 +98,15 @@ def check(args: RunConfig) -> None:
     from gembench.models.sparse import pooled_tables
     from gembench.models.zoo import sequence_table_names
 
+    if args.model is not None:
+        from gembench.harness.train.distributed.workload_rank import check as check_workload
+
+        check_workload(args, args.nproc)
+        dev = resolve_device(args.device)
+        backend_for(dev)
+        if args.out is not None:
+            check_writable(args.out)
+        return
     cfg = with_global_batch(load_config(args.config), args.batch, args.nproc)
     per_rank_batch(cfg.data.global_batch, args.nproc)
     tables = [t.name for t in pooled_tables(cfg)]
