@@ -15,6 +15,10 @@ from gembench.errors import UsageError
 # name -> (module, one-line help). Keep in the order a new user meets them.
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("gembench.harness.commands.run", "train a config for a few steps and report MFU per stage"),
+    "check-model": (
+        "gembench.harness.commands.check_model",
+        "check that your own model (--model pkg.mod:factory) runs through gembench: one line per check",
+    ),
     "ablate": ("gembench.harness.commands.ablate", "add and remove each optimization of the stack; MFU gain of each"),
     "describe": ("gembench.harness.commands.describe", "parameters, memory and FLOPs of a config, without running it"),
     "compare": ("gembench.harness.commands.compare", "compare runs metric by metric: change, interval, verdict"),

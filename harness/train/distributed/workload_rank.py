@@ -69,6 +69,28 @@ def shard(workload: Workload, model, env: dict, dev: torch.device, local_batch: 
     return P.shard(model, plan, dev, ddp=True, sharders=sharders), planned
 
 
+def load_unsharded(dmp, state: dict) -> int:
+    """Write the unsharded model's tensors (``state``: its state_dict, taken before DMP) into the
+    sharded one, so that every rank starts from the weights one process would: DMP initialises
+    its shards afresh. Each rank copies the slices its shards cover; returns the tensors written."""
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+    from gembench.harness.train.distributed.carry import _slices
+
+    written = 0
+    with torch.no_grad():
+        for key, value in dmp.state_dict().items():
+            source = state.get(key.removeprefix("module.").removeprefix("_dmp_wrapped_module."))
+            if source is None:
+                continue
+            if isinstance(value, ShardedTensor):
+                _slices(value.local_shards(), source, into_shards=True)
+            else:
+                value.copy_(source)
+            written += 1
+    return written
+
+
 def module_inputs(workload: Workload, dmp, batch) -> list[tuple[str, object]]:
     """(batch field, sharded module) for the sharded modules each fed one KJT field whole: what
     the load count replays (loads.measure_loads reads these pairs)."""
@@ -152,8 +174,11 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog, fault) -> dict:
     model = G.seeded(workload, dev, args.seed)  # same seed on every rank: identical replicated weights
     flops, basis = G.flops_of(workload, model, batches)  # on the unsharded model, before DMP takes it
     G.apply_ac(workload, model, options.activation_checkpointing)
+    unsharded = {k: v.detach().clone() for k, v in model.state_dict().items()}
     watchdog.at("plan")
     dmp, planned = shard(workload, model, env, dev, local_batch, args.sharding)
+    load_unsharded(dmp, unsharded)
+    del unsharded
     G.apply_compile(workload, dmp.module, options)
     dense = P.dense_parameters(dmp)
     optimizer = dense_optimizer(dense, options)
