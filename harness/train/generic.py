@@ -66,13 +66,23 @@ class SparseTimer:
         self.cuda = device.type == "cuda"
         self.spans: list = []
         self.handles = []
-        for m in sparse_modules(model):
-            self.handles.append(m.register_forward_pre_hook(self._start))
-            self.handles.append(m.register_forward_hook(self._end))
-        if not self.handles:
+        self.modules = sparse_modules(model)
+        if not self.modules:
             raise UsageError(
                 "the workload's model has no TorchRec embedding module: its sparse part must be TorchRec's"
             )
+        self.attach()
+
+    def attach(self) -> None:
+        for m in self.modules:
+            self.handles.append(m.register_forward_pre_hook(self._start))
+            self.handles.append(m.register_forward_hook(self._end))
+
+    def detach(self) -> None:
+        """Hooks off (benchmarks/stage_timing_overhead.py's untimed reference); attach() again."""
+        for h in self.handles:
+            h.remove()
+        self.handles = []
 
     def _now(self):
         if self.cuda:
