@@ -51,8 +51,10 @@ class TwoTowerModel(nn.Module):
         self.query_tower, self.item_tower = tower(dim * len(QUERY)), tower(dim * len(ITEM))
 
     def forward(self, batch):
-        q = self.query_tower(self.query_ebc(batch.query).values())
-        i = self.item_tower(self.item_ebc(batch.item).values())
+        # by feature name: a sharded collection's KeyedTensor need not keep the tables' order
+        query, item = self.query_ebc(batch.query), self.item_ebc(batch.item)
+        q = self.query_tower(torch.cat([query[f] for f in QUERY], dim=1))
+        i = self.item_tower(torch.cat([item[f] for f in ITEM], dim=1))
         return nn.functional.normalize(q, dim=-1), nn.functional.normalize(i, dim=-1)
 
 
