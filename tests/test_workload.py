@@ -166,3 +166,14 @@ def test_continuous_pairs_two_commits_of_a_model_repository(tmp_path, capsys):
     assert code in (0, 1, 4), err  # a verdict, whichever it is
     assert "two-tower" in out and "differ in config.hash" in out, out
     assert [ln for ln in out.splitlines() if ln.startswith("aten_ops")][0].split()[-1] == "regressed", out
+
+
+def test_the_zoo_is_one_provider_of_the_protocol():
+    """A gembench config through the same checks: its analytic FLOPs formula against FlopCounterMode
+    (for HSTU's attention the counter reads gembench's registered formula: metrics/flopcheck.py
+    checks that one independently), its seeded batches, one step by the generic stages."""
+    proc = gembench_cli("check-model", "gembench.models.zoo:zoo", "--model-arg", "config=tiny", "--no-ranks")
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 6 and all(ln.startswith("ok") for ln in lines), proc.stdout
+    assert "ZooWorkload 'tiny'" in lines[0] and "formula" in lines[3] and "(+0.00%)" in lines[3]
