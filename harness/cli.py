@@ -46,6 +46,7 @@ examples:
   gembench run --config small --ab      # optimized vs baseline stack, interleaved: the MFU ratio
   gembench run --config small --nproc 2 # torchrun ranks: sharding, imbalance, communication
   gembench ablate --config small        # what each optimization of the stack buys
+  gembench check-model examples/two_tower.py:two_tower   # your own model through gembench (docs/workload.md)
   gembench describe --config xl         # sizes and FLOPs of a config no laptop runs
   gembench compare a.json b.json        # change, interval and verdict per metric
   gembench gate r.json                  # CI: exit 0 pass, 1 regression, 3 not comparable, 4 noisy

@@ -109,11 +109,11 @@ def main(args: argparse.Namespace) -> int:
         f"{cover:.1%} of the step's wall time ({shares})",
     )
     if not args.no_ranks:
-        line(*_ranks(args, workload, first))
+        line(*_ranks(args, workload))
     return 1 if failed else 0
 
 
-def _ranks(args, workload, _first: float) -> tuple[bool, str, str]:
+def _ranks(args, workload) -> tuple[bool, str, str]:
     """The first forward's loss on 2 gloo ranks under DMP against the unsharded one on the same
     slices (mean over the ranks' slices: each rank's loss is over its own examples)."""
     import torch

@@ -20,6 +20,7 @@ examples:
   gembench run --config tiny --trace traces/    # + one profiled step: traces/trace.json, top-10 ops
   gembench run --config small --nproc 2         # 2 torchrun ranks (docs/distributed.md)
   gembench run --nproc 2 --rebalance            # re-plan from the measured load; before/after
+  gembench run --model examples/two_tower.py:two_tower --nproc 2   # your own model (docs/workload.md)
 """
 
 from __future__ import annotations

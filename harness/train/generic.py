@@ -13,7 +13,7 @@ FLOPs: the workload's formula, checked once against FlopCounterMode, else counte
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -269,12 +269,10 @@ def counted_flops(workload: Workload, model: nn.Module, batch) -> dict[str, floa
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         workload.forward(model, batch)
     counts = counter.get_flop_counts()
-    top = type(model).__name__
     per = {k.split(".", 1)[1]: float(sum(v.values())) for k, v in counts.items() if k.count(".") == 1}
     total = float(counter.get_total_flops())
     if total - sum(per.values()) > 0:
         per["other"] = total - sum(per.values())
-    del top
     return per or {"forward": total}
 
 
@@ -392,9 +390,6 @@ class Identity:
     @property
     def data(self):
         return self  # .data.global_batch, as of a ModelConfig
-
-    def with_batch(self, batch: int) -> "Identity":
-        return replace(self, global_batch=batch)
 
 
 def prepared(workload: Workload, seed: int, world: int = 1, rank: int = 0, count: int = 1) -> tuple[list, Identity]:
