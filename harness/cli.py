@@ -15,6 +15,10 @@ from gembench.errors import UsageError
 # name -> (module, one-line help). Keep in the order a new user meets them.
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("gembench.harness.commands.run", "train a config for a few steps and report MFU per stage"),
+    "check-model": (
+        "gembench.harness.commands.check_model",
+        "check that your own model (--model pkg.mod:factory) runs through gembench: one line per check",
+    ),
     "ablate": ("gembench.harness.commands.ablate", "add and remove each optimization of the stack; MFU gain of each"),
     "describe": ("gembench.harness.commands.describe", "parameters, memory and FLOPs of a config, without running it"),
     "compare": ("gembench.harness.commands.compare", "compare runs metric by metric: change, interval, verdict"),
@@ -46,6 +50,7 @@ examples:
   gembench run --config small --ab      # optimized vs baseline stack, interleaved: the MFU ratio
   gembench run --config small --nproc 2 # torchrun ranks: sharding, imbalance, communication
   gembench ablate --config small        # what each optimization of the stack buys
+  gembench check-model examples/two_tower.py:two_tower   # your own model through gembench (docs/workload.md)
   gembench describe --config xl         # sizes and FLOPs of a config no laptop runs
   gembench compare a.json b.json        # change, interval and verdict per metric
   gembench gate r.json                  # CI: exit 0 pass, 1 regression, 3 not comparable, 4 noisy

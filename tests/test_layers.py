@@ -49,3 +49,12 @@ def test_a_planted_back_edge_breaks_them(tmp_path):
     proc = _lint(parent / "gembench", parent)
     assert proc.returncode != 0, proc.stdout[-3000:]
     assert "gembench.models.config -> gembench.harness.commands.run" in proc.stdout, proc.stdout[-3000:]
+
+
+def test_a_planted_zoo_block_import_breaks_the_harness_contract(tmp_path):
+    parent = _copy_package(tmp_path)
+    runner = parent / "gembench" / "harness" / "train" / "runner.py"
+    runner.write_text(runner.read_text() + "\nfrom gembench.models.hstu import HSTULayer  # planted\n")
+    proc = _lint(parent / "gembench", parent)
+    assert proc.returncode != 0, proc.stdout[-3000:]
+    assert "gembench.harness.train.runner -> gembench.models.hstu" in proc.stdout, proc.stdout[-3000:]

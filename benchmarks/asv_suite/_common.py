@@ -5,7 +5,8 @@ cores; "tiny,small" for a nightly job; "medium" on a GPU). Steps from GEMBENCH_A
 switches over the optimized stack from GEMBENCH_ASV_SET ("dense_parallel=fsdp,compile=off").
 Imbalance and communication exist only between ranks: those classes run `gembench run --nproc
 GEMBENCH_ASV_NPROC` (default 2) as torchrun ranks. Only the metrics dict of each result is kept:
-asv pickles what setup_cache returns.
+asv pickles what setup_cache returns. GEMBENCH_ASV_MODEL=pkg.mod:factory (or file.py:factory, with
+GEMBENCH_ASV_MODEL_ARGS="key=value,...") tracks that model (docs/workload.md) in place of the configs.
 """
 
 import json
@@ -14,7 +15,9 @@ import subprocess
 import sys
 import tempfile
 
-CONFIGS = [c for c in os.environ.get("GEMBENCH_ASV_CONFIGS", "tiny").split(",") if c]
+MODEL = os.environ.get("GEMBENCH_ASV_MODEL") or None  # a workload in place of the configs
+MODEL_ARGS = tuple(a for a in os.environ.get("GEMBENCH_ASV_MODEL_ARGS", "").split(",") if a)
+CONFIGS = [MODEL] if MODEL else [c for c in os.environ.get("GEMBENCH_ASV_CONFIGS", "tiny").split(",") if c]
 STEPS = int(os.environ.get("GEMBENCH_ASV_STEPS", "20"))
 NPROC = int(os.environ.get("GEMBENCH_ASV_NPROC", "2"))
 # stack switches over the optimized stack, as `gembench run --set` takes them (comma-separated;
@@ -31,6 +34,9 @@ def run_configs(nproc: int = 1) -> dict:
         from gembench.harness.train.runner import run_benchmark
     except ImportError:
         return run_configs_keywords()
+    if MODEL:
+        run = RunConfig(None, model=MODEL, model_args=MODEL_ARGS, steps=STEPS, warmup=3, switches=tuple(SWITCHES))
+        return {MODEL: dict(run_benchmark(run)["metrics"])}
     runs = {c: RunConfig(c, steps=STEPS, warmup=3, switches=tuple(SWITCHES), quiet=True) for c in CONFIGS}
     return {c: dict(run_benchmark(run)["metrics"]) for c, run in runs.items()}
 
@@ -58,8 +64,11 @@ def run_ranks(config: str, nproc: int) -> dict | None:
             "-m",
             "gembench",
             "run",
-            "--config",
-            config,
+            *(
+                ["--model", MODEL, *[a for m in MODEL_ARGS for a in ("--model-arg", m)]]
+                if MODEL
+                else ["--config", config]
+            ),
             "--nproc",
             str(nproc),
             "--steps",

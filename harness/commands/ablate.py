@@ -31,7 +31,9 @@ from pathlib import Path
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", default="small", help="config name or .toml path (default: small)")
+    from gembench.harness.commands.run import add_model_flags
+
+    add_model_flags(p, "config name or .toml path (default: small)")
     p.add_argument(
         "--batch",
         type=int,
@@ -56,11 +58,12 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
 
 
-def variants(single_process: bool):
-    """(label, options) pairs: cumulative additions from the baseline, then single removals."""
+def variants(single_process: bool, skip=()):
+    """(label, options) pairs: cumulative additions from the baseline, then single removals
+    (``skip``: switches that do not act on the model, e.g. a workload's, generic.applied_switches)."""
     from gembench.harness.train.stack import OPTIMIZATIONS, STACKS
 
-    names = [n for n in OPTIMIZATIONS if not (single_process and n == "pipeline")]
+    names = [n for n in OPTIMIZATIONS if not (single_process and n == "pipeline") and n not in skip]
     added, options = [("baseline", STACKS["baseline"])], STACKS["baseline"]
     for name in names:
         options = replace(options, **{name: True})
@@ -69,7 +72,7 @@ def variants(single_process: bool):
     return added, removed
 
 
-def choices(single_process: bool, has_content: bool = True):
+def choices(single_process: bool, has_content: bool = True, excluded=()):
     """(label, options): the optimized stack with each other value of a choice switch (one process:
     no dense_parallel, which needs ranks; content only for a config that has some)."""
     from gembench.harness.train.stack import CHOICES, STACKS
@@ -81,12 +84,19 @@ def choices(single_process: bool, has_content: bool = True):
         for name, values in CHOICES.items()
         if name not in skip
         for value in values[1:]
+        if f"{name}={value}" not in excluded and name not in excluded
     ]
 
 
 def main(args: argparse.Namespace) -> int:
+    from gembench.errors import UsageError
     from gembench.harness.store.reservation import Reservation
 
+    if args.model is not None and args.nproc is not None:
+        raise UsageError("ablate --model measures one process; --nproc with --model is not yet supported")
+    if args.model_args and args.model is None:
+        raise UsageError("--model-arg is an argument of --model's factory: add --model pkg.mod:factory")
+    args.config = args.config or ("small" if args.model is None else None)
     reservation = Reservation.take(args.out) if args.out is not None else None  # before any work
     try:
         if args.nproc is not None:
@@ -112,16 +122,29 @@ def _ablate(args: argparse.Namespace) -> int:
     from gembench.models.config import load_config, with_global_batch
     from gembench.models.flops import memory_estimate, parameter_counts
 
-    added, removed = variants(single_process=True)
-    chosen = choices(single_process=True, has_content=load_config(args.config).content is not None)
-    # Variants run one at a time, and each must fit: the memory check takes the hungriest.
-    cfg = with_global_batch(load_config(args.config), args.batch)
-    counts, device_type = parameter_counts(cfg), resolve_device(args.device).type
-    hungriest = max(
-        (options for _, options in added + removed),
-        key=lambda o: memory_estimate(cfg, cfg.data.global_batch, counts, o, device_type)["total"],
-    )
-    run = RunConfig.from_namespace(args, out=None, nproc=None)  # ablate's --out is its own table
+    if args.model is not None:  # a workload: only the switches that act on it (generic.applied_switches)
+        from gembench.harness.train import generic as G
+        from gembench.harness.train.stack import STACKS
+        from gembench.workload import load_workload
+
+        workload = load_workload(args.model, args.model_args)
+        skip = set(G.applied_switches(workload, STACKS["baseline"]).not_applicable) | {"activation_checkpointing=hstu"}
+        skip |= set() if workload.blocks() else {"activation_checkpointing=all"}
+        added, removed = variants(single_process=True, skip=skip)
+        chosen = choices(single_process=True, has_content=False, excluded=skip)
+        hungriest = added[-1][1]  # the estimate is from parameter shapes: every variant's is alike
+    else:
+        added, removed = variants(single_process=True)
+        chosen = choices(single_process=True, has_content=load_config(args.config).content is not None)
+        # Variants run one at a time, and each must fit: the memory check takes the hungriest.
+        cfg = with_global_batch(load_config(args.config), args.batch)
+        counts, device_type = parameter_counts(cfg), resolve_device(args.device).type
+        hungriest = max(
+            (options for _, options in added + removed),
+            key=lambda o: memory_estimate(cfg, cfg.data.global_batch, counts, o, device_type)["total"],
+        )
+    # ablate's --out is its own table
+    run = RunConfig.from_namespace(args, out=None, nproc=None, model_args=tuple(args.model_args or ()))
     setup = prepare(run, [hungriest])
     runs = {}  # options -> Measured: "+ compile" is the optimized stack, measured once
     todo = added + removed + chosen

@@ -90,7 +90,13 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="pairs run at once, each pinned to a CPU of its own (default: one per CPU this process may "
         "use on a CPU device, 1 on a GPU, which two pairs would share)",
     )
-    p.add_argument("--config", default="tiny", help="config name or .toml path (default: tiny)")
+    from gembench.harness.commands.run import add_model_flags
+
+    add_model_flags(
+        p,
+        "config name or .toml path (default: tiny). With --model SPEC instead, --repo is your model's "
+        "repository: SPEC is imported from each revision's worktree, gembench is this one",
+    )
     p.add_argument(
         "--steps",
         type=int,
@@ -229,6 +235,10 @@ def main(args: argparse.Namespace) -> int:
     from gembench.harness.store.results import differences, field
 
     check_args(args)
+    if args.model is None:
+        args.config = args.config or "tiny"
+    elif args.model_args is None:
+        args.model_args = []
     repo = worktrees.repo_root(args.repo)
     started = time.perf_counter()
     say = (lambda msg: None) if args.quiet else (lambda msg: print(f"continuous: {msg}", file=sys.stderr, flush=True))
@@ -237,7 +247,8 @@ def main(args: argparse.Namespace) -> int:
         what = (
             "benchmarks/instructions.py"
             if args.benchmark == "instructions"
-            else f"gembench run --config {args.config} --steps {args.steps} --stack {args.stack}"
+            else f"gembench run {'--model ' + args.model if args.model else '--config ' + args.config} "
+            f"--steps {args.steps} --stack {args.stack}"
         )
         how = (
             f"both processes started at once, then taking turns of {args.burst_steps} step(s), {args.bursts} each"

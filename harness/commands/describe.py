@@ -26,7 +26,9 @@ import json
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", default="small", help="config name or path to a .toml file (default: small)")
+    from gembench.harness.commands.run import add_model_flags
+
+    add_model_flags(p, "config name or path to a .toml file (default: small)")
     p.add_argument(
         "--batch",
         type=int,
@@ -92,7 +94,7 @@ def _block_params(cfg) -> dict[str, int]:
     """Parameters of each top-level block of the model (built on meta), by the block's name."""
     import torch
 
-    from gembench.models.gem import build_model
+    from gembench.models.zoo import build_model
 
     with torch.device("meta"):
         model = build_model(cfg, device="meta")
@@ -102,8 +104,8 @@ def _block_params(cfg) -> dict[str, int]:
 def _content_bytes(cfg) -> float:
     """Content input bytes per example: candidate vectors and tokens, and every item's content
     over the expected sequence lengths."""
-    from gembench.models.content import content_input_bytes
     from gembench.models.flops import expected_lengths
+    from gembench.models.zoo import content_input_bytes
 
     items = sum(float(n.mean()) for n in expected_lengths(cfg, samples=4096).values())
     return content_input_bytes(cfg.content, 1, items)
@@ -139,7 +141,9 @@ def main(args: argparse.Namespace) -> int:
     from gembench.harness.report.numbers import si
     from gembench.models.config import load_config, with_global_batch
 
-    d = describe(with_global_batch(load_config(args.config), args.batch))
+    if args.model is not None:
+        return _main_workload(args)
+    d = describe(with_global_batch(load_config(args.config or "small"), args.batch))
     if args.json:
         print(json.dumps(d, indent=1))
         return 0
@@ -198,4 +202,78 @@ def main(args: argparse.Namespace) -> int:
             rows, headers=["optimized stack with (GiB, estimate)", *keys], colalign=("left",) + ("right",) * len(keys)
         )
     )
+    return 0
+
+
+def describe_workload(workload) -> dict:
+    """A workload's sizes, FLOPs and memory estimate: tables and parameters from its meta build;
+    FLOPs per example from its formula, or counted by FlopCounterMode over one forward of batch 0
+    on CPU (the one thing here that runs the model); memory per stack from parameter shapes."""
+    import torch
+
+    from gembench.harness.metrics.mfu import TRAIN_FLOPS_PER_FORWARD
+    from gembench.harness.train import generic as G
+    from gembench.harness.train.stack import STACKS
+
+    batches, ident = G.prepared(workload, 0)
+    counts = G.parameter_shapes(workload)
+    formula = workload.forward_flops(batches[0])
+    if formula is None:
+        per_batch, basis = G.counted_flops(workload, G.seeded(workload, torch.device("cpu"), 0), batches[0]), "counted"
+    else:
+        per_batch, basis = formula, "formula"
+    per_example = {k: float(v) / workload.global_batch for k, v in per_batch.items()}
+    forward = sum(per_example.values())
+    return {
+        "config": workload.name,
+        "kind": "workload",
+        "description": type(workload).__doc__ or "",
+        "hash": ident.hash,
+        "source": workload.spec,
+        "global_batch": workload.global_batch,
+        "tables": [
+            {"name": t.name, "rows": t.num_embeddings, "dim": t.embedding_dim, "features": list(t.feature_names)}
+            for t in workload.tables()
+        ],
+        **counts,
+        "embedding_bytes_fp32": counts["embedding_params"] * 4,
+        "flops_basis": basis,
+        "forward_flops_per_example": per_example,
+        "forward_gflop_per_example": forward / 1e9,
+        "train_flops_per_step": TRAIN_FLOPS_PER_FORWARD * forward * workload.global_batch,
+        "memory_estimate_bytes_by_stack": {
+            name: G.memory_estimate(counts, options, "cuda") for name, options in STACKS.items()
+        },
+    }
+
+
+def _main_workload(args) -> int:
+    from tabulate import tabulate
+
+    from gembench.harness.report.tables import si
+    from gembench.workload import load_workload
+
+    workload = load_workload(args.model, args.model_args)
+    if args.batch is not None:
+        workload.global_batch = args.batch
+    d = describe_workload(workload)
+    if args.json:
+        print(json.dumps(d, indent=1))
+        return 0
+    print(f"{d['config']} (workload): {d['source']}  hash {d['hash']}\n")
+    rows = [
+        ["tables", f"{len(d['tables'])} ({sum(t['rows'] for t in d['tables']):,} rows)"],
+        ["embedding parameters", f"{d['embedding_params']:,} ({si(d['embedding_bytes_fp32'], 'B')} fp32)"],
+        ["dense parameters", f"{d['dense_params']:,}"],
+        ["global batch", f"{d['global_batch']:,}"],
+        ["forward per example", f"{d['forward_gflop_per_example']:.4g} GFLOP ({d['flops_basis']})"],
+        ["training per step", si(d["train_flops_per_step"], "FLOP")],
+    ]
+    print(tabulate(rows, tablefmt="plain"))
+    total = sum(d["forward_flops_per_example"].values()) or 1.0
+    blocks = [[k, si(v, "FLOP"), f"{100 * v / total:.1f}%"] for k, v in d["forward_flops_per_example"].items()]
+    print("\n" + tabulate(blocks, headers=["block", "forward/example", "share"], colalign=("left", "right", "right")))
+    by_stack = d["memory_estimate_bytes_by_stack"]
+    rows = [[k, *(f"{by_stack[n][k] / 2**30:,.3f}" for n in by_stack)] for k in by_stack["optimized"]]
+    print("\n" + tabulate(rows, headers=["memory, GiB (estimate from parameter shapes; activations not)", *by_stack]))
     return 0

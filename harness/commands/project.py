@@ -32,7 +32,9 @@ from gembench.errors import UsageError
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", default="small", help="config name or .toml path (default: small)")
+    from gembench.harness.commands.run import add_model_flags
+
+    add_model_flags(p, "config name or .toml path (default: small)")
     p.add_argument(
         "--gpus", default="8,64,512,4096", metavar="W,W,...", help="world sizes to project (default: 8,64,512,4096)"
     )
@@ -113,6 +115,12 @@ def project_command(args) -> int:
     from gembench.harness.train.stack import stack_options
     from gembench.models.config import load_config, with_global_batch
 
+    if args.model is not None or (args.from_result and _is_workload(args.from_result)):
+        raise UsageError(
+            "gembench project prices gembench's own config tables and blocks (TorchRec's planner over them, "
+            "the cost model per block); a --model workload cannot be projected yet: project a --config"
+        )
+    args.config = args.config or "small"
     cluster = load_cluster(args.cluster)
     stack = stack_options("optimized", None, tuple(args.switches))
     if args.sharding:
@@ -169,3 +177,9 @@ def project_command(args) -> int:
         write_result(args.out, doc)
         print(f"projection: {args.out}")
     return 0
+
+
+def _is_workload(path) -> bool:
+    from gembench.harness.store.results import load_result
+
+    return load_result(path).get("config", {}).get("kind") == "workload"

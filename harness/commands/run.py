@@ -20,6 +20,7 @@ examples:
   gembench run --config tiny --trace traces/    # + one profiled step: traces/trace.json, top-10 ops
   gembench run --config small --nproc 2         # 2 torchrun ranks (docs/distributed.md)
   gembench run --nproc 2 --rebalance            # re-plan from the measured load; before/after
+  gembench run --model examples/two_tower.py:two_tower --nproc 2   # your own model (docs/workload.md)
 """
 
 from __future__ import annotations
@@ -31,12 +32,34 @@ from pathlib import Path
 from gembench.harness.store.results import RUNS_DIR as DEFAULT_OUT_DIR  # one name for the runs folder
 
 
-def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
+def add_model_flags(p: argparse.ArgumentParser, config_help: str = "") -> None:
+    """--config, or --model with --model-arg: the one way every command names its model."""
+    which = p.add_mutually_exclusive_group()
+    which.add_argument(
         "--config",
-        default="small",
-        help="config name (tiny, small, medium, large, xl, dlrm, dcnv2) or path to a .toml file (default: small)",
+        default=None,
+        help=config_help
+        or "config name (tiny, small, medium, large, xl, dlrm, dcnv2) or path to a .toml file (default: small)",
     )
+    which.add_argument(
+        "--model",
+        default=None,
+        metavar="SPEC",
+        help="your own model instead of a config: pkg.module:factory or path/to/file.py:factory returning a "
+        "gembench.workload.Workload (docs/workload.md; check it first with `gembench check-model SPEC`)",
+    )
+    p.add_argument(
+        "--model-arg",
+        dest="model_args",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a keyword argument of --model's factory (repeatable; values as Python literals)",
+    )
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    add_model_flags(p)
     p.add_argument("--steps", type=int, default=10, help="timed steps (default: 10)")
     p.add_argument("--warmup", type=int, default=3, help="discarded warm-up steps (default: 3)")
     p.add_argument(
@@ -256,7 +279,8 @@ def first_step_key(run) -> str:
 
     from gembench.harness.device.calibration import cpu_model
 
-    return f"{run.config}|{run.batch}|{run.options.describe()}|{run.device}|torch {torch.__version__}|{cpu_model()}"
+    what = f"{run.model or run.config}|{run.model_args}|{run.batch}|{run.options.describe()}|{run.device}"
+    return f"{what}|torch {torch.__version__}|{cpu_model()}"
 
 
 def _run(run) -> int:
@@ -266,7 +290,7 @@ def _run(run) -> int:
     from gembench.harness.train.progress import Progress, first_step_seconds, remember_first_step
     from gembench.harness.train.runner import run_ab, run_benchmark
 
-    progress = Progress(not run.quiet, f"gembench run {run.config}")
+    progress = Progress(not run.quiet, f"gembench run {run.model or run.config}")
     first_step = first_step_key(run)
     expected = first_step_seconds(first_step)
 

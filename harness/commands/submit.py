@@ -130,7 +130,7 @@ def build_job(args):
         hint = "add --gpus-per-node G for GPU nodes" if run.device.startswith("cuda") else "drop --gpus-per-node"
         raise UsageError(f"run arguments: --device {run.device} on {device.upper()} nodes: {hint}, or drop --device")
     run_args = _without_out(argv[1:]) + (("--device", device) if run.device == "auto" else ())
-    name = f"gembench-{safe_name(cfg.name)}"
+    name = f"gembench-{safe_name(cfg.name if cfg is not None else run.model.rpartition(':')[2])}"
     out = run.out if run.out is not None else RUNS_DIR / f"{name}-{slurm.JOB_ID}.json"
     if not args.dry_run:  # where the job writes, checked (and made) only for a job that will
         if run.out is not None:

@@ -113,6 +113,20 @@ def error_line(stderr: str) -> str:
     return lines[-1] if lines else "no output"
 
 
+def revision_env(args: argparse.Namespace, c) -> dict:
+    """The process environment of revision ``c``. With --model the repository is the model's, not
+    gembench's: the worktree goes on the path (its pkg.mod:factory imports from there, a file path
+    is relative to it) before this gembench, and the result's commit is the worktree's."""
+    if getattr(args, "model", None) is None:
+        return child_env(c.pythonpath, args.threads)
+    import gembench
+
+    here = Path(gembench.__file__).parent.parent  # the folder holding this gembench (a symlink kept)
+    env = child_env(Path(f"{c.path}{os.pathsep}{here}"), args.threads)
+    env["GEMBENCH_COMMIT"] = c.sha
+    return env
+
+
 def child_env(pythonpath: Path, threads: int | None = None) -> dict:
     env = dict(os.environ)
     if threads is not None:  # torch takes its intra-op thread count from these at start-up
@@ -134,10 +148,12 @@ def run_command(args: argparse.Namespace, out: Path, worktree: Path) -> list[str
     from gembench.harness.train.runconfig import RunConfig
 
     config = args.config
-    if config.endswith(".toml") or Path(config).exists():
+    if config is not None and (config.endswith(".toml") or Path(config).exists()):
         config = str(Path(config).resolve())  # the process runs in the worktree
     run = RunConfig(
         config=config,
+        model=getattr(args, "model", None),  # resolved in the worktree: each revision's own model
+        model_args=tuple(getattr(args, "model_args", ()) or ()),
         steps=args.steps,
         warmup=args.warmup,
         stack=args.stack,
@@ -158,9 +174,7 @@ def sequential_pair(args: argparse.Namespace, co: dict, outs: dict[str, Path], o
     """One fresh process per revision, one after the other, in ``order``."""
     for label in order:
         c = co[label]
-        code, err = run_process(
-            run_command(args, outs[label], c.path), child_env(c.pythonpath, args.threads), c.path, args.timeout
-        )
+        code, err = run_process(run_command(args, outs[label], c.path), revision_env(args, c), c.path, args.timeout)
         if code != 0 or not outs[label].exists():
             raise failure(c, label, code, err)
 
@@ -188,7 +202,7 @@ def interleaved_pairs(
             pair = []
             for label in order:  # who goes first also starts first: which core, which pid
                 c = co[label]
-                cmd, env = run_command(args, outs[label], c.path), child_env(c.pythonpath, args.threads)
+                cmd, env = run_command(args, outs[label], c.path), revision_env(args, c)
                 with deferred_interrupts():  # held until the worker is in `workers`, where close() finds it
                     worker = interleave.start(label, cmd, env, c.path, sub, args.burst_steps)
                     workers.append(worker)

@@ -74,8 +74,7 @@ def hstu_attention_check(batch: int, length: int, dim: int, heads: int, backward
     Returns analytic (causal model FLOPs, x3 with backward), jagged (what the op's registered
     formula reports) and padded (torch's count of the padded path's plain matmuls).
     """
-    from gembench.models.hstu import hstu_attention_flops
-    from gembench.models.ops.pytorch.hstu_attention import hstu_jagged_attention, hstu_padded_attention
+    from gembench.models.zoo import hstu_attention_flops, hstu_jagged_attention, hstu_padded_attention
 
     g = torch.Generator().manual_seed(seed)
     T, dh = batch * length, dim // heads
@@ -131,7 +130,7 @@ def summary_check(
     ``length`` counts the CLS and must exceed ``recent``. Returns analytic, jagged, dense FLOPs and
     the largest difference between the two outputs.
     """
-    from gembench.models.cross import SequenceSummary, summary_flops
+    from gembench.models.zoo import SequenceSummary, summary_flops
 
     if length <= recent:
         raise ValueError(f"length {length} must exceed recent {recent}: shorter ones are zero-filled")

@@ -39,8 +39,9 @@ a run whose loss turned non-finite carries ``diverged: {step, task, loss}``. Wri
 path first and keep a result they cannot write in $TMPDIR (reservation.py).
 
 Comparability: two results are comparable only when the fields in COMPARABLE_KEYS agree (same
-hardware class, same torch/torchrec/fbgemm versions, same config hash); the gate also requires
-RUN_KEYS to agree, since a baseline for another precision or stack is not this run's baseline.
+hardware class, same torch/torchrec/fbgemm versions, same config hash, for a --model run the same
+workload hash); the gate also requires RUN_KEYS to agree, since a baseline for another precision or
+stack is not this run's baseline.
 """
 
 from __future__ import annotations
@@ -67,7 +68,14 @@ BASELINES_DIR = RESULTS_DIR / "baselines"
 # Fields whose difference makes two results "not comparable" (unless forced).
 # "stack.*" are virtual keys: package versions from env.packages (as `gembench run` writes them) or
 # from the flat env.torch / env.torchrec / env.fbgemm_gpu of older documents; see stack_version.
-COMPARABLE_KEYS = ("env.hardware_class", "stack.torch", "stack.torchrec", "stack.fbgemm", "config.hash")
+COMPARABLE_KEYS = (
+    "env.hardware_class",
+    "stack.torch",
+    "stack.torchrec",
+    "stack.fbgemm",
+    "config.hash",
+    "workload.hash",
+)
 # Fields that the gate additionally requires to match its baseline.
 RUN_KEYS = ("run.stack", "run.dtype", "run.nproc", "run.global_batch")
 

@@ -107,7 +107,7 @@ def apply_block_ranges(model: nn.Module) -> int:
     """Hooks on every dense block: a range named by its path around its forward and its backward.
     Only when ranges are on (the hooks cost a call per block, and torch.compile breaks its graph at
     each one: profile with --set compile=off for block ranges inside a compiled dense arch)."""
-    from gembench.models.blocks import dense_blocks
+    from gembench.models.zoo import dense_blocks
 
     if not enabled():
         return 0

@@ -15,13 +15,12 @@ import torch
 from torch import nn
 
 from gembench.errors import UsageError
-from gembench.models.blocks import dense_blocks, dense_roots
+from gembench.models.zoo import dense_blocks, dense_roots, hstu_layer_type
 
 
 def checkpointed(model: nn.Module, mode: str) -> list[tuple[str, nn.Module]]:
     """The blocks ``mode`` checkpoints: none, each HSTU layer ("hstu"), every dense block ("all")."""
-    from gembench.models.hstu import HSTULayer
-
+    HSTULayer = hstu_layer_type()
     if mode == "none":
         return []
     if mode == "hstu":

@@ -27,13 +27,17 @@ def check_counts(steps: int, warmup: int) -> None:
 
 # The flags that name a run: always written by to_argv, so that another revision's defaults
 # (`gembench continuous` runs other commits' `gembench run`) cannot change what is measured.
-IDENTITY = ("config", "steps", "warmup", "stack", "seed", "device")
-FLAG_OF = {"switches": "--set"}  # fields whose flag is not --<field-name>
+IDENTITY = ("config", "model", "model_args", "steps", "warmup", "stack", "seed", "device")
+FLAG_OF = {"switches": "--set", "model_args": "--model-arg"}  # fields whose flag is not --<field-name>
+DEFAULT_CONFIG = "small"
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    config: str = "small"  # a config name or a .toml path (library callers: a ModelConfig too)
+    config: str | None = DEFAULT_CONFIG  # a config name or a .toml path (library callers: a ModelConfig too)
+    # or a workload (gembench/workload.py): pkg.mod:factory or path/file.py:factory, with KEY=VALUE args
+    model: str | None = None
+    model_args: tuple[str, ...] = ()
     steps: int = 10
     warmup: int = 3
     batch: int | None = None  # global batch override
@@ -68,17 +72,22 @@ class RunConfig:
         values = {f.name: getattr(ns, f.name) for f in fields(cls) if hasattr(ns, f.name)}
         values.update(overrides)
         values["switches"] = tuple(values.get("switches") or ())
+        values["model_args"] = tuple(values.get("model_args") or ())
+        if values.get("config") is None:  # the parser leaves --config unset: the default, unless --model
+            values["config"] = None if values.get("model") else DEFAULT_CONFIG
         return cls(**values)
 
     def to_argv(self) -> list[str]:
         """This request as `gembench run` flags: the one serializer, for the launcher's ranks,
         `gembench continuous` and `gembench ablate --nproc`. IDENTITY always, the other fields
         where they differ from their defaults; from_namespace(parse(to_argv())) == self."""
-        if not isinstance(self.config, str | Path):
+        if self.model is None and not isinstance(self.config, str | Path):
             raise TypeError("to_argv needs a config name or path, not a ModelConfig object")
         argv = []
         for f in fields(self):
             value = getattr(self, f.name)
+            if f.name == "config" and self.model is not None:
+                continue  # a workload's run has no config
             if (f.name not in IDENTITY and value == f.default) or value is None or value is False:
                 continue
             flag = FLAG_OF.get(f.name, "--" + f.name.replace("_", "-"))
@@ -97,6 +106,12 @@ class RunConfig:
     def check(self, distributed: bool) -> "RunConfig":
         """Every check that needs no model; ``distributed``: N ranks (--nproc, or under torchrun)."""
         check_counts(self.steps, self.warmup)
+        if self.model is not None and self.config not in (None, DEFAULT_CONFIG):
+            raise UsageError("--config and --model name the model twice: give one of them")
+        if self.model_args and self.model is None:
+            raise UsageError("--model-arg is an argument of --model's factory: add --model pkg.mod:factory")
+        if self.model is not None and self.pipeline:
+            raise UsageError("--pipeline is TorchRec's pipeline over gembench's batch fields: not yet for --model")
         options = self.options  # an unknown stack, dtype or switch is named here
         if not distributed:
             check_one_process(options)

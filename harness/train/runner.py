@@ -55,6 +55,10 @@ class Setup:
     estimate: dict
     counts: dict | None = None  # parameter_counts(cfg), kept for per-stack estimates
     available: float = 0.0  # free device memory when the run was prepared
+    # a workload's run (--model): the workload, the FLOPs of each batch and their basis; cfg is then
+    # its generic.Identity
+    workload: object = None
+    flops: tuple | None = None
 
 
 def prepare(run: RunConfig, stacks: list[StackOptions]) -> Setup:
@@ -64,6 +68,8 @@ def prepare(run: RunConfig, stacks: list[StackOptions]) -> Setup:
     config name, a .toml path or (library callers) a ModelConfig.
     """
     run.check(distributed=False)
+    if run.model is not None:
+        return prepare_workload(run, stacks)
     cfg = run.config if isinstance(run.config, ModelConfig) else load_config(run.config)
     dev = resolve_device(run.device)
     cfg = for_device(with_global_batch(cfg, run.batch), dev.type)
@@ -73,6 +79,43 @@ def prepare(run: RunConfig, stacks: list[StackOptions]) -> Setup:
     data = SyntheticData(cfg, seed=run.seed, batch_size=cfg.data.global_batch)
     batches = [data.batch(i) for i in range(min(run.steps + run.warmup, MAX_DISTINCT_BATCHES))]
     return Setup(run, cfg, dev, peak, batches, estimate, counts, float(memory_available(dev)))
+
+
+def prepare_workload(run: RunConfig, stacks: list[StackOptions]) -> Setup:
+    """prepare() for --model: the workload loaded and checked (tables, batches, switches, FLOPs
+    formula against the counter), its memory estimated from parameter shapes."""
+    from gembench.harness.train import generic as G
+    from gembench.workload import load_workload
+
+    workload = load_workload(run.model, run.model_args)
+    if run.batch is not None:
+        workload.global_batch = run.batch
+    for options in stacks:
+        G.applied_switches(workload, options)
+    dev = resolve_device(run.device)
+    batches, ident = G.prepared(workload, run.seed, count=min(run.steps + run.warmup, MAX_DISTINCT_BATCHES))
+    counts = G.parameter_shapes(workload)
+    estimate = max((G.memory_estimate(counts, o, dev.type) for o in stacks), key=lambda e: e["total"])
+    available = float(memory_available(dev))
+    if estimate["total"] > FIT_SHARE * available:
+        raise UsageError(
+            f"--model {run.model}: its tables and dense state need {estimate['total'] / 2**30:,.2f} GiB, more "
+            f"than {FIT_SHARE:.0%} of the {available / 2**30:,.1f} GiB free on {dev}; make them smaller (--model-arg)"
+        )
+    model = G.seeded(workload, torch.device("cpu"), run.seed)  # for the FLOPs count, then dropped
+    flops = G.flops_of(workload, model, batches)
+    del model
+    peak = reference_peak(dev, run.peak_tflops)
+    return Setup(run, ident, dev, peak, batches, estimate, counts, available, workload, flops)
+
+
+def build_state(setup: Setup, options: StackOptions):
+    """The stack applied to the run's model: the zoo's config or the workload's."""
+    if setup.workload is not None:
+        from gembench.harness.train.generic import build_generic_state
+
+        return build_generic_state(setup.workload, options, setup.device, seed=setup.run.seed)
+    return build_train_state(setup.cfg, options, setup.device, seed=setup.run.seed)
 
 
 @dataclass
@@ -97,7 +140,9 @@ def memory_now(setup: Setup, start_bytes: int) -> tuple:
 def dense_state(state) -> dict:
     """The dense weights, gradients and optimizer state of a one-process model (its last
     optimizer is the dense one: stack.build_train_state)."""
-    params = [p for n, p in state.model.named_parameters() if not is_embedding_parameter(n)]
+    params = state.dense_params
+    if params is None:
+        params = [p for n, p in state.model.named_parameters() if not is_embedding_parameter(n)]
     return dense_state_bytes(params, state.optimizers[-1])
 
 
@@ -111,7 +156,7 @@ def measure_stack(setup: Setup, options: StackOptions, name: str, progress=None,
     start = reset_peak_memory(setup.device)
     since = C.fresh_compile_state()  # this stack's compile counts are its own
     with out_of_memory_guard(setup, [options]):
-        state = build_train_state(setup.cfg, options, setup.device, seed=run.seed)
+        state = build_state(setup, options)
         samples = run_steps(state, setup.batches, run.steps, run.warmup, progress=progress, pace=pace)
     memory = memory_now(setup, start)
     with out_of_memory_guard(setup, [options]):
@@ -124,9 +169,18 @@ def record_of(setup: Setup, m: Measured, estimate: dict | None = None) -> dict:
     estimate to hold the run against (default: this stack's own)."""
     run = setup.run
     ran = model_config(setup.cfg, m.options)  # content=off: the config without its content
-    estimate = estimate or memory_estimate(
-        ran, ran.data.global_batch, setup.counts if ran is setup.cfg else None, m.options, setup.device.type
-    )
+    timed = timed_batches(setup.batches, run.warmup, len(m.samples.step_s))
+    if setup.workload is not None:
+        from gembench.harness.train import generic as G
+
+        estimate = estimate or G.memory_estimate(setup.counts, m.options, setup.device.type)
+        per_block = timed_batches(setup.flops[0], run.warmup, len(m.samples.step_s))
+        shape = G.described(setup.workload, per_block, timed, m.options)
+    else:
+        estimate = estimate or memory_estimate(
+            ran, ran.data.global_batch, setup.counts if ran is setup.cfg else None, m.options, setup.device.type
+        )
+        shape = described(ran, timed, m.options)
     memory, memory_source, run_bytes, run_source = m.memory
     host_peak = setup.peak if setup.peak.calibration else None  # one process: the host's own peak
     return process_record(
@@ -135,7 +189,7 @@ def record_of(setup: Setup, m: Measured, estimate: dict | None = None) -> dict:
         m.samples,
         setup.peak,
         host_peak,
-        **described(ran, timed_batches(setup.batches, run.warmup, len(m.samples.step_s)), m.options),
+        **shape,
         peak_memory_bytes=memory,
         peak_memory_source=memory_source,
         **memory_fields(estimate, run_bytes, run_source),
@@ -160,6 +214,13 @@ def summarized(setup: Setup, measured: list[Measured], estimate: dict | None = N
         result = build_result(model_config(setup.cfg, m.options), setup.run, [r], m.options, stack=m.name)
         if m.profile is not None:
             result["profile"] = m.profile
+        if setup.workload is not None:
+            from gembench.harness.train import generic as G
+
+            sparse = len(G.sparse_modules(setup.workload.build(torch.device("meta"))))
+            result["workload"] = G.section(
+                setup.workload, setup.cfg, setup.flops[1], m.options, setup.batches[0], sparse
+            )
         results.append(result)
     return results
 
@@ -178,7 +239,10 @@ def out_of_memory_guard(setup: Setup, stacks: list[StackOptions]):
         peak, source = peak_memory_bytes(setup.device)
         batch = setup.cfg.data.global_batch
         capacity = FIT_SHARE * setup.available * min(1.0, setup.estimate["total"] / max(peak, 1))
-        hint = fit_hint(setup.cfg, stacks, setup.device.type, capacity, setup.counts, max(batch - 1, 1))
+        if setup.workload is None:
+            hint = fit_hint(setup.cfg, stacks, setup.device.type, capacity, setup.counts, max(batch - 1, 1))
+        else:
+            hint = "try a smaller --batch (the workload's activations are not estimated)"
         gib = 2**30
         raise UsageError(
             f"{setup.device} ran out of memory in stage {stage} ({setup.cfg.name!r}, batch {batch}): "
@@ -266,7 +330,7 @@ def run_ab(run: RunConfig, progress=None, on_prepared=None) -> dict:
 def _run_ab(setup: Setup, opts: dict[str, StackOptions], progress, start, since) -> dict:
     run = setup.run
     names, steps_per_round = list(opts), run.steps // run.rounds
-    states = {n: build_train_state(setup.cfg, opts[n], setup.device, seed=run.seed) for n in names}
+    states = {n: build_state(setup, opts[n]) for n in names}
     collected = {n: StepSamples() for n in names}
     per_round = {n: [] for n in names}
     for n in names:  # warm-up (and compilation) outside the measurement

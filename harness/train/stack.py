@@ -32,8 +32,8 @@ from gembench.harness.train import nvtx
 from gembench.harness.train.parallelize import apply_ac, apply_compile
 from gembench.harness.train.step import TrainState
 from gembench.models.config import ModelConfig
-from gembench.models.gem import build_model
 from gembench.models.sparse import is_embedding_parameter
+from gembench.models.zoo import build_model
 
 # fbgemm's fake dense_to_jagged (traced when the padded attention is compiled, as `gembench
 # ablate`'s "- jagged" variant does) calls torch._check_is_size, deprecated since torch 2.13:

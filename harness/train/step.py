@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from gembench.harness.train import nvtx
-from gembench.models.heads import task_losses
+from gembench.models.zoo import task_losses
 
 STAGES = ("data", "sparse_forward", "dense_forward", "loss", "backward", "optimizer")
 
@@ -27,6 +27,7 @@ class StageClock:
     def __init__(self, device: torch.device, stages=STAGES):
         self.cuda = device.type == "cuda"
         self.marks: list[tuple[str, object]] = []
+        self.splits: list = []
         self.ranges = nvtx.StageRanges(stages)  # NVTX ranges by stage, when on (harness/train/nvtx.py)
 
     def mark(self, name: str) -> None:
@@ -38,13 +39,24 @@ class StageClock:
         else:
             self.marks.append((name, time.perf_counter()))
 
+    def split(self, first: str, second: str, seconds) -> None:
+        """Of the time marked to ``first`` and ``second`` together, ``seconds()`` (read when the
+        durations are, after the step's end) is ``first``'s and the rest ``second``'s: stages that
+        interleave inside one call (a workload's sparse and dense forward, harness/train/generic.py)."""
+        self.splits.append((first, second, seconds))
+
     def durations(self) -> dict[str, float]:
         if self.cuda:
             self.marks[-1][1].synchronize()
             gap = lambda a, b: a.elapsed_time(b) / 1e3  # noqa: E731  (ms -> s)
         else:
             gap = lambda a, b: b - a  # noqa: E731
-        return {name: gap(self.marks[i - 1][1], t) for i, (name, t) in enumerate(self.marks) if i > 0}
+        out = {name: gap(self.marks[i - 1][1], t) for i, (name, t) in enumerate(self.marks) if i > 0}
+        for first, second, seconds in self.splits:
+            both = out[first] + out[second]
+            out[first] = min(seconds(), both)
+            out[second] = both - out[first]
+        return out
 
 
 class NoClock:
@@ -65,6 +77,11 @@ class TrainState:
     optimizers: list
     autocast: object  # a context manager factory: () -> context
     device: torch.device
+    # a workload's model (harness/train/generic.py): its own step, its sparse timer, dense parameters
+    step_fn: object = None
+    workload: object = None
+    timer: object = None
+    dense_params: list | None = None
 
     def zero_grad(self) -> None:
         for opt in self.optimizers:
@@ -76,6 +93,8 @@ def train_step(state: TrainState, batch, clock) -> torch.Tensor:
 
     Returns the detached per-task losses, shape (tasks,); the trained loss is their mean.
     """
+    if state.step_fn is not None:  # a workload's model: its forward and loss (generic.generic_step)
+        return state.step_fn(state, batch, clock)
     clock.mark("start")
     batch = batch.to(state.device, non_blocking=True)
     clock.mark("data")

@@ -37,7 +37,7 @@ from torch.distributed.tensor import DTensor
 from gembench.harness.train import nvtx
 from gembench.harness.train.distributed.plan import dense_parameters, sharded_modules
 from gembench.harness.train.stack import StackOptions, dense_optimizer
-from gembench.models.heads import multitask_loss
+from gembench.models.zoo import multitask_loss
 
 STAGES = (
     "data",

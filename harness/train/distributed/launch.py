@@ -111,12 +111,18 @@ def check_job(args: RunConfig, nnodes: int):
     from gembench.harness.train.distributed.rank import per_rank_batch
     from gembench.harness.train.parallelize import HSDP_ONE_NODE
     from gembench.models.config import load_config, with_global_batch
-    from gembench.models.sparse import pooled_tables, sequence_tables
+    from gembench.models.sparse import pooled_tables
+    from gembench.models.zoo import sequence_table_names
 
+    if args.model is not None:
+        from gembench.harness.train.distributed.workload_rank import check as check_workload
+
+        check_workload(args, args.nproc)  # the device and --out: check() after this
+        return None
     cfg = with_global_batch(load_config(args.config), args.batch, args.nproc)
     per_rank_batch(cfg.data.global_batch, args.nproc)
     tables = [t.name for t in pooled_tables(cfg)]
-    sequences = [t.name for t in sequence_tables(cfg)] if cfg.kind == "gem" else []
+    sequences = sequence_table_names(cfg)
     forced = parse_sharding(args.sharding, tables + sequences)
     # TorchRec's EmbeddingCollection (sequence tables) shards table-, row- or column-wise only
     odd = sorted(

@@ -63,7 +63,7 @@ def parse_sharding(spec: str | None, tables: list[str]) -> dict[str, str]:
     return forced
 
 
-def sharders():
+def default_sharders():
     """TorchRec's sharders, with row-wise pooled sharding allowed on CPU.
 
     TorchRec lists row_wise / table_row_wise for EmbeddingBagCollection on CUDA only, but the
@@ -153,6 +153,8 @@ def plan_sharding(
     batch_size: int,
     pooling: dict[str, float] | None = None,
     measured=None,
+    sharders=None,
+    constraints: dict | None = None,
 ):
     """TorchRec's plan for ``model`` on this job, honouring ``forced``; and the planner's view.
 
@@ -160,7 +162,8 @@ def plan_sharding(
     measured), given to the planner as each table's pooling factor; without it TorchRec prices
     every table as if it pooled one ID, and a table pooling 100 is planned like one pooling 1.
     ``measured``: a ShardEstimator run after TorchRec's own (rebalance.MeasuredLookups): each
-    shard's lookup time from the load measured on it, TorchRec's communication estimates kept."""
+    shard's lookup time from the load measured on it, TorchRec's communication estimates kept.
+    ``sharders``, ``constraints``: a workload's own (gembench/workload.py), over gembench's."""
     from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
     from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
     from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator, EmbeddingStorageEstimator
@@ -168,7 +171,7 @@ def plan_sharding(
     topology = Topology(
         world_size=env["world_size"], local_world_size=env["local_world_size"], compute_device=device.type
     )
-    constraints = table_constraints(pooling or {}, {t: [kind] for t, kind in forced.items()})
+    constraints = {**table_constraints(pooling or {}, {t: [kind] for t, kind in forced.items()}), **(constraints or {})}
     enumerator = None
     if measured is not None:
         enumerator = EmbeddingEnumerator(
@@ -186,14 +189,14 @@ def plan_sharding(
         topology=topology, batch_size=batch_size, enumerator=enumerator, constraints=constraints, stats=[recorder]
     )
     try:
-        plan = planner.collective_plan(model, sharders(), dist.GroupMember.WORLD)
+        plan = planner.collective_plan(model, sharders or default_sharders(), dist.GroupMember.WORLD)
     except Exception as err:  # noqa: BLE001  the planner's own message names the table
         text = str(err).splitlines()[0]
         raise UsageError(f"TorchRec's planner found no plan for --sharding: {text}") from None
     return plan, recorder
 
 
-def shard(model: nn.Module, plan, device: torch.device, ddp: bool) -> nn.Module:
+def shard(model: nn.Module, plan, device: torch.device, ddp: bool, sharders=None) -> nn.Module:
     """DMP over the model. With ``ddp`` (the pipeline's default) DMP wraps the dense part in DDP,
     which overlaps the gradient sync with the backward; otherwise the dense parameters stay plain:
     staged runs sync them in a stage of their own, and FSDP2 (harness/train/parallelize.py) shards them."""
@@ -204,7 +207,7 @@ def shard(model: nn.Module, plan, device: torch.device, ddp: bool) -> nn.Module:
             pass
 
     kwargs = {} if ddp else {"data_parallel_wrapper": NoWrap()}
-    return DistributedModelParallel(model, device=device, plan=plan, sharders=sharders(), **kwargs)
+    return DistributedModelParallel(model, device=device, plan=plan, sharders=sharders or default_sharders(), **kwargs)
 
 
 def dense_parameters(dmp: nn.Module) -> list[torch.Tensor]:
@@ -226,3 +229,6 @@ def sharded_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
         elif isinstance(m, ShardedEmbeddingCollection):
             out.append(("seq", m))
     return out
+
+
+sharders = default_sharders  # the name the rest of the harness imports

@@ -134,6 +134,10 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
     from gembench.harness.train.distributed import rebalance as R
     from gembench.harness.train.stack import model_config, on_ranks
 
+    if args.model is not None:  # a workload's model (gembench/workload.py): its own rank job
+        from gembench.harness.train.distributed.workload_rank import run as run_workload
+
+        return run_workload(args, env, dev, watchdog, fault)
     rank, world = env["rank"], env["world_size"]
     cfg = for_device(with_global_batch(load_config(args.config), args.batch, world), dev.type)  # --batch; CPU row cap
     local_batch = per_rank_batch(cfg.data.global_batch, world)
@@ -381,10 +385,9 @@ def _indices(args: RunConfig, batches: list) -> dict:
 
 def _table_rows(cfg) -> dict[str, int]:
     """Rows of every table by its name, from the config as run (models.sparse's table configs)."""
-    from gembench.models.sparse import pooled_tables, sequence_tables
+    from gembench.models.zoo import zoo_tables
 
-    tables = pooled_tables(cfg) + (sequence_tables(cfg) if cfg.kind == "gem" else [])
-    return {t.name: t.num_embeddings for t in tables}
+    return {t.name: t.num_embeddings for t in zoo_tables(cfg)}
 
 
 def _say(args: RunConfig, rank: int, text: str) -> None:

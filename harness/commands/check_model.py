@@ -1,0 +1,205 @@
+"""Check that a model of your own runs through gembench, one line per check, before any benchmark.
+
+SPEC is pkg.module:factory or path/to/file.py:factory returning a gembench.workload.Workload
+(docs/workload.md). The checks, in order: it imports and gives TorchRec tables; it builds on the
+meta device; its batches are identical for a seed and hold global_batch/world examples; its FLOPs
+formula (if any) agrees with FlopCounterMode within 1%; one unsharded step on CPU trains (finite
+loss); the stages cover the step; and the same first step on 2 gloo ranks under TorchRec's
+DistributedModelParallel gives the unsharded loss.
+
+exit status: 0 every check passed; 1 a check failed (its line says which); 2 bad input (the
+module does not import, no factory, wrong return type, tables not TorchRec's, a batch of the
+wrong shape, a FLOPs formula the counter contradicts, an unsupported switch).
+
+examples:
+  gembench check-model examples/torchrec_dlrm.py:dlrm --model-arg max_rows=1000
+  gembench check-model examples/two_tower.py:two_tower
+  gembench check-model gembench.models.zoo:zoo --model-arg config=tiny
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+from pathlib import Path
+
+LOSS_RTOL = 1e-4  # fp32 on both sides; sharded pooling sums in another order
+COVERAGE = 0.95  # the stages' share of the step's wall time below which timing misses work
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("spec", metavar="SPEC", help="pkg.module:factory or path/to/file.py:factory")
+    p.add_argument("--model-arg", dest="model_args", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-ranks", action="store_true", help="skip the 2-rank check (no torchrun)")
+    p.add_argument("--rank-check", type=Path, default=None, help=argparse.SUPPRESS)  # inside torchrun
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.rank_check is not None:
+        return rank_check(args)
+    import torch
+
+    from gembench.harness.train import generic as G
+    from gembench.harness.train.stack import stack_options
+    from gembench.workload import load_workload
+
+    failed = False
+
+    def line(ok: bool, check: str, detail: str) -> None:
+        nonlocal failed
+        failed |= not ok
+        print(f"{'ok  ' if ok else 'FAIL'}  {check:<18} {detail}", flush=True)
+
+    workload = load_workload(args.spec, args.model_args)  # bad input: one line, exit 2 (cli)
+    tables = workload.tables()
+    line(True, "imports", f"{args.spec} -> {type(workload).__name__} {workload.name!r}, {len(tables)} TorchRec tables")
+    meta = workload.build(torch.device("meta"))
+    sparse = G.sparse_modules(meta) if isinstance(meta, torch.nn.Module) else []
+    on_meta = isinstance(meta, torch.nn.Module) and all(p.is_meta for p in meta.parameters())
+    counts = G.parameter_shapes(workload) if on_meta else {}
+    line(
+        on_meta and bool(sparse),
+        "builds on meta",
+        f"{counts.get('embedding_params', 0):,} table and {counts.get('dense_params', 0):,} dense parameters, "
+        f"{len(sparse)} TorchRec module(s)"
+        if on_meta
+        else "build(meta) must return an nn.Module whose parameters are all on the meta device",
+    )
+    batches, ident = G.prepared(workload, args.seed, count=2)  # shapes checked (exit 2)
+    for r in (0, 1):
+        G.check_batch(workload, workload.batch(0, r, 2, args.seed), r, 2)
+    same = _same(workload.batch(0, 0, 1, args.seed), batches[0]) and _same(
+        workload.batch(1, 0, 1, args.seed), batches[1]
+    )
+    line(same, "seeded batches", f"batch 0 and 1 drawn twice {'equal' if same else 'DIFFER'}; hash {ident.hash}")
+
+    torch.manual_seed(args.seed)
+    model = G.seeded(workload, torch.device("cpu"), args.seed)
+    per_block, basis = G.flops_of(workload, model, batches[:1])  # a contradicting formula: exit 2
+    total = sum(per_block[0].values())
+    if basis == "formula":
+        counted = sum(G.counted_flops(workload, model, batches[0]).values())
+        line(
+            True,
+            "FLOPs",
+            f"formula {total:,.0f} per batch, FlopCounterMode {counted:,.0f} ({total / counted - 1:+.2%})",
+        )
+    else:
+        line(True, "FLOPs", f"counted by FlopCounterMode: {total:,.0f} per batch (no formula given)")
+    with torch.no_grad():
+        first = float(workload.loss(workload.forward(model, batches[0]), batches[0]))
+    del model
+
+    from gembench.harness.train.step import run_steps
+
+    options = stack_options("optimized", "fp32", ("compile=off",))
+    state = G.build_generic_state(workload, options, torch.device("cpu"), args.seed)
+    samples = run_steps(state, batches, 2, 1)
+    finite = all(math.isfinite(v) for v in samples.loss)
+    line(finite, "one step (cpu)", f"loss {samples.loss[0]:.6g} after one step (first forward {first:.6g})")
+    cover = min(sum(samples.stages[s][i] for s in samples.stages) / samples.step_s[i] for i in range(2))
+    shares = ", ".join(f"{s} {sum(v) / sum(samples.step_s):.0%}" for s, v in samples.stages.items())
+    line(
+        cover >= COVERAGE and min(samples.stages["sparse_forward"]) > 0,
+        "stages cover step",
+        f"{cover:.1%} of the step's wall time ({shares})",
+    )
+    if not args.no_ranks:
+        line(*_ranks(args, workload))
+    return 1 if failed else 0
+
+
+def _ranks(args, workload) -> tuple[bool, str, str]:
+    """The first forward's loss on 2 gloo ranks under DMP against the unsharded one on the same
+    slices (mean over the ranks' slices: each rank's loss is over its own examples)."""
+    import torch
+
+    from gembench.harness.train import generic as G
+    from gembench.harness.train.distributed.launch import relaunch
+
+    model = G.seeded(workload, torch.device("cpu"), args.seed)
+    with torch.no_grad():
+        slices = [workload.batch(0, r, 2, args.seed) for r in (0, 1)]
+        want = sum(float(workload.loss(workload.forward(model, b), b)) for b in slices) / 2
+    with tempfile.TemporaryDirectory(prefix="gembench-check-") as tmp:
+        out = Path(tmp) / "ranks.json"
+        argv = ["check-model", args.spec, "--seed", str(args.seed), "--rank-check", str(out)]
+        argv += [a for pair in args.model_args for a in ("--model-arg", pair)]
+        code = relaunch(2, argv)
+        if code != 0 or not out.exists():
+            return False, "2 gloo ranks (DMP)", f"the 2-rank job failed (exit {code}); its messages are above"
+        got = json.loads(out.read_text())
+    loss = sum(got["loss"]) / 2
+    ok = math.isclose(loss, want, rel_tol=LOSS_RTOL)
+    plan = ", ".join(f"{t}: {p['sharding']}" for t, p in list(got["plan"].items())[:4])
+    return (
+        ok,
+        "2 gloo ranks (DMP)",
+        f"first loss {loss:.6g} sharded vs {want:.6g} unsharded ({loss / want - 1:+.1e}); {plan}",
+    )
+
+
+def _same(a, b) -> bool:
+    import torch
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    from gembench.workload import batch_fields
+
+    fa, fb = batch_fields(a), batch_fields(b)
+    if fa.keys() != fb.keys():
+        return False
+    for k, x in fa.items():
+        y = fb[k]
+        if isinstance(x, KeyedJaggedTensor):
+            if (
+                x.keys() != y.keys()
+                or not torch.equal(x.values(), y.values())
+                or not torch.equal(x.lengths(), y.lengths())
+            ):
+                return False
+        elif not torch.equal(x, y):
+            return False
+    return True
+
+
+def rank_check(args) -> int:
+    """Inside torchrun: the workload sharded by TorchRec's planner and DMP, the first forward's
+    loss on this rank's slice (fp32), then one backward and dense step; rank 0 writes the losses."""
+    import torch
+    import torch.distributed as dist
+
+    from gembench.harness.train import generic as G
+    from gembench.harness.train.distributed import library_logs
+    from gembench.harness.train.distributed.process_group import init_process_group, torchrun_env
+    from gembench.harness.train.distributed.workload_rank import load_unsharded, shard
+    from gembench.workload import load_workload
+
+    library_logs.install(False)
+    env = torchrun_env()
+    dev = torch.device("cpu")
+    init_process_group(dev, 300.0)
+    try:
+        workload = load_workload(args.spec, args.model_args)
+        rank, world = env["rank"], env["world_size"]
+        model = G.seeded(workload, dev, args.seed)
+        unsharded = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        dmp, planned = shard(workload, model, env, dev, workload.global_batch // world, None)
+        written = load_unsharded(dmp, unsharded)
+        batch = workload.batch(0, rank, world, args.seed)
+        loss = workload.loss(workload.forward(dmp, batch), batch)
+        loss.backward()
+        losses = [None] * world
+        dist.all_gather_object(losses, float(loss.detach()))
+        if rank == 0:
+            args.rank_check.write_text(json.dumps({"loss": losses, "plan": planned.tables, "copied": written}))
+        dist.barrier()
+    except Exception as err:  # noqa: BLE001  the rank's error as one line
+        print(f"gembench check-model: rank {env['rank']}: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        dist.destroy_process_group()
+    return 0
