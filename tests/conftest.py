@@ -22,49 +22,18 @@ def _small_peak_cache(tmp_path_factory):
 # (`pytest -n 2 --dist loadgroup`: the files that read them share one worker, see below)
 
 
-def gembench_cli(*args, timeout=600):
-    """`python -m gembench ARGS` as a user runs it, library warnings off (PYTHONWARNINGS=ignore)."""
-    import subprocess
-    import sys
-
-    return subprocess.run(
-        [sys.executable, "-m", "gembench", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
-    )
-
-
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory):
     """`gembench run --config tiny --steps 5 --trace DIR`, optimized stack, as a user runs it
     (library warnings not silenced): (process, result, its path); the trace is in path.parent/"tr"."""
     import json
-    import subprocess
-    import sys
+
+    from synthetic import gembench_cli
 
     out = tmp_path_factory.mktemp("tiny-run") / "r.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gembench",
-            "run",
-            "--config",
-            "tiny",
-            "--steps",
-            "5",
-            "--trace",
-            str(out.parent / "tr"),
-            "--out",
-            str(out),
-            "--quiet",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"},
+    trace = str(out.parent / "tr")
+    proc = gembench_cli(
+        "run", "--config", "tiny", "--steps", "5", "--trace", trace, "--out", str(out), "--quiet", library_warnings=True
     )
     assert proc.returncode == 0, proc.stderr
     return proc, json.loads(out.read_text()), out
@@ -94,6 +63,8 @@ def skew_config(tmp_path_factory):
 def table_wise(skew_config, tmp_path_factory):
     """The skew config on 2 gloo ranks, table-wise, staged, traced: (process, result, its folder)."""
     import json
+
+    from synthetic import gembench_cli
 
     d = tmp_path_factory.mktemp("tw")
     proc = gembench_cli(

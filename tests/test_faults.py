@@ -22,30 +22,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from synthetic import make_result, run_cli, save
+from synthetic import ctrl_c_reaches, gembench_cli, make_result, run_cli, save
 
 from gembench.harness.commands.promote import promote
 from gembench.harness.store import reservation, results
 from gembench.harness.train import step
 
 TINY = ["--config", "tiny", "--stack", "baseline", "--steps", "2", "--warmup", "1", "--quiet"]
-
-
-def gembench(*args, env=None, timeout=300):
-    return subprocess.run(
-        [sys.executable, "-m", "gembench", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})},
-    )
-
-
-def ctrl_c_reaches() -> None:
-    """In the child: SIGINT back to its default, so that Python turns it into KeyboardInterrupt.
-    A shell starts background jobs with SIGINT ignored, and children inherit that (a test run
-    started with `&` would otherwise see the Ctrl-C of this test ignored)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def one_line(err: str) -> str:
@@ -221,7 +204,7 @@ def test_full_disk_real_tmpfs(tmp_path):
     tmpdir.mkdir()
     with tiny_tmpfs(tmp_path / "full") as full:
         target = full / "r.json"
-        proc = gembench("run", *TINY, "--out", str(target), env={"TMPDIR": str(tmpdir)})
+        proc = gembench_cli("run", *TINY, "--out", str(target), env={"TMPDIR": str(tmpdir)})
         check_fallback(proc.returncode, proc.stdout, proc.stderr, target, tmpdir)
         assert leftovers(full) == []
 
@@ -231,7 +214,7 @@ def test_full_disk_distributed_real_tmpfs(tmp_path):
     tmpdir.mkdir()
     with tiny_tmpfs(tmp_path / "full") as full:
         target = full / "r.json"
-        proc = gembench("run", *TINY, "--nproc", "2", "--out", str(target), env={"TMPDIR": str(tmpdir)})
+        proc = gembench_cli("run", *TINY, "--nproc", "2", "--out", str(target), env={"TMPDIR": str(tmpdir)})
         assert proc.returncode == 2, proc.stderr[-2000:]
         assert "critical path" in proc.stdout and "MFU" in proc.stdout
         # torchrec's planner and the profiler log to stderr in every distributed run; ours is one line
@@ -291,7 +274,7 @@ def test_two_runs_with_the_same_out(tmp_path):
         while not lock.exists() and first.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
         assert lock.exists(), first.stderr.read() if first.poll() is not None else "no lock after 120 s"
-        second = gembench("run", *TINY, "--out", str(target))
+        second = gembench_cli("run", *TINY, "--out", str(target))
         assert second.returncode == 2 and second.stdout == ""
         line = one_line(second.stderr)
         assert f"{target} is being written by another run (pid {first.pid} on {socket.gethostname()}" in line
@@ -317,7 +300,7 @@ def test_two_runs_with_the_same_out(tmp_path):
             # names a dead pid, so the next run with this --out takes it over.
             assert first.returncode == -signal.SIGINT, (first.returncode, err)
             assert leftovers(tmp_path) in ([], [lock.name]), leftovers(tmp_path)
-            again = gembench("run", *TINY, "--out", str(target))
+            again = gembench_cli("run", *TINY, "--out", str(target))
             assert again.returncode == 0 and target.exists(), again.stderr
     finally:
         if first.poll() is None:
@@ -334,7 +317,7 @@ def test_reserved_out_stops_every_writer_at_once(tmp_path, capsys):
         ):
             code, out, err = run_cli(argv, capsys)
             assert code == 2 and out == "" and "being written by another run" in one_line(err)
-        proc = gembench("run", *TINY, "--nproc", "2", "--out", str(target), timeout=120)
+        proc = gembench_cli("run", *TINY, "--nproc", "2", "--out", str(target), timeout=120)
         assert proc.returncode == 2 and "being written by another run" in one_line(proc.stderr)
     assert leftovers(tmp_path) == []
 
@@ -525,7 +508,7 @@ def test_out_of_memory_while_building_names_the_build(tmp_path, capsys, monkeypa
 @pytest.mark.parametrize("nproc", [[], ["--nproc", "2"]], ids=["one-process", "nproc-2"])
 def test_an_unwritable_trace_folder_is_refused_before_training(tmp_path, nproc):
     start = time.perf_counter()
-    proc = gembench("run", *TINY, *nproc, "--trace", "/proc/nope", "--out", str(tmp_path / "r.json"))
+    proc = gembench_cli("run", *TINY, *nproc, "--trace", "/proc/nope", "--out", str(tmp_path / "r.json"))
     line = one_line(proc.stderr)
     assert proc.returncode == 2 and "/proc/nope" in line and "--trace" in line, proc.stderr
     assert leftovers(tmp_path) == [] and time.perf_counter() - start < 60

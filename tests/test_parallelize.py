@@ -15,6 +15,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from synthetic import MEMORY_VARIANTS, gembench_cli
 from torch.utils.flop_counter import FlopCounterMode
 
 from gembench.errors import UsageError
@@ -114,22 +115,12 @@ def test_fsdp_on_one_process_is_refused():
     RunConfig(switches=("dense_parallel=fsdp",)).check(distributed=True)
 
 
-def _gembench(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "gembench", *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
-    )
-
-
 def test_refusals_on_the_command_line_are_one_line_and_exit_2():
     for args, message in [
         (("--set", "dense_parallel=fsdp"), "add --nproc 2 or more"),
         (("--nproc", "2", "--set", "dense_parallel=hsdp"), "needs torchrun --nnodes 2 or more"),
     ]:
-        proc = _gembench("run", "--config", "tiny", "--steps", "1", *args)
+        proc = gembench_cli("run", "--config", "tiny", "--steps", "1", *args)
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
@@ -154,18 +145,13 @@ def _rank_run(tmp_path, name: str, *switches: str, config: str = "tiny", dtype: 
     ]
     for s in ("compile=off", *switches):
         args += ["--set", s]
-    proc = _gembench(*args)
+    proc = gembench_cli(*args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text())
 
 
-# the four cells the memory estimate is held on, ddp/fsdp x none/hstu, in fp32 without compile
-VARIANTS = {
-    "ddp": (),
-    "ddp+hstu": ("activation_checkpointing=hstu",),
-    "fsdp": ("dense_parallel=fsdp",),
-    "fsdp+hstu": ("dense_parallel=fsdp", "activation_checkpointing=hstu"),
-}
+# the four cells the memory estimate is held on: synthetic.MEMORY_VARIANTS (test_rank_memory.py holds small on them)
+VARIANTS = MEMORY_VARIANTS
 # and FSDP's parity under the bf16 stack (bf16 parameters all-gathered, fp32 reduction)
 BF16_VARIANTS = {"ddp bf16": (), "fsdp bf16": ("dense_parallel=fsdp",)}
 

@@ -1,12 +1,11 @@
 """The two stacks train the same model: no speed may come from broken training."""
 
 import json
-import subprocess
-import sys
 from dataclasses import replace
 
 import pytest
 import torch
+from synthetic import gembench_cli
 
 from gembench.harness.train.runconfig import RunConfig
 from gembench.harness.train.runner import run_ab
@@ -76,11 +75,7 @@ def test_ab_ratio_and_gate(tmp_path):
     def gate(min_ratio):
         limits = tmp_path / f"limits-{min_ratio}.toml"
         limits.write_text(f"[defaults]\nmin_ab_mfu_ratio = {min_ratio}\n")
-        return subprocess.run(
-            [sys.executable, "-m", "gembench", "gate", str(path), "--no-baseline", "--thresholds", str(limits)],
-            capture_output=True,
-            text=True,
-        )
+        return gembench_cli("gate", str(path), "--no-baseline", "--thresholds", str(limits), library_warnings=True)
 
     low = gate(round(measured * 0.5, 4))
     assert low.returncode == 0, low.stdout + low.stderr
