@@ -11,7 +11,7 @@ import socket
 import time
 
 import pytest
-from synthetic import gembench_cli
+from synthetic import gembench_cli, run_cli
 
 from gembench.errors import UsageError
 from gembench.harness.train.distributed.plan import parse_sharding
@@ -235,18 +235,21 @@ def test_a_failing_rank_ends_the_run_without_a_result(tmp_path, mode, message):
     assert elapsed < 150  # setup + --timeout + torchrun's teardown, not forever
 
 
-def test_refusals_are_one_line_and_exit_2(tmp_path):
+def test_refusals_are_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    # in process: the parent refuses before it starts any rank
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        proc = gembench_cli("run", "--config", "tiny", "--nproc", "2", env={"MASTER_PORT": str(port)})
-    assert proc.returncode == 2 and f"port {port}" in proc.stderr and "in use" in proc.stderr
-    proc = gembench_cli("run", "--config", "tiny", "--nproc", "3")
-    assert proc.returncode == 2 and "global batch 64 does not split evenly over 3 ranks" in proc.stderr
-    proc = gembench_cli("run", "--config", "tiny", "--nproc", "2", "--sharding", "t9=row_wise")
-    assert proc.returncode == 2 and "no table 't9'" in proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1
+        monkeypatch.setenv("MASTER_PORT", str(port))
+        code, _, err = run_cli(["run", "--config", "tiny", "--nproc", "2"], capsys)
+    monkeypatch.delenv("MASTER_PORT")
+    assert code == 2 and f"port {port}" in err and "in use" in err
+    code, _, err = run_cli(["run", "--config", "tiny", "--nproc", "3"], capsys)
+    assert code == 2 and "global batch 64 does not split evenly over 3 ranks" in err
+    code, _, err = run_cli(["run", "--config", "tiny", "--nproc", "2", "--sharding", "t9=row_wise"], capsys)
+    assert code == 2 and "no table 't9'" in err
+    assert len(err.strip().splitlines()) == 1
 
 
 def test_parse_sharding():

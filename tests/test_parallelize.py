@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from synthetic import MEMORY_VARIANTS, gembench_cli
+from synthetic import MEMORY_VARIANTS, gembench_cli, run_cli
 from torch.utils.flop_counter import FlopCounterMode
 
 from gembench.errors import UsageError
@@ -115,14 +115,14 @@ def test_fsdp_on_one_process_is_refused():
     RunConfig(switches=("dense_parallel=fsdp",)).check(distributed=True)
 
 
-def test_refusals_on_the_command_line_are_one_line_and_exit_2():
+def test_refusals_on_the_command_line_are_one_line_and_exit_2(capsys):
     for args, message in [
         (("--set", "dense_parallel=fsdp"), "add --nproc 2 or more"),
         (("--nproc", "2", "--set", "dense_parallel=hsdp"), "needs torchrun --nnodes 2 or more"),
     ]:
-        proc = gembench_cli("run", "--config", "tiny", "--steps", "1", *args)
-        assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
-        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        code, _, err = run_cli(["run", "--config", "tiny", "--steps", "1", *args], capsys)  # in process
+        assert code == 2 and message in err, err[-2000:]
+        assert len(err.strip().splitlines()) == 1, err
 
 
 def _rank_run(tmp_path, name: str, *switches: str, config: str = "tiny", dtype: str = "fp32") -> dict:
