@@ -95,7 +95,9 @@ def test_differences_and_safe_paths():
 
 # -- the schema and the writers agree -------------------------------------------------------------
 
-AB_RUN = ["--config", "tiny", "--ab", "--rounds", "2", "--steps", "2", "--warmup", "1"]  # few steps: the shape matters
+# few steps, fp32, no compile: the shape matters here (the compiled stack: tiny_run and tests/test_stacks.py)
+AB_RUN = ["--config", "tiny", "--ab", "--rounds", "2", "--steps", "2", "--warmup", "1", "--dtype", "fp32"]
+AB_RUN += ["--set", "compile=off"]
 
 
 @pytest.fixture
