@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from synthetic import MEMORY_VARIANTS, gembench_cli, run_cli
+from synthetic import BF16_LOSS_RTOL, MEMORY_VARIANTS, gembench_cli, run_cli
 from torch.utils.flop_counter import FlopCounterMode
 
 from gembench.errors import UsageError
@@ -193,9 +193,7 @@ def test_fsdp_trains_like_ddp_and_checkpointing_changes_nothing_on_two_ranks(tin
 
 def test_fsdp_trains_like_ddp_under_the_bf16_stack(tiny_ranks):
     """bf16 rounding differs between the two (FSDP casts the gathered weights, DDP's autocast casts
-    per op), so the tolerance is the one every bf16 stack comparison uses (test_stacks.py)."""
-    from tests.test_stacks import BF16_LOSS_RTOL
-
+    per op), so the tolerance is the one every bf16 stack comparison uses (synthetic.BF16_LOSS_RTOL)."""
     ddp, fsdp = tiny_ranks["ddp bf16"], tiny_ranks["fsdp bf16"]
     assert fsdp["run"]["options"]["bf16"] and fsdp["run"]["options"]["dense_parallel"] == "fsdp"
     for a, b in zip(ddp["ranks"], fsdp["ranks"]):
@@ -216,8 +214,6 @@ def test_the_dense_part_communicates_by_its_own_kinds(tiny_ranks):
 
 
 def test_the_report_figures_the_dense_collectives(tiny_ranks, tmp_path, capsys):
-    from tests.synthetic import run_cli
-
     runs = tmp_path / "runs"
     runs.mkdir()
     (runs / "fsdp.json").write_text(json.dumps(tiny_ranks["fsdp"]))
