@@ -439,7 +439,10 @@ def test_divergence_finds_the_first_bad_step_and_task():
 # -- CUDA out of memory mid-run ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("args", [[], ["--ab", "--rounds", "2"]])
+# --ab measures the baseline against another stack (it refuses --stack baseline): fp32, no compile
+@pytest.mark.parametrize(
+    "args", [["--stack", "baseline"], ["--ab", "--rounds", "2", "--dtype", "fp32", "--set", "compile=off"]]
+)
 def test_out_of_memory_in_a_stage_is_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch, args):
     import gembench.harness.train.runner as runner
 
@@ -461,8 +464,6 @@ def test_out_of_memory_in_a_stage_is_one_line_and_writes_nothing(tmp_path, capsy
             "run",
             "--config",
             "tiny",
-            "--stack",
-            "baseline",
             "--steps",
             "2",
             "--warmup",
