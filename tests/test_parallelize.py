@@ -296,9 +296,9 @@ def test_ablate_on_ranks_prints_the_goals_against_what_was_measured():
     from gembench.harness.commands.ablate_ranks import RANK_VARIANTS, REFERENCE, goals
     from gembench.harness.train.stack import STACKS, with_switches
 
-    for _, switches, flags in RANK_VARIANTS:  # every variant is a valid command line
+    for _, switches, flags in RANK_VARIANTS:  # every variant is a valid run: its switches and run-config fields
         with_switches(STACKS["optimized"], switches)
-        assert set(flags) <= {"--pipeline"}
+        assert set(flags) <= {"pipeline"} and RunConfig(**flags).pipeline == flags.get("pipeline", False)
 
     def result(step, state, act, mfu, hfu):
         return {
