@@ -1,4 +1,4 @@
-"""Synthetic gembench.result/1 documents and an in-process CLI runner for the harness tests.
+"""Synthetic gembench.result/1 documents and the CLI runners (in process, and as a subprocess) for the tests.
 
 Results are built here rather than by `gembench run` so that compare/gate/stats tests take
 milliseconds and control the noise exactly.
@@ -8,10 +8,28 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import random
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 from gembench.harness.store.results import SCHEMA, write_result
+
+# bf16 autocast rounds activations to 8 mantissa bits (relative error ~4e-3 per op); after a few
+# optimizer steps the mean BCE of two stacks must still agree to 2% (measured on tiny: < 0.2%);
+# every bf16 stack comparison uses it (tests/test_stacks.py, tests/test_parallelize.py)
+BF16_LOSS_RTOL = 0.02
+
+# the four cells the rank memory estimate is held on, ddp/fsdp x none/hstu, in fp32 without compile
+# (tests/test_parallelize.py on tiny, tests/test_rank_memory.py on small)
+MEMORY_VARIANTS = {
+    "ddp": (),
+    "ddp+hstu": ("activation_checkpointing=hstu",),
+    "fsdp": ("dense_parallel=fsdp",),
+    "fsdp+hstu": ("dense_parallel=fsdp", "activation_checkpointing=hstu"),
+}
 
 
 def make_result(
@@ -108,6 +126,25 @@ def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
         cli.COMMANDS.update(saved)
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def gembench_cli(*args, env=None, cwd=None, timeout=600, library_warnings=False):
+    """`python -m gembench ARGS` as a user runs it: the CompletedProcess (text, output captured).
+    Library warnings are off (PYTHONWARNINGS=ignore) unless ``library_warnings``, where they are
+    left as a user's shell has them (PYTHONWARNINGS unset); ``env`` is added to this environment."""
+    environ = {**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})}
+    if library_warnings:
+        environ.pop("PYTHONWARNINGS")
+    return subprocess.run(
+        [sys.executable, "-m", "gembench", *args], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=environ
+    )
+
+
+def ctrl_c_reaches() -> None:
+    """A preexec_fn: in the child, SIGINT back to its default, so that Python turns it into
+    KeyboardInterrupt. A shell starts background jobs with SIGINT ignored, and children inherit
+    that (a test run started with `&`, nohup or a CI runner would see its Ctrl-C ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def load_json(text: str) -> dict:

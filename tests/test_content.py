@@ -2,11 +2,10 @@
 data, the switch, configs without content unchanged, and the refusals."""
 
 import dataclasses
-import subprocess
-import sys
 
 import pytest
 import torch
+from synthetic import gembench_cli, run_cli
 from torch.utils.flop_counter import FlopCounterMode
 
 from gembench.harness.train.stack import STACKS, model_config, pure_model
@@ -98,16 +97,11 @@ def test_configs_without_content_are_unchanged_and_the_switch_drops_it(tmp_path)
     assert on > without  # the content's inputs and saved activations
 
 
-def test_describe_shows_the_content_block(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-m", "gembench", "describe", "--config", "medium"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert "content per candidate      image 512, text 768; per sequence item 32 (bf16)" in proc.stdout
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("content_arch"))
+def test_describe_shows_the_content_block(capsys):
+    code, out, err = run_cli(["describe", "--config", "medium"], capsys)
+    assert code == 0, err
+    assert "content per candidate      image 512, text 768; per sequence item 32 (bf16)" in out
+    line = next(x for x in out.splitlines() if x.startswith("content_arch"))
     assert "787,712" in line  # its parameters: two MLPs 512->512->128 and 768->512->128
 
 
@@ -118,27 +112,20 @@ def test_describe_shows_the_content_block(tmp_path):
         ("vectors = [64]\ntokens = -1\n", "'content.tokens' must be 0 (none) or a positive count"),
     ],
 )
-def test_bad_content_is_one_line_naming_the_field(tmp_path, section, message):
+def test_bad_content_is_one_line_naming_the_field(tmp_path, capsys, section, message):
     path = tmp_path / "bad.toml"
     path.write_text(open(load_config("tiny").source).read() + "\n[content]\n" + section)
-    proc = subprocess.run(
-        [sys.executable, "-m", "gembench", "describe", "--config", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 2 and message in proc.stderr and str(path) in proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1
+    code, _, err = run_cli(["describe", "--config", str(path)], capsys)
+    assert code == 2 and message in err and str(path) in err
+    assert len(err.strip().splitlines()) == 1
 
 
-def test_content_on_a_dlrm_config_is_refused(tmp_path):
+def test_content_on_a_dlrm_config_is_refused(tmp_path, capsys):
     path = tmp_path / "dlrm-content.toml"
     path.write_text(open(load_config("dlrm").source).read() + "\n[content]\nvectors = [64]\n")
-    proc = subprocess.run(
-        [sys.executable, "-m", "gembench", "run", "--config", str(path)], capture_output=True, text=True, timeout=120
-    )
-    assert proc.returncode == 2 and "'content' is read by GEM's ContentArch only" in proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1
+    code, _, err = run_cli(["run", "--config", str(path)], capsys)
+    assert code == 2 and "'content' is read by GEM's ContentArch only" in err
+    assert len(err.strip().splitlines()) == 1
 
 
 def test_content_runs_on_ranks_through_torchrecs_pipeline(tmp_path):
@@ -148,30 +135,24 @@ def test_content_runs_on_ranks_through_torchrecs_pipeline(tmp_path):
 
     cfg = tiny_with_content(tmp_path, CONTENT)
     out = tmp_path / "r.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gembench",
-            "run",
-            "--config",
-            cfg.source,
-            "--nproc",
-            "2",
-            "--pipeline",
-            "--steps",
-            "2",
-            "--warmup",
-            "1",
-            "--set",
-            "compile=off",
-            "--out",
-            str(out),
-            "--quiet",
-        ],
-        capture_output=True,
-        text=True,
+    proc = gembench_cli(
+        "run",
+        "--config",
+        cfg.source,
+        "--nproc",
+        "2",
+        "--pipeline",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--set",
+        "compile=off",
+        "--out",
+        str(out),
+        "--quiet",
         timeout=300,
+        library_warnings=True,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(out.read_text())

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from synthetic import make_result, run_cli
+from synthetic import ctrl_c_reaches, make_result, run_cli
 
 from gembench.harness.regression import paired, stats
 from gembench.harness.report.verdicts import render_paired
@@ -266,8 +266,24 @@ def test_pace_refuses_what_it_cannot_drive(capsys):
     assert code == 2 and "cannot drive --nproc" in err
 
 
+def _running_children(pid: int) -> list[str]:
+    """The pids of ``pid``'s children that have become a `gembench run --pace` (exec'd, not just forked)."""
+    out = []
+    for child in subprocess.run(
+        ["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True
+    ).stdout.split():
+        try:
+            if b"--pace" in Path(f"/proc/{child}/cmdline").read_bytes():
+                out.append(child)
+        except OSError:  # ended meanwhile
+            pass
+    return out
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupt_removes_worktrees_and_ends_the_running_process(clone, sig):
+    """Signalled once both pairs run (not while a child is being started, where interrupts are held
+    anyway): the command ends every process, removes its worktrees and exits 130."""
     env = {**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
     proc = subprocess.Popen(
         [
@@ -283,12 +299,15 @@ def test_interrupt_removes_worktrees_and_ends_the_running_process(clone, sig):
             "baseline",
             "--steps",
             "500",
+            "--parallel",
+            "2",
         ],
         stderr=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
         env=env,
         start_new_session=True,
+        preexec_fn=ctrl_c_reaches,  # from a background shell (SIGINT ignored), Ctrl-C must still reach it
     )
     try:
         first = proc.stderr.readline()
@@ -296,14 +315,11 @@ def test_interrupt_removes_worktrees_and_ends_the_running_process(clone, sig):
         paths = [ln.split(" ", 1)[1] for ln in _worktrees(clone)[1:]]
         assert len(paths) == 2 and all(Path(p).exists() for p in paths)
         children = []
-        for _ in range(50):  # the first benchmark process has started
-            children = subprocess.run(
-                ["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True, text=True
-            ).stdout.split()
-            if children:
-                break
+        deadline = time.monotonic() + 120
+        while len(children) < 4 and time.monotonic() < deadline:  # two pairs of benchmark processes
+            children = _running_children(proc.pid)
             time.sleep(0.1)
-        assert children
+        assert len(children) == 4, children
         os.kill(proc.pid, sig)
         _, err = proc.communicate(timeout=60)
     finally:
@@ -392,7 +408,10 @@ def test_child_env_sets_threads_and_only_the_revision_path(tmp_path, monkeypatch
     monkeypatch.setenv("PYTHONPATH", "/somewhere/else")
     env = child_env(tmp_path, 1)
     assert env["OMP_NUM_THREADS"] == "1" and env["PYTHONPATH"] == str(tmp_path) and "GEMBENCH_COMMIT" not in env
-    assert "OMP_NUM_THREADS" not in child_env(tmp_path) or os.environ.get("OMP_NUM_THREADS")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert "OMP_NUM_THREADS" not in child_env(tmp_path)  # no --threads: torch's own default
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert child_env(tmp_path)["OMP_NUM_THREADS"] == "3"  # nor does it change the user's
     assert env["PYTHONHASHSEED"] == os.environ.get("PYTHONHASHSEED", "0")  # one seed for both revisions
 
 

@@ -8,11 +8,10 @@ refusals.
 import json
 import os
 import socket
-import subprocess
-import sys
 import time
 
 import pytest
+from synthetic import gembench_cli, run_cli
 
 from gembench.errors import UsageError
 from gembench.harness.train.distributed.plan import parse_sharding
@@ -23,20 +22,10 @@ from gembench.models.data import SyntheticData
 # tests/test_results.py reads the same run
 
 
-def gembench(*args, env=None, timeout=300):
-    return subprocess.run(
-        [sys.executable, "-m", "gembench", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})},
-    )
-
-
 @pytest.fixture(scope="module")
 def row_wise(skew_config, tmp_path_factory):
     out = tmp_path_factory.mktemp("rw") / "r.json"
-    proc = gembench(
+    proc = gembench_cli(
         "run",
         "--config",
         str(skew_config),
@@ -218,7 +207,7 @@ def test_a_failing_rank_ends_the_run_without_a_result(tmp_path, mode, message):
     out = tmp_path / "r.json"
     start = time.monotonic()
     # the baseline stack: no compile in the first step, which on a loaded machine can outlast --timeout
-    proc = gembench(
+    proc = gembench_cli(
         "run",
         "--config",
         "tiny",
@@ -246,18 +235,21 @@ def test_a_failing_rank_ends_the_run_without_a_result(tmp_path, mode, message):
     assert elapsed < 150  # setup + --timeout + torchrun's teardown, not forever
 
 
-def test_refusals_are_one_line_and_exit_2(tmp_path):
+def test_refusals_are_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    # in process: the parent refuses before it starts any rank
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        proc = gembench("run", "--config", "tiny", "--nproc", "2", env={"MASTER_PORT": str(port)})
-    assert proc.returncode == 2 and f"port {port}" in proc.stderr and "in use" in proc.stderr
-    proc = gembench("run", "--config", "tiny", "--nproc", "3")
-    assert proc.returncode == 2 and "global batch 64 does not split evenly over 3 ranks" in proc.stderr
-    proc = gembench("run", "--config", "tiny", "--nproc", "2", "--sharding", "t9=row_wise")
-    assert proc.returncode == 2 and "no table 't9'" in proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1
+        monkeypatch.setenv("MASTER_PORT", str(port))
+        code, _, err = run_cli(["run", "--config", "tiny", "--nproc", "2"], capsys)
+    monkeypatch.delenv("MASTER_PORT")
+    assert code == 2 and f"port {port}" in err and "in use" in err
+    code, _, err = run_cli(["run", "--config", "tiny", "--nproc", "3"], capsys)
+    assert code == 2 and "global batch 64 does not split evenly over 3 ranks" in err
+    code, _, err = run_cli(["run", "--config", "tiny", "--nproc", "2", "--sharding", "t9=row_wise"], capsys)
+    assert code == 2 and "no table 't9'" in err
+    assert len(err.strip().splitlines()) == 1
 
 
 def test_parse_sharding():

@@ -22,30 +22,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from synthetic import make_result, run_cli, save
+from synthetic import ctrl_c_reaches, gembench_cli, make_result, run_cli, save
 
 from gembench.harness.commands.promote import promote
 from gembench.harness.store import reservation, results
 from gembench.harness.train import step
 
 TINY = ["--config", "tiny", "--stack", "baseline", "--steps", "2", "--warmup", "1", "--quiet"]
-
-
-def gembench(*args, env=None, timeout=300):
-    return subprocess.run(
-        [sys.executable, "-m", "gembench", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})},
-    )
-
-
-def ctrl_c_reaches() -> None:
-    """In the child: SIGINT back to its default, so that Python turns it into KeyboardInterrupt.
-    A shell starts background jobs with SIGINT ignored, and children inherit that (a test run
-    started with `&` would otherwise see the Ctrl-C of this test ignored)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def one_line(err: str) -> str:
@@ -221,7 +204,7 @@ def test_full_disk_real_tmpfs(tmp_path):
     tmpdir.mkdir()
     with tiny_tmpfs(tmp_path / "full") as full:
         target = full / "r.json"
-        proc = gembench("run", *TINY, "--out", str(target), env={"TMPDIR": str(tmpdir)})
+        proc = gembench_cli("run", *TINY, "--out", str(target), env={"TMPDIR": str(tmpdir)})
         check_fallback(proc.returncode, proc.stdout, proc.stderr, target, tmpdir)
         assert leftovers(full) == []
 
@@ -231,7 +214,7 @@ def test_full_disk_distributed_real_tmpfs(tmp_path):
     tmpdir.mkdir()
     with tiny_tmpfs(tmp_path / "full") as full:
         target = full / "r.json"
-        proc = gembench("run", *TINY, "--nproc", "2", "--out", str(target), env={"TMPDIR": str(tmpdir)})
+        proc = gembench_cli("run", *TINY, "--nproc", "2", "--out", str(target), env={"TMPDIR": str(tmpdir)})
         assert proc.returncode == 2, proc.stderr[-2000:]
         assert "critical path" in proc.stdout and "MFU" in proc.stdout
         # torchrec's planner and the profiler log to stderr in every distributed run; ours is one line
@@ -291,19 +274,13 @@ def test_two_runs_with_the_same_out(tmp_path):
         while not lock.exists() and first.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
         assert lock.exists(), first.stderr.read() if first.poll() is not None else "no lock after 120 s"
-        second = gembench("run", *TINY, "--out", str(target))
+        second = gembench_cli("run", *TINY, "--out", str(target))
         assert second.returncode == 2 and second.stdout == ""
         line = one_line(second.stderr)
         assert f"{target} is being written by another run (pid {first.pid} on {socket.gethostname()}" in line
         assert first.poll() is None  # the first is still training: the second did not wait for it
-        # Ctrl-C ends the first: nothing half-written, its lock gone. Where this test runner was
-        # itself started with SIGINT ignored (a background job of a non-interactive shell), its
-        # children were seen to ignore it too despite ctrl_c_reaches, so that part is left out.
-        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-            first.kill()
-            first.communicate(timeout=60)
-            reservation.lock_path(target).unlink(missing_ok=True)  # a killed run leaves its lock
-            pytest.skip("SIGINT is ignored in this test process: the Ctrl-C half cannot be exercised")
+        # Ctrl-C ends the first: nothing half-written, its lock gone (ctrl_c_reaches gave the child
+        # SIGINT's default even where this test runner was started with SIGINT ignored)
         first.send_signal(signal.SIGINT)
         _, err = first.communicate(timeout=120)
         assert "Traceback" not in err, err
@@ -317,7 +294,7 @@ def test_two_runs_with_the_same_out(tmp_path):
             # names a dead pid, so the next run with this --out takes it over.
             assert first.returncode == -signal.SIGINT, (first.returncode, err)
             assert leftovers(tmp_path) in ([], [lock.name]), leftovers(tmp_path)
-            again = gembench("run", *TINY, "--out", str(target))
+            again = gembench_cli("run", *TINY, "--out", str(target))
             assert again.returncode == 0 and target.exists(), again.stderr
     finally:
         if first.poll() is None:
@@ -334,8 +311,8 @@ def test_reserved_out_stops_every_writer_at_once(tmp_path, capsys):
         ):
             code, out, err = run_cli(argv, capsys)
             assert code == 2 and out == "" and "being written by another run" in one_line(err)
-        proc = gembench("run", *TINY, "--nproc", "2", "--out", str(target), timeout=120)
-        assert proc.returncode == 2 and "being written by another run" in one_line(proc.stderr)
+        code, out, err = run_cli(["run", *TINY, "--nproc", "2", "--out", str(target)], capsys)
+        assert code == 2 and out == "" and "being written by another run" in one_line(err)
     assert leftovers(tmp_path) == []
 
 
@@ -462,7 +439,10 @@ def test_divergence_finds_the_first_bad_step_and_task():
 # -- CUDA out of memory mid-run ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("args", [[], ["--ab", "--rounds", "2"]])
+# --ab measures the baseline against another stack (it refuses --stack baseline): fp32, no compile
+@pytest.mark.parametrize(
+    "args", [["--stack", "baseline"], ["--ab", "--rounds", "2", "--dtype", "fp32", "--set", "compile=off"]]
+)
 def test_out_of_memory_in_a_stage_is_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch, args):
     import gembench.harness.train.runner as runner
 
@@ -484,8 +464,6 @@ def test_out_of_memory_in_a_stage_is_one_line_and_writes_nothing(tmp_path, capsy
             "run",
             "--config",
             "tiny",
-            "--stack",
-            "baseline",
             "--steps",
             "2",
             "--warmup",
@@ -523,9 +501,9 @@ def test_out_of_memory_while_building_names_the_build(tmp_path, capsys, monkeypa
 
 
 @pytest.mark.parametrize("nproc", [[], ["--nproc", "2"]], ids=["one-process", "nproc-2"])
-def test_an_unwritable_trace_folder_is_refused_before_training(tmp_path, nproc):
+def test_an_unwritable_trace_folder_is_refused_before_training(tmp_path, capsys, nproc):
     start = time.perf_counter()
-    proc = gembench("run", *TINY, *nproc, "--trace", "/proc/nope", "--out", str(tmp_path / "r.json"))
-    line = one_line(proc.stderr)
-    assert proc.returncode == 2 and "/proc/nope" in line and "--trace" in line, proc.stderr
+    code, _, err = run_cli(["run", *TINY, *nproc, "--trace", "/proc/nope", "--out", str(tmp_path / "r.json")], capsys)
+    line = one_line(err)
+    assert code == 2 and "/proc/nope" in line and "--trace" in line, err
     assert leftovers(tmp_path) == [] and time.perf_counter() - start < 60

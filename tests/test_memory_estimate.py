@@ -8,11 +8,9 @@ besides tensors. Each run is its own process, so one run's caches do not hide in
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
+from synthetic import gembench_cli
 
 from gembench.errors import UsageError
 from gembench.harness.train.memory import check_fits, largest_fitting_batch
@@ -25,13 +23,7 @@ pytestmark = pytest.mark.reads_shared_runs  # tiny_run / table_wise, by getfixtu
 
 def run(tmp_path, *args):
     out = tmp_path / "r.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "gembench", "run", "--quiet", "--device", "cpu", "--out", str(out), *args],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
-    )
+    proc = gembench_cli("run", "--quiet", "--device", "cpu", "--out", str(out), *args, timeout=900)
     assert proc.returncode == 0, proc.stderr
     return json.loads(out.read_text())
 

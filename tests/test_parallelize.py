@@ -15,6 +15,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from synthetic import BF16_LOSS_RTOL, MEMORY_VARIANTS, gembench_cli, run_cli
 from torch.utils.flop_counter import FlopCounterMode
 
 from gembench.errors import UsageError
@@ -114,24 +115,14 @@ def test_fsdp_on_one_process_is_refused():
     RunConfig(switches=("dense_parallel=fsdp",)).check(distributed=True)
 
 
-def _gembench(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "gembench", *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
-    )
-
-
-def test_refusals_on_the_command_line_are_one_line_and_exit_2():
+def test_refusals_on_the_command_line_are_one_line_and_exit_2(capsys):
     for args, message in [
         (("--set", "dense_parallel=fsdp"), "add --nproc 2 or more"),
         (("--nproc", "2", "--set", "dense_parallel=hsdp"), "needs torchrun --nnodes 2 or more"),
     ]:
-        proc = _gembench("run", "--config", "tiny", "--steps", "1", *args)
-        assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
-        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        code, _, err = run_cli(["run", "--config", "tiny", "--steps", "1", *args], capsys)  # in process
+        assert code == 2 and message in err, err[-2000:]
+        assert len(err.strip().splitlines()) == 1, err
 
 
 def _rank_run(tmp_path, name: str, *switches: str, config: str = "tiny", dtype: str = "fp32") -> dict:
@@ -154,18 +145,13 @@ def _rank_run(tmp_path, name: str, *switches: str, config: str = "tiny", dtype: 
     ]
     for s in ("compile=off", *switches):
         args += ["--set", s]
-    proc = _gembench(*args)
+    proc = gembench_cli(*args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text())
 
 
-# the four cells the memory estimate is held on, ddp/fsdp x none/hstu, in fp32 without compile
-VARIANTS = {
-    "ddp": (),
-    "ddp+hstu": ("activation_checkpointing=hstu",),
-    "fsdp": ("dense_parallel=fsdp",),
-    "fsdp+hstu": ("dense_parallel=fsdp", "activation_checkpointing=hstu"),
-}
+# the four cells the memory estimate is held on: synthetic.MEMORY_VARIANTS (test_rank_memory.py holds small on them)
+VARIANTS = MEMORY_VARIANTS
 # and FSDP's parity under the bf16 stack (bf16 parameters all-gathered, fp32 reduction)
 BF16_VARIANTS = {"ddp bf16": (), "fsdp bf16": ("dense_parallel=fsdp",)}
 
@@ -207,9 +193,7 @@ def test_fsdp_trains_like_ddp_and_checkpointing_changes_nothing_on_two_ranks(tin
 
 def test_fsdp_trains_like_ddp_under_the_bf16_stack(tiny_ranks):
     """bf16 rounding differs between the two (FSDP casts the gathered weights, DDP's autocast casts
-    per op), so the tolerance is the one every bf16 stack comparison uses (test_stacks.py)."""
-    from tests.test_stacks import BF16_LOSS_RTOL
-
+    per op), so the tolerance is the one every bf16 stack comparison uses (synthetic.BF16_LOSS_RTOL)."""
     ddp, fsdp = tiny_ranks["ddp bf16"], tiny_ranks["fsdp bf16"]
     assert fsdp["run"]["options"]["bf16"] and fsdp["run"]["options"]["dense_parallel"] == "fsdp"
     for a, b in zip(ddp["ranks"], fsdp["ranks"]):
@@ -230,8 +214,6 @@ def test_the_dense_part_communicates_by_its_own_kinds(tiny_ranks):
 
 
 def test_the_report_figures_the_dense_collectives(tiny_ranks, tmp_path, capsys):
-    from tests.synthetic import run_cli
-
     runs = tmp_path / "runs"
     runs.mkdir()
     (runs / "fsdp.json").write_text(json.dumps(tiny_ranks["fsdp"]))
@@ -314,9 +296,9 @@ def test_ablate_on_ranks_prints_the_goals_against_what_was_measured():
     from gembench.harness.commands.ablate_ranks import RANK_VARIANTS, REFERENCE, goals
     from gembench.harness.train.stack import STACKS, with_switches
 
-    for _, switches, flags in RANK_VARIANTS:  # every variant is a valid command line
+    for _, switches, flags in RANK_VARIANTS:  # every variant is a valid run: its switches and run-config fields
         with_switches(STACKS["optimized"], switches)
-        assert set(flags) <= {"--pipeline"}
+        assert set(flags) <= {"pipeline"} and RunConfig(**flags).pipeline == flags.get("pipeline", False)
 
     def result(step, state, act, mfu, hfu):
         return {

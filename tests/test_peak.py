@@ -8,10 +8,10 @@ import json
 
 import pytest
 import torch
+from synthetic import run_cli
 
 from gembench.harness.device import calibration as C
 from gembench.harness.device.hardware import cpu_peak
-from tests.synthetic import run_cli
 
 
 @pytest.fixture

@@ -7,20 +7,19 @@ from __future__ import annotations
 import json
 
 import pytest
+from synthetic import MEMORY_VARIANTS, gembench_cli
 
-from tests.test_parallelize import VARIANTS, _gembench
 
-
-@pytest.mark.parametrize("name", list(VARIANTS))
+@pytest.mark.parametrize("name", list(MEMORY_VARIANTS))
 def test_small_rank_memory_estimate_within_0_7_to_1_5(tmp_path, name):
     """small, where tensors outweigh the runtime: the estimate's sharded dense state and
     checkpointed activations against what each rank measured. benchmarks/rank_memory.py prints
     the same grid with the figures."""
     out = tmp_path / "r.json"
     args = ["run", "--config", "small", "--nproc", "2", "--steps", "1", "--warmup", "1", "--out", str(out), "--quiet"]
-    for s in ("compile=off", *VARIANTS[name]):
+    for s in ("compile=off", *MEMORY_VARIANTS[name]):
         args += ["--set", s]
-    proc = _gembench(*args)
+    proc = gembench_cli(*args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for rank in json.loads(out.read_text())["ranks"]:
         print(

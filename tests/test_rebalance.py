@@ -2,25 +2,13 @@
 sorted IDs (the row-wise head moved off shard 0, the state carried over), and the refusals."""
 
 import json
-import os
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from synthetic import gembench_cli, run_cli
 
 from gembench.harness.train.distributed import rebalance as R
-
-
-def gembench(*args, timeout=300):
-    return subprocess.run(
-        [sys.executable, "-m", "gembench", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
-    )
 
 
 def measured(hist: list[float], rows: int = 100) -> R.Measured:
@@ -86,7 +74,7 @@ def sorted_run(tmp_path_factory):
     text = open(load_config("tiny").source).read().replace("[data]\n", '[data]\nid_layout = "sorted"\n', 1)
     cfg = d / "tiny-sorted.toml"
     cfg.write_text(text)
-    proc = gembench(
+    proc = gembench_cli(
         "run",
         "--config",
         str(cfg),
@@ -148,7 +136,7 @@ def test_rebalance_moves_the_sorted_head_off_the_first_row_wise_shard(sorted_run
         (["--nproc", "2", "--rebalance", "--pipeline"], "drop --pipeline"),
     ],
 )
-def test_rebalance_refusals_are_one_line_and_exit_2(args, message):
-    proc = gembench("run", "--config", "tiny", *args, timeout=120)
-    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1
+def test_rebalance_refusals_are_one_line_and_exit_2(capsys, args, message):
+    code, _, err = run_cli(["run", "--config", "tiny", *args], capsys)  # in process: no start-up to pay
+    assert code == 2 and message in err, err
+    assert len(err.strip().splitlines()) == 1

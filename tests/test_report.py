@@ -1,6 +1,7 @@
 """`gembench report` and `gembench compare --format html`: content, git order, gate marks, bad input."""
 
 import re
+import subprocess
 
 import pytest
 from report_fixtures import ab_result, baseline, dist_result, full_result, write
@@ -23,11 +24,50 @@ def two_commits():
     return "1" * 40, "2" * 40, []
 
 
-def test_commit_order_is_gits_and_ends_at_head():
+def _git(repo, *args) -> str:
+    return subprocess.run(
+        ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false", *args],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+
+
+def test_commit_order_is_gits_and_ends_at_head(tmp_path, monkeypatch):
+    """On a made-up history: oldest first, ending at HEAD; a side branch's commits after their
+    parent; outside a checkout, no order and no HEAD. On this checkout: HEAD after its parents."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "--quiet", "-b", "main")
+    made = []
+    for i in range(3):
+        (repo / "f").write_text(str(i))
+        _git(repo, "add", "f")
+        _git(repo, "commit", "--quiet", "-m", f"c{i}")
+        made.append(_git(repo, "rev-parse", "HEAD"))
+    assert collect.head(repo) == made[-1]
+    assert collect.commit_order(repo) == made  # linear: git's order, ends at HEAD
+    _git(repo, "checkout", "--quiet", "-b", "side", made[0])
+    (repo / "g").write_text("side")
+    _git(repo, "add", "g")
+    _git(repo, "commit", "--quiet", "-m", "side")
+    side = _git(repo, "rev-parse", "HEAD")
+    order = collect.commit_order(repo)  # every ref, topological: each commit after its parent
+    assert sorted(order) == sorted([*made, side]) and order.index(side) > order.index(made[0])
+    assert order.index(made[0]) < order.index(made[1]) < order.index(made[2])
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))  # git must not find a repository above
+    assert collect.head(repo) == side and collect.commit_order(plain) == [] and collect.head(plain) is None
+    monkeypatch.delenv("GIT_CEILING_DIRECTORIES")
+
     head = collect.head()
     if head is None:
         pytest.skip("not a git checkout")
-    assert collect.commit_order()[-1] == head or head in collect.commit_order()
+    known = collect.commit_order()
+    assert head in known
+    parents = _git(collect.SOURCE_DIR, "rev-parse", "HEAD^@").split()  # none in a shallow clone
+    assert all(known.index(p) < known.index(head) for p in parents if p in known)
 
 
 def test_order_commits_follows_git_and_puts_unknown_last_by_creation_time():

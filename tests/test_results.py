@@ -2,11 +2,9 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
-from synthetic import make_result, run_cli, save
+from synthetic import gembench_cli, make_result, run_cli, save
 
 from gembench.errors import UsageError
 from gembench.harness.commands.promote import promote
@@ -97,7 +95,9 @@ def test_differences_and_safe_paths():
 
 # -- the schema and the writers agree -------------------------------------------------------------
 
-AB_RUN = ["--config", "tiny", "--ab", "--rounds", "2", "--steps", "2", "--warmup", "1"]  # few steps: the shape matters
+# few steps, fp32, no compile: the shape matters here (the compiled stack: tiny_run and tests/test_stacks.py)
+AB_RUN = ["--config", "tiny", "--ab", "--rounds", "2", "--steps", "2", "--warmup", "1", "--dtype", "fp32"]
+AB_RUN += ["--set", "compile=off"]
 
 
 @pytest.fixture
@@ -109,13 +109,7 @@ def real_result(request, tmp_path):
     if request.param == "distributed":
         return request.getfixturevalue("table_wise")[2] / "r.json"
     out = tmp_path / "ab.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "gembench", "run", *AB_RUN, "--quiet", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
-    )
+    proc = gembench_cli("run", *AB_RUN, "--quiet", "--out", str(out), timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
 

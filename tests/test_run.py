@@ -1,26 +1,12 @@
 """`gembench run` and `gembench describe` end to end, as a user calls them."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
+from synthetic import gembench_cli, run_cli
 
 from gembench.harness.commands.describe import describe
 from gembench.models.config import known_configs, load_config
-
-
-def gembench(*args, cwd=None):
-    return subprocess.run(
-        [sys.executable, "-m", "gembench", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=600,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
-    )
-
 
 # tiny_run: conftest's session fixture (tests/test_results.py and test_memory_estimate.py read it too)
 
@@ -80,7 +66,7 @@ def test_a_default_run_shows_no_user_warning(tiny_run):
 
 def test_run_bf16_with_peak_override(tmp_path):
     out = tmp_path / "b.json"
-    proc = gembench(
+    proc = gembench_cli(
         "run",
         "--config",
         "tiny",
@@ -123,36 +109,36 @@ def test_run_bf16_with_peak_override(tmp_path):
         (["--config", "tiny", "--peak-tflops", "-3"], "--peak-tflops must be positive"),
     ],
 )
-def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, args, message):
+def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, capsys, args, message):
     out = tmp_path / "r.json"
-    proc = gembench("run", *args, "--out", str(out), "--quiet")
-    assert proc.returncode == 2
-    assert message in proc.stderr
-    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    code, _, err = run_cli(["run", *args, "--out", str(out), "--quiet"], capsys)
+    assert code == 2
+    assert message in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
-def test_bad_config_file_names_file_and_field(tmp_path):
+def test_bad_config_file_names_file_and_field(tmp_path, capsys):
     bad = tmp_path / "bad.toml"
     bad.write_text(
         load_config("tiny").source and open(load_config("tiny").source).read().replace("mean_len = 16", "mean_len = 99")
     )
-    proc = gembench("run", "--config", str(bad), "--quiet")
-    assert proc.returncode == 2
-    assert str(bad) in proc.stderr and "sequences[0].mean_len" in proc.stderr
-    assert "Traceback" not in proc.stderr
+    code, _, err = run_cli(["run", "--config", str(bad), "--quiet"], capsys)
+    assert code == 2
+    assert str(bad) in err and "sequences[0].mean_len" in err
+    assert "Traceback" not in err
 
 
-def test_out_is_never_overwritten_or_unwritable(tmp_path):
+def test_out_is_never_overwritten_or_unwritable(tmp_path, capsys):
     existing = tmp_path / "r.json"
     existing.write_text("keep me")
-    proc = gembench("run", "--config", "tiny", "--out", str(existing), "--quiet")
-    assert proc.returncode == 2 and "never overwritten" in proc.stderr
+    code, _, err = run_cli(["run", "--config", "tiny", "--out", str(existing), "--quiet"], capsys)
+    assert code == 2 and "never overwritten" in err
     assert existing.read_text() == "keep me"
     blocked = tmp_path / "file" / "r.json"
     (tmp_path / "file").write_text("a file, not a folder")
-    proc = gembench("run", "--config", "tiny", "--out", str(blocked), "--quiet")
-    assert proc.returncode == 2 and "--out" in proc.stderr and "Traceback" not in proc.stderr
+    code, _, err = run_cli(["run", "--config", "tiny", "--out", str(blocked), "--quiet"], capsys)
+    assert code == 2 and "--out" in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("name", known_configs())
@@ -163,21 +149,24 @@ def test_describe_every_tier(name):
     assert d["memory_estimate_bytes"]["total"] > d["embedding_bytes_fp32"]
 
 
-def test_describe_cli_and_help():
-    proc = gembench("describe", "--config", "xl")
-    assert proc.returncode == 0 and "GFLOP" in proc.stdout and "9,408,000,000" in proc.stdout
-    top = gembench("--help")
+def test_describe_cli_and_help(capsys):
+    code, out, _ = run_cli(["describe", "--config", "xl"], capsys)
+    assert code == 0 and "GFLOP" in out and "9,408,000,000" in out
+    top = gembench_cli("--help")  # `python -m gembench` itself; the rest in this process
     assert top.returncode == 0 and "examples:" in top.stdout
-    run_help = gembench("run", "--help")
-    assert "--peak-tflops" in run_help.stdout and "examples:" in run_help.stdout
-    assert gembench().returncode == 2
+    with pytest.raises(SystemExit) as help_exit:
+        run_cli(["run", "--help"], capsys)
+    run_help = capsys.readouterr().out
+    assert help_exit.value.code == 0 and "--peak-tflops" in run_help and "examples:" in run_help
+    code, out, _ = run_cli([], capsys)
+    assert code == 2 and "examples:" in out
 
 
 def test_batch_flag_is_recorded_in_run_and_hash(tmp_path):
     from gembench.models.config import with_global_batch
 
     out = tmp_path / "r.json"
-    proc = gembench(
+    proc = gembench_cli(
         "run",
         "--config",
         "tiny",
@@ -202,24 +191,28 @@ def test_batch_flag_is_recorded_in_run_and_hash(tmp_path):
 
 
 @pytest.mark.parametrize("command", ["run", "ablate", "describe"])
-def test_bad_batch_is_one_line_exit_2(tmp_path, command):
-    proc = gembench(command, "--config", "tiny", "--batch", "0", cwd=tmp_path)
-    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--batch must be a positive" in proc.stderr
+def test_bad_batch_is_one_line_exit_2(tmp_path, monkeypatch, capsys, command):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli([command, "--config", "tiny", "--batch", "0"], capsys)
+    assert code == 2 and err.count("\n") == 1 and "--batch must be a positive" in err
 
 
-def test_batch_must_split_over_ranks(tmp_path):
-    proc = gembench("run", "--config", "tiny", "--batch", "33", "--nproc", "2", cwd=tmp_path)
-    assert proc.returncode == 2 and "--batch 33 does not split evenly over --nproc 2" in proc.stderr
+def test_batch_must_split_over_ranks(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(["run", "--config", "tiny", "--batch", "33", "--nproc", "2"], capsys)
+    assert code == 2 and "--batch 33 does not split evenly over --nproc 2" in err
 
 
 def test_refusal_comes_before_the_compile_notice(tmp_path):
-    # xl never fits: the memory refusal is the only line, no "compiles the dense arch" before it
-    proc = gembench("run", "--config", "xl", "--device", "cpu", cwd=tmp_path)
+    # xl never fits: the memory refusal is the only line, no "compiles the dense arch" before it.
+    # A real process: nothing its start-up or exit prints may join the line (the refusals above run in process)
+    proc = gembench_cli("run", "--config", "xl", "--device", "cpu", cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "needs about" in proc.stderr and "torch.compile" not in proc.stderr
 
 
-def test_describe_batch(tmp_path):
-    proc = gembench("describe", "--config", "medium", "--batch", "512", "--json")
-    d = json.loads(proc.stdout)
+def test_describe_batch(capsys):
+    code, out, _ = run_cli(["describe", "--config", "medium", "--batch", "512", "--json"], capsys)
+    d = json.loads(out)
+    assert code == 0
     assert d["global_batch"] == 512 and set(d["memory_estimate_bytes_by_stack"]) == {"baseline", "optimized"}

@@ -1,12 +1,13 @@
 """The two stacks train the same model: no speed may come from broken training."""
 
 import json
-import subprocess
-import sys
+import math
+import statistics
 from dataclasses import replace
 
 import pytest
 import torch
+from synthetic import BF16_LOSS_RTOL, run_cli
 
 from gembench.harness.train.runconfig import RunConfig
 from gembench.harness.train.runner import run_ab
@@ -16,9 +17,6 @@ from gembench.models.config import load_config
 from gembench.models.data import SyntheticData
 
 STEPS = 6
-# bf16 autocast rounds activations to 8 mantissa bits (relative error ~4e-3 per op); after a few
-# optimizer steps the mean BCE of both stacks must still agree to 2% (measured on tiny: < 0.2%).
-BF16_LOSS_RTOL = 0.02
 
 
 def losses(cfg, options):
@@ -63,26 +61,41 @@ def test_broken_optimizer_is_caught(tiny, baseline_losses):
     assert broken != pytest.approx(baseline_losses, rel=BF16_LOSS_RTOL)
 
 
-def test_ab_ratio_and_gate(tmp_path):
-    result = run_ab(RunConfig("tiny", rounds=2, steps=4, warmup=2, ab=True))
+def test_ab_ratio_and_gate(tmp_path, capsys):
+    # fp32, compile off: the ratio's arithmetic and the gate are tested here, the compiled bf16 stack above
+    run = RunConfig("tiny", rounds=2, steps=4, warmup=1, ab=True, dtype="fp32", switches=("compile=off",))
+    result = run_ab(run)
     ab = result["ab"]
     assert len(ab["round_ratios"]) == 2 and ab["mfu_ratio"] > 0
     assert result["metrics"]["ab_mfu_ratio"] == ab["mfu_ratio"]
     assert result["summary"]["mfu"] / ab["baseline"]["summary"]["mfu"] > 0
+    # each round's step time is the median of that round's steps, per stack, in the samples
+    assert ab["rounds"] == 2 and ab["steps_per_round"] == 2 and ab["order"] == "ABBA"
+    for side, samples in (("optimized", result["samples"]), ("baseline", ab["baseline"]["samples"])):
+        steps = samples["step_s"]
+        assert len(steps) == 4
+        assert ab["round_step_s"][side] == [statistics.median(steps[r * 2 : r * 2 + 2]) for r in range(2)]
+    # same batches in a round, same FLOPs: the MFU ratio is the inverse step-time ratio per round
+    per_round = [b / o for b, o in zip(ab["round_step_s"]["baseline"], ab["round_step_s"]["optimized"])]
+    assert ab["round_ratios"] == pytest.approx(per_round, rel=1e-12)
+    assert ab["mfu_ratio"] == pytest.approx(math.sqrt(per_round[0] * per_round[1]), rel=1e-12)  # geometric mean
+    lo, hi = ab["mfu_ratio_ci95"]
+    assert lo <= min(per_round) <= ab["mfu_ratio"] <= max(per_round) <= hi  # 2 rounds: t(1) is wide
+    assert ab["baseline"]["options"] == STACKS["baseline"].to_dict()
+    assert (
+        result["run"]["options"] == replace(STACKS["optimized"], compile=False, bf16=False).to_dict()
+    )  # --set, --dtype
+    assert result["metrics"]["baseline_mfu"] == ab["baseline"]["summary"]["mfu"]
     path = tmp_path / "ab.json"
     path.write_text(json.dumps(result))
     measured = ab["mfu_ratio"]
 
-    def gate(min_ratio):
+    def gate(min_ratio):  # in process: the command's exit status and table, without a second start-up
         limits = tmp_path / f"limits-{min_ratio}.toml"
         limits.write_text(f"[defaults]\nmin_ab_mfu_ratio = {min_ratio}\n")
-        return subprocess.run(
-            [sys.executable, "-m", "gembench", "gate", str(path), "--no-baseline", "--thresholds", str(limits)],
-            capture_output=True,
-            text=True,
-        )
+        return run_cli(["gate", str(path), "--no-baseline", "--thresholds", str(limits)], capsys)
 
-    low = gate(round(measured * 0.5, 4))
-    assert low.returncode == 0, low.stdout + low.stderr
-    high = gate(round(measured * 2 + 1, 4))  # raised above what was measured
-    assert high.returncode == 1 and "ab_mfu_ratio" in high.stdout
+    code, out, err = gate(round(measured * 0.5, 4))
+    assert code == 0, out + err
+    code, out, err = gate(round(measured * 2 + 1, 4))  # raised above what was measured
+    assert code == 1 and "ab_mfu_ratio" in out
