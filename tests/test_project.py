@@ -162,7 +162,7 @@ def test_a_cluster_file_with_a_missing_field_is_named(tmp_path):
 
 
 def test_a_from_result_of_another_config_is_refused(tmp_path):
-    from tests.synthetic import make_result, save
+    from synthetic import make_result, save
 
     path = save(tmp_path, make_result(config="tiny"))
     proc = _gembench("project", "--config", "small", "--gpus", "8", "--from", path)

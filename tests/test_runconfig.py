@@ -79,3 +79,11 @@ def test_the_ranks_command_line_is_the_run_without_nproc():
     argv = rank_argv(run)
     assert argv[0] == "run" and "--nproc" not in argv
     assert RunConfig.from_namespace(parsed(*argv[1:])) == RunConfig("tiny", switches=("compile=off",))
+
+
+def test_the_run_config_carries_the_model_to_ranks_and_continuous():
+    run = RunConfig.from_namespace(parsed("--model", "m.py:f", "--model-arg", "batch=8", "--nproc", "2"))
+    argv = run.to_argv()
+    assert run.config is None and "--config" not in argv
+    assert argv[:4] == ["--model", "m.py:f", "--model-arg", "batch=8"]
+    assert RunConfig.from_namespace(parsed(*argv)) == run

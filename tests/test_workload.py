@@ -7,11 +7,12 @@ The two examples (TorchRec's DLRM, a two-tower retrieval model) through check-mo
 import json
 import subprocess
 import textwrap
+from pathlib import Path
 
 import pytest
+from synthetic import gembench_cli, run_cli
 
-from tests.conftest import REPO, gembench_cli
-from tests.synthetic import run_cli
+REPO = Path(__file__).resolve().parents[1]
 
 EXAMPLES = REPO / "examples"
 DLRM = (f"{EXAMPLES}/torchrec_dlrm.py:dlrm", ["batch=32", "max_rows=500"])
@@ -177,14 +178,3 @@ def test_the_zoo_is_one_provider_of_the_protocol():
     lines = proc.stdout.splitlines()
     assert len(lines) == 6 and all(ln.startswith("ok") for ln in lines), proc.stdout
     assert "ZooWorkload 'tiny'" in lines[0] and "formula" in lines[3] and "(+0.00%)" in lines[3]
-
-
-def test_the_run_config_carries_the_model_to_ranks_and_continuous():
-    from gembench.harness.train.runconfig import RunConfig
-    from tests.test_runconfig import parsed
-
-    run = RunConfig.from_namespace(parsed("--model", "m.py:f", "--model-arg", "batch=8", "--nproc", "2"))
-    argv = run.to_argv()
-    assert run.config is None and "--config" not in argv
-    assert argv[:4] == ["--model", "m.py:f", "--model-arg", "batch=8"]
-    assert RunConfig.from_namespace(parsed(*argv)) == run
