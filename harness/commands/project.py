@@ -16,7 +16,7 @@ examples:
   gembench project --check dist.json --from one-rank.json --cluster here.toml   # vs measured
 
 A projection is a model: `--check` prints its error against a measured run of the same setup.
-Clusters: h100, h200, b200 (nodes of 8; see docs/design.md section 8) or your own TOML file
+Clusters: h100, h200, b200, mi355x (nodes of 8; docs/design.md section 8, docs/dlrmv4.md) or a TOML file
 (fields: name, gpus_per_node, peak_tflops, hbm_gib, hbm_GBps, [intra] and [inter] with
 latency_us and bandwidth_GBps; optional efficiency, lookup_efficiency, [collectives.<family>]).
 """
@@ -37,7 +37,10 @@ def configure(p: argparse.ArgumentParser) -> None:
         "--gpus", default="8,64,512,4096", metavar="W,W,...", help="world sizes to project (default: 8,64,512,4096)"
     )
     p.add_argument(
-        "--cluster", default="h100", metavar="NAME|FILE", help="h100, h200, b200 or a cluster TOML file (default: h100)"
+        "--cluster",
+        default="h100",
+        metavar="NAME|FILE",
+        help="h100, h200, b200, mi355x or a cluster TOML file (default: h100)",
     )
     p.add_argument(
         "--from",
