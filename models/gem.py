@@ -83,6 +83,8 @@ class GEM(nn.Module):
         n_nonseq = 1 + len(cfg.sparse.rows)
         self.dense_arch = MLP(cfg.data.dense_features, list(cfg.dense.mlp), device=device)
         self.nonseq_summary = NonSeqSummary(n_nonseq, d, h.dim).to(device)
+        # only for configs that ask for it, so that GEM's tiers draw their weights as they always did
+        self.sequence_input = self._sequence_input(cfg, device) if has_sequence_input(cfg) else None
         self.sequence_arch = nn.ModuleDict(
             {
                 s.name: SequenceArch(
@@ -110,7 +112,6 @@ class GEM(nn.Module):
             w.layers, interaction_tokens(cfg), d, w.n_fm, w.n_lcb, w.rank, list(w.mlp)
         ).to(device)
         self.over_arch = OverArch((w.n_fm + w.n_lcb) * d, cfg.over.mlp, cfg.over.tasks, device=device)
-        self.sequence_input = self._sequence_input(cfg, device) if has_sequence_input(cfg) else None
 
     def _sequence_input(self, cfg: ModelConfig, device) -> nn.ModuleDict:
         h = cfg.hstu
