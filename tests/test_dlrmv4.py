@@ -8,11 +8,8 @@ shapes themselves are checked from the config and the model built on the meta de
 
 from __future__ import annotations
 
-import json
-import os
+import dataclasses
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -201,32 +198,25 @@ def test_flops_reconcile_with_the_published_315_7():
     assert r["tokens"] == 4095
 
 
-def test_capped_run_and_its_flops_per_example(tmp_path):
-    """`gembench run` of the small copy, as a user runs it: flops.model_per_step / run.global_batch
-    is gembench's training FLOPs per example (3 x the analytic forward of the batches it ran)."""
-    config = small_copy(tmp_path)
-    out = tmp_path / "r.json"
-    args = ["run", "--config", config, "--steps", "1", "--warmup", "1", "--set", "compile=false", "--out", str(out)]
-    proc = subprocess.run(
-        [sys.executable, "-m", "gembench", *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(out.read_text())
-    assert set(result["flops"]["per_block"]) == {
-        "contextual_arch",
-        "sequence_input",
-        "sequence_arch",
-        "item_arch",
-        "over_arch",
-    }
-    # every sequence is max_len long ("fixed"): the batches' count is the expected one per example
-    expected = forward_flops_per_example(for_device(load_config(config), "cpu"))
-    per_example = result["flops"]["model_per_step"] / result["run"]["global_batch"]
-    assert per_example == pytest.approx(3 * sum(expected.values()), rel=1e-9)
+def test_capped_training_step_and_its_flops_per_example(tmp_path):
+    """One step of the small copy on the optimized stack as `gembench run` prepares it (tables
+    capped, fused embeddings, bf16; compile off to stay fast): a finite loss, the [candidate]
+    layout's blocks, and the runner's model FLOPs per example (flops.model_per_step over
+    run.global_batch) at 3 x the expected forward (every sequence max_len long, "fixed")."""
+    from gembench.harness.metrics.mfu import train_flops
+    from gembench.harness.train.runner import prepare, step_flops
+    from gembench.harness.train.stack import STACKS, build_train_state
+    from gembench.harness.train.step import run_steps
+
+    options = dataclasses.replace(STACKS["optimized"], compile=False)
+    setup = prepare(small_copy(tmp_path), steps=1, warmup=0, device="cpu", peak_tflops=1.0, stacks=[options])
+    assert max(setup.cfg.sparse.rows) == 500  # capped on CPU
+    samples = run_steps(build_train_state(setup.cfg, options, setup.device), setup.batches, 1, 0)
+    assert torch.isfinite(torch.tensor(samples.loss)).all()
+    (blocks,) = step_flops(setup, 0, 1, options)
+    assert set(blocks) == {"contextual_arch", "sequence_input", "sequence_arch", "item_arch", "over_arch"}
+    per_example = train_flops(sum(blocks.values())) / setup.cfg.data.global_batch
+    assert per_example == pytest.approx(3 * sum(forward_flops_per_example(setup.cfg).values()), rel=1e-9)
 
 
 def test_checkpointed_hstu_layers_recompute_the_same_dropout(tmp_path):
