@@ -7,6 +7,7 @@ first thing to look at when a config is slow.
 
   python benchmarks/attention_sm90_compile.py                 # bf16, d_head 64, every config
   python benchmarks/attention_sm90_compile.py --dtype fp32 --head-dim 24 --first
+  python benchmarks/attention_sm90_compile.py --head-dim 128 --no-rab --first   # MLPerf DLRMv4's
 
 Run it without TRITON_INTERPRET (the kernels must be decorated for compilation); it uses
 Triton's compiler API (ASTSource, GPUTarget), not a public contract: adjust on a Triton upgrade.
@@ -68,6 +69,7 @@ def main() -> int:
     p.add_argument("--dtype", choices=TYPES, default="bf16")
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--first", action="store_true", help="only the first config of each kernel (a quick check)")
+    p.add_argument("--no-rab", action="store_true", help="the kernels without a relative bias (HAS_RAB false)")
     args = p.parse_args()
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         print("TRITON_INTERPRET=1 is set: run without it (kernels must be decorated for compilation)")
@@ -86,6 +88,7 @@ def main() -> int:
         BLOCK_DQK=block_d,
         BLOCK_DV=block_d,
         PRECISION="ieee" if args.dtype == "fp32" else "tf32",
+        HAS_RAB=not args.no_rab,
     )
     kernels = [
         (K.hstu_fwd_kernel, {**{n: f"*{t}" for n in ("Q", "K", "V", "OUT")}, "RAB": "*fp32", "OFFSETS": "*i64"}),

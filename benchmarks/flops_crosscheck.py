@@ -13,8 +13,12 @@ causal model FLOPs, the dense PMA summary exactly its analytic FLOPs.
 
   python benchmarks/flops_crosscheck.py              # tiny small dcnv2
   python benchmarks/flops_crosscheck.py dlrm medium  # any configs (medium: minutes on a CPU)
+  BATCH=1 python benchmarks/flops_crosscheck.py dlrmv4-mlperf   # a batch of 1 at 4,095 tokens
+
+Configs run as on CPU (tables capped at sparse.cpu_rows_cap), at the config's global batch or BATCH.
 """
 
+import os
 import sys
 
 import torch
@@ -24,16 +28,21 @@ from torch.utils.flop_counter import FlopCounterMode
 from gembench.harness.metrics.flopcheck import hstu_attention_check, summary_check
 from gembench.harness.metrics.mfu import train_flops
 from gembench.harness.report.numbers import si
-from gembench.models.config import load_config
+from gembench.models.config import for_device, load_config, with_global_batch
 from gembench.models.data import SyntheticData
 from gembench.models.flops import batch_forward_flops
 from gembench.models.gem import build_model
 from gembench.models.heads import multitask_loss
 
 
+def _config(name: str):
+    batch = os.environ.get("BATCH")
+    return for_device(with_global_batch(load_config(name), int(batch) if batch else None), "cpu")
+
+
 def crosscheck(name: str) -> tuple[list, list]:
     """(the whole model's row, one row per content block): analytic against counted FLOPs."""
-    cfg = load_config(name)
+    cfg = _config(name)
     torch.manual_seed(0)
     model = build_model(cfg)
     batch = SyntheticData(cfg, seed=0).batch(0)
@@ -70,15 +79,16 @@ def crosscheck(name: str) -> tuple[list, list]:
     )
 
 
-def independent_rows(name: str, batch: int = 4) -> list:
-    """Attention blocks on ``batch`` sequences of the config's max length, counted natively."""
-    cfg = load_config(name)
+def independent_rows(name: str, batch: int = 4, longest: int = 1024) -> list:
+    """Attention blocks on ``batch`` sequences of the config's max length (at most ``longest``:
+    the padded path holds B x H x n^2 scores), counted natively."""
+    cfg = _config(name)
     if cfg.kind != "gem" or not cfg.sequences:
         return []
-    n, h, x = cfg.sequences[0].max_len, cfg.hstu, cfg.cross
+    n, h, x = min(cfg.sequences[0].max_len, longest), cfg.hstu, cfg.cross
     rows = []
     for backward in (False, True):
-        a = hstu_attention_check(batch, n, h.dim, h.heads, backward=backward)
+        a = hstu_attention_check(batch, n, h.dim, h.heads, backward=backward, rab=h.rab)
         rows.append(
             [
                 name,
@@ -90,6 +100,8 @@ def independent_rows(name: str, batch: int = 4) -> list:
                 f"{a['padded'] / (2 * a['analytic']):.4f}",
             ]
         )
+        if x is None:  # no summaries ([candidate] configs)
+            continue
         p = summary_check(batch, n + 1, h.dim, cfg.sparse.dim, x.pma_seeds, x.recent, h.heads, backward=backward)
         rows.append(
             [

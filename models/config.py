@@ -24,8 +24,22 @@ HASHED_WHEN_SET = (
     ("data", "pooling_kinds", ()),
     ("data", "id_layout", "hashed"),
     (None, "content", None),
-)  # (section or None: top level, field, default): see ModelConfig.hash
+    ("sequences", "follows", ""),
+    ("sequences", "lengths", "lognormal"),
+    ("hstu", "rab", True),
+    ("hstu", "alpha", 0.0),
+    ("hstu", "dropout", 0.0),
+    ("hstu", "output", "gated"),
+    ("hstu", "position_buckets", 0),
+    ("hstu", "time_buckets", 0),
+    ("hstu", "input_mlp", ()),
+    ("hstu", "input_dropout", 0.0),
+    (None, "candidate", None),
+    (None, "reference", None),
+)  # (section or None: top level, field, default): see ModelConfig.hash; "sequences": each entry
 CONTENT_DTYPES = ("fp32", "bf16")
+HSTU_OUTPUTS = ("gated", "concat")
+SEQUENCE_LENGTHS = ("lognormal", "fixed")
 
 
 @dataclass(frozen=True)
@@ -70,15 +84,35 @@ class SequenceConfig:
     rows: int
     max_len: int
     mean_len: int
+    # The name of an earlier sequence whose events this one describes (MLPerf DLRMv4's artist and
+    # album of each listened item): the same lengths, no HSTU of its own; its embeddings join that
+    # sequence's input tokens (models/hstu.py SequenceInput). "": a sequence of its own.
+    follows: str = ""
+    lengths: str = "lognormal"  # "fixed": every sequence is max_len long (a history truncated to max_len)
 
 
 @dataclass(frozen=True)
 class HSTUConfig:
-    """SequenceArch: HSTU layers over the jagged sequences (arXiv 2402.17152)."""
+    """SequenceArch: HSTU layers over the jagged sequences (arXiv 2402.17152).
+
+    The defaults are the paper's layer as GEM runs it; the other values are MLPerf DLRMv4's
+    (docs/dlrmv4.md): no relative attention bias, position and time embeddings added to the input.
+    """
 
     layers: int
     dim: int
     heads: int
+    rab: bool = True  # relative attention bias (distance buckets) inside SiLU(Q K^T + rab)
+    alpha: float = 0.0  # Q K^T scaled by alpha before the SiLU (0: unscaled; DLRMv4: 1/sqrt(d_qk))
+    dropout: float = 0.0  # on the output projection's input ("linear dropout")
+    output: str = "gated"  # gated: W2 (LN(A V) * U); concat: W2 [U, A V, LN(A V) * U], 3 dim -> dim
+    # The input side (SequenceInput): learned embeddings of each token's distance to the sequence's
+    # end and of sqrt(minutes before the last event), added to the input (0: none); an MLP (these
+    # hidden widths) over each sequence's embedding and another over its followers'; input dropout.
+    position_buckets: int = 0
+    time_buckets: int = 0
+    input_mlp: tuple[int, ...] = ()
+    input_dropout: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -121,6 +155,30 @@ class DCNConfig:
 
     layers: int = 3
     rank: int = 512
+
+
+@dataclass(frozen=True)
+class CandidateConfig:
+    """Target-aware ranking (HSTU's formulation, MLPerf DLRMv4): the candidate is the last event of
+    the behaviour sequence, so it attends to the whole history; the pooled features become
+    contextual tokens in front of it (each through its own Linear). The user vector (HSTU's output
+    at the candidate) times the item vector (``item_mlp`` over the candidate's embeddings, its own
+    and its followers') goes through over.mlp to over.tasks logits. No Wukong, no summaries."""
+
+    item_mlp: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ReferenceConfig:
+    """A published FLOPs count of this model, which `gembench describe` reconciles with gembench's
+    (models/flops.py reconcile_flops). The published convention: training FLOPs per example of the
+    HSTU layers only, at ``seq_len`` positions, weight GEMMs 3 x their forward, the causal
+    attention ``attention_train`` x its forward."""
+
+    published_in: str
+    gflop_per_example: float
+    seq_len: int
+    attention_train: float = 3.0
 
 
 @dataclass(frozen=True)
@@ -168,6 +226,8 @@ class ModelConfig:
     wukong: WukongConfig | None = None
     dcn: DCNConfig | None = None
     content: ContentConfig | None = None
+    candidate: CandidateConfig | None = None
+    reference: ReferenceConfig | None = None
     source: str = ""  # the file it was read from
 
     @property
@@ -179,8 +239,9 @@ class ModelConfig:
         # config without them keeps its hash (and its baselines and history stay comparable)
         for section, name, default in HASHED_WHEN_SET:
             where = content if section is None else content[section]
-            if where.get(name) in (default, list(default) if isinstance(default, tuple) else default):
-                del where[name]
+            for entry in where if isinstance(where, (list, tuple)) else [where] if where is not None else []:
+                if entry.get(name) in (default, list(default) if isinstance(default, tuple) else default):
+                    del entry[name]
         return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
 
     def to_dict(self) -> dict:
@@ -203,13 +264,26 @@ def with_global_batch(cfg: ModelConfig, batch: int | None, nproc: int = 1) -> Mo
 
 
 def for_device(cfg: ModelConfig, device_type: str) -> ModelConfig:
-    """``cfg`` as it runs on ``device_type``: on CPU, tables capped at sparse.cpu_rows_cap rows
-    (the hash follows the rows, so a capped run never compares with an uncapped one)."""
+    """``cfg`` as it runs on ``device_type``: on CPU, tables capped at sparse.cpu_rows_cap rows,
+    the sequences' too (the hash follows the rows, so a capped run never compares with an uncapped one)."""
     cap = cfg.sparse.cpu_rows_cap
-    if device_type != "cpu" or not cap or max(cfg.sparse.rows) <= cap:
+    if device_type != "cpu" or not cap or max([*cfg.sparse.rows, *(s.rows for s in cfg.sequences)]) <= cap:
         return cfg
     rows = tuple(min(r, cap) for r in cfg.sparse.rows)
-    return dataclasses.replace(cfg, sparse=dataclasses.replace(cfg.sparse, rows=rows))
+    sequences = tuple(dataclasses.replace(s, rows=min(s.rows, cap)) for s in cfg.sequences)
+    return dataclasses.replace(cfg, sparse=dataclasses.replace(cfg.sparse, rows=rows), sequences=sequences)
+
+
+def _validate_candidate(cfg: ModelConfig, need) -> None:
+    c = cfg.candidate
+    leaders = [q for q in cfg.sequences if not q.follows]
+    need(len(leaders) == 1, "sequences", "must have one sequence of its own with [candidate] (the others follow it)")
+    need(cfg.wukong is None, "wukong", "is not used with [candidate] (the head is user x item): drop the section")
+    need(cfg.cross is None, "cross", "is not used with [candidate] (no summaries): drop the section")
+    need(cfg.content is None, "content", "is not read with [candidate]: drop the section")
+    need(cfg.data.dense_features == 0, "data.dense_features", "must be 0 with [candidate] (no dense token)")
+    need(bool(c.item_mlp) and all(w > 0 for w in c.item_mlp), "candidate.item_mlp", "must be positive widths")
+    need(c.item_mlp[-1] == cfg.hstu.dim, "candidate.item_mlp", f"must end at hstu.dim ({cfg.hstu.dim}): x the user")
 
 
 def known_configs() -> list[str]:
@@ -296,7 +370,12 @@ def validate(cfg: ModelConfig) -> None:
     need(cfg.kind in KINDS, "kind", f"must be one of {', '.join(KINDS)}, got {cfg.kind!r}")
     d, s = cfg.data, cfg.sparse
     need(d.global_batch > 0, "data.global_batch", "must be positive")
-    need(d.dense_features > 0, "data.dense_features", "must be positive")
+    candidate = cfg.candidate is not None
+    need(
+        d.dense_features > 0 or candidate,
+        "data.dense_features",
+        "must be positive (0, no dense features, only with [candidate])",
+    )
     need(d.pooling in ("fixed", "uniform", "lognormal"), "data.pooling", "must be fixed, uniform or lognormal")
     need(0 < d.positive_rate < 1, "data.positive_rate", "must be between 0 and 1")
     for key in ("zipf_item", "zipf_user", "zipf_other"):
@@ -316,24 +395,59 @@ def validate(cfg: ModelConfig) -> None:
     need(len(s.pooling) == len(s.rows), "sparse.pooling", f"must have one entry per table ({len(s.rows)})")
     need(all(r > 0 for r in s.rows), "sparse.rows", "must all be positive")
     need(all(p > 0 for p in s.pooling), "sparse.pooling", "must all be positive")
-    need(all(w > 0 for w in cfg.dense.mlp) and cfg.dense.mlp, "dense.mlp", "must be positive widths")
+    if d.dense_features == 0:
+        need(not cfg.dense.mlp, "dense.mlp", "must be [] when data.dense_features = 0 (there is no dense arch)")
+    else:
+        need(all(w > 0 for w in cfg.dense.mlp) and cfg.dense.mlp, "dense.mlp", "must be positive widths")
     need(all(w > 0 for w in cfg.over.mlp), "over.mlp", "must be positive widths")
     need(cfg.over.tasks > 0, "over.tasks", "must be positive")
+    need(not candidate or cfg.kind == "gem", "candidate", f"is read by kind = 'gem' only, not {cfg.kind!r}")
+    if cfg.reference is not None:
+        r = cfg.reference
+        need(
+            cfg.kind == "gem" and len([q for q in cfg.sequences if not q.follows]) == 1,
+            "reference",
+            "reconciles the FLOPs of one HSTU stack: it needs kind = 'gem' and one sequence of its own",
+        )
+        need(r.gflop_per_example > 0, "reference.gflop_per_example", "must be positive")
+        need(r.seq_len > 0, "reference.seq_len", "must be positive")
+        need(r.attention_train >= 1, "reference.attention_train", "must be >= 1 (training counts the forward)")
     if cfg.kind == "gem":
         need(cfg.hstu is not None, "hstu", "is required for kind = 'gem'")
-        need(cfg.wukong is not None, "wukong", "is required for kind = 'gem'")
         need(len(cfg.sequences) > 0, "sequences", "must list at least one sequence for kind = 'gem'")
-        need(cfg.dense.mlp[-1] == s.dim, "dense.mlp", f"must end at sparse.dim ({s.dim}): it becomes one token")
-        h, w = cfg.hstu, cfg.wukong
+        if candidate:
+            _validate_candidate(cfg, need)
+        else:
+            need(cfg.wukong is not None, "wukong", "is required for kind = 'gem' (or a [candidate] section)")
+            need(cfg.dense.mlp[-1] == s.dim, "dense.mlp", f"must end at sparse.dim ({s.dim}): it becomes one token")
+            w = cfg.wukong
+            need(w.layers > 0 and w.n_fm > 0 and w.n_lcb > 0 and w.rank > 0, "wukong", "sizes must be positive")
+            need(all(x > 0 for x in w.mlp), "wukong.mlp", "must be positive widths")
+        h = cfg.hstu
         need(h.layers >= 0 and h.dim > 0 and h.heads > 0, "hstu", "needs layers >= 0, dim > 0, heads > 0")
         need(h.dim % h.heads == 0, "hstu.dim", f"must be divisible by hstu.heads ({h.heads})")
-        need(w.layers > 0 and w.n_fm > 0 and w.n_lcb > 0 and w.rank > 0, "wukong", "sizes must be positive")
-        need(all(x > 0 for x in w.mlp), "wukong.mlp", "must be positive widths")
+        need(h.alpha >= 0, "hstu.alpha", "must be >= 0 (0: Q K^T unscaled)")
+        need(0 <= h.dropout < 1 and 0 <= h.input_dropout < 1, "hstu", "dropout and input_dropout must be in [0, 1)")
+        need(h.output in HSTU_OUTPUTS, "hstu.output", f"must be one of {', '.join(HSTU_OUTPUTS)}")
+        need(h.position_buckets >= 0 and h.time_buckets >= 0, "hstu", "position_buckets and time_buckets must be >= 0")
+        need(all(x > 0 for x in h.input_mlp), "hstu.input_mlp", "must be positive widths ([]: no input MLP)")
+        names = [q.name for q in cfg.sequences]
+        need(len(set(names)) == len(names), "sequences", "must have distinct names")
         for i, q in enumerate(cfg.sequences):
             key = f"sequences[{i}]"
             need(q.rows > 0, f"{key}.rows", "must be positive")
             need(q.max_len > 0, f"{key}.max_len", "must be positive")
             need(0 < q.mean_len <= q.max_len, f"{key}.mean_len", f"must be in 1..max_len ({q.max_len})")
+            need(q.lengths in SEQUENCE_LENGTHS, f"{key}.lengths", f"must be one of {', '.join(SEQUENCE_LENGTHS)}")
+            if q.follows:
+                leaders = {p.name: p for p in cfg.sequences[:i] if not p.follows}
+                need(q.follows in leaders, f"{key}.follows", "must name an earlier sequence that follows none")
+                lead = leaders[q.follows]
+                need(
+                    (q.max_len, q.mean_len, q.lengths) == (lead.max_len, lead.mean_len, lead.lengths),
+                    f"{key}.follows",
+                    f"needs max_len, mean_len and lengths equal to {q.follows!r}'s: it describes the same events",
+                )
         if cfg.cross is not None:
             need(cfg.cross.pma_seeds >= 0 and cfg.cross.recent >= 0, "cross", "sizes must be >= 0")
     if cfg.content is not None:
@@ -354,6 +468,11 @@ def validate(cfg: ModelConfig) -> None:
         need(c.sequence_dim >= 0, "content.sequence_dim", "must be 0 (none) or a positive width")
         need(all(w > 0 for w in c.mlp), "content.mlp", "must be positive widths")
         need(c.dtype in CONTENT_DTYPES, "content.dtype", f"must be one of {', '.join(CONTENT_DTYPES)}")
+        need(
+            not (c.sequence_dim and any(q.follows for q in cfg.sequences)),
+            "content.sequence_dim",
+            "is per item of a sequence of its own: drop it, or the sequences' follows",
+        )
         need(
             c.vectors or c.tokens or c.sequence_dim,
             "content",

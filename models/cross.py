@@ -126,16 +126,33 @@ def prepend_cls(values: torch.Tensor, offsets: torch.Tensor, cls: torch.Tensor) 
     Returns:
         tuple: values' (T + B, d) and offsets' (B + 1,), offsets'[b] = offsets[b] + b.
     """
-    T, B = values.shape[0], cls.shape[0]
+    return prepend_tokens(values, offsets, cls.unsqueeze(1))
+
+
+def prepend_tokens(
+    values: torch.Tensor, offsets: torch.Tensor, tokens: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Puts ``tokens[b]`` (k of them) in front of sequence b of a jagged batch; differentiable in both.
+
+    Args:
+        values (torch.Tensor): (T, d) jagged values.
+        offsets (torch.Tensor): (B + 1,) int64 boundaries.
+        tokens (torch.Tensor): (B, k, d).
+
+    Returns:
+        tuple: values' (T + k B, d) and offsets' (B + 1,), offsets'[b] = offsets[b] + k b.
+    """
+    T, (B, k) = values.shape[0], tokens.shape[:2]
     ar = torch.arange(B + 1, device=offsets.device, dtype=offsets.dtype)
-    new_offsets = offsets + ar
+    new_offsets = offsets + k * ar
     new_lengths = new_offsets[1:] - new_offsets[:-1]
-    seg = torch.repeat_interleave(ar[:-1], new_lengths, output_size=T + B)
-    # Output row p of sequence b comes from values[p - b - 1], its first row from cls[b] (row
-    # T + b of the concatenation below): one gather keeps autograd simple for both inputs.
-    src = torch.arange(T + B, device=offsets.device, dtype=offsets.dtype) - seg - 1
-    src[new_offsets[:-1]] = T + ar[:-1]
-    both = torch.cat([values, cls.to(values.dtype)], dim=0)
+    seg = torch.repeat_interleave(ar[:-1], new_lengths, output_size=T + k * B)
+    # Output row p of sequence b comes from values[p - k (b + 1)], its first k rows from tokens[b]
+    # (rows T + k b.. of the concatenation below): one gather keeps autograd simple for both inputs.
+    p = torch.arange(T + k * B, device=offsets.device, dtype=offsets.dtype)
+    pos = p - new_offsets[:-1][seg]
+    src = torch.where(pos < k, T + k * seg + pos, p - k * (seg + 1))
+    both = torch.cat([values, tokens.reshape(B * k, -1).to(values.dtype)], dim=0)
     return both.index_select(0, src), new_offsets
 
 

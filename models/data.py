@@ -20,6 +20,10 @@ from gembench.models.config import ModelConfig
 
 SEQUENCE_SIGMA = 0.6  # lognormal shape of sequence lengths; mean stays at the configured mean
 POOLING_SIGMA = 1.0  # lognormal shape of list-feature pooling factors
+# Seconds between consecutive events of a sequence (seq_time): lognormal, bursty like listening
+# sessions (median a few minutes, a long tail of hours between sessions).
+EVENT_GAP_MEAN_S = 1800.0
+EVENT_GAP_SIGMA = 2.0
 
 
 @dataclass
@@ -34,6 +38,8 @@ class Batch:
     content, content_tokens, item_content: the ad's content (configs with [content], else None),
             unit-norm vectors as frozen encoders give them, in content.dtype:
             (B, sum(vectors)), (B, tokens, token_dim), (items of every sequence in order, sequence_dim)
+    seq_time: (events of every sequence of its own, in order,) float32 seconds between each event
+            and its sequence's last one (configs with hstu.time_buckets, else None)
     """
 
     dense: torch.Tensor
@@ -43,6 +49,7 @@ class Batch:
     content: torch.Tensor | None = None
     content_tokens: torch.Tensor | None = None
     item_content: torch.Tensor | None = None
+    seq_time: torch.Tensor | None = None
 
     @property
     def size(self) -> int:
@@ -50,7 +57,9 @@ class Batch:
 
     def _tensors(self) -> list[torch.Tensor]:
         return [
-            t for t in (self.dense, self.labels, self.content, self.content_tokens, self.item_content) if t is not None
+            t
+            for t in (self.dense, self.labels, self.content, self.content_tokens, self.item_content, self.seq_time)
+            if t is not None
         ]
 
     @property
@@ -72,6 +81,7 @@ class Batch:
             content=move(self.content),
             content_tokens=move(self.content_tokens),
             item_content=move(self.item_content),
+            seq_time=move(self.seq_time),
         )
 
     def record_stream(self, stream) -> None:  # TorchRec's Pipelineable protocol
@@ -91,6 +101,7 @@ class Batch:
             pin(self.content),
             pin(self.content_tokens),
             pin(self.item_content),
+            pin(self.seq_time),
         )
 
 
@@ -152,6 +163,22 @@ def truncated_lognormal(
     return np.clip(np.rint(rng.lognormal(mu, sigma, size)), low, high).astype(np.int64)
 
 
+def draw_lengths(rng: np.random.Generator, s, size: int) -> np.ndarray:
+    """``size`` lengths of sequence ``s``: truncated lognormal around its mean, or all max_len ("fixed")."""
+    if s.lengths == "fixed":
+        return np.full(size, s.max_len, dtype=np.int64)
+    return truncated_lognormal(rng, s.mean_len, SEQUENCE_SIGMA, size, 1, s.max_len)
+
+
+def event_ages(rng: np.random.Generator, lengths: np.ndarray) -> np.ndarray:
+    """Per event of sequences of these lengths, back to back: seconds before its sequence's last
+    event (0 for the last), from lognormal gaps between consecutive events. float32."""
+    mu = math.log(EVENT_GAP_MEAN_S) - EVENT_GAP_SIGMA**2 / 2
+    total = np.cumsum(rng.lognormal(mu, EVENT_GAP_SIGMA, int(lengths.sum())))
+    last = np.repeat(np.cumsum(lengths) - 1, lengths)  # each event's sequence's last event
+    return (total[last] - total).astype(np.float32)
+
+
 class SyntheticData:
     """Reproducible batches for one config. ``batch(i)`` is the i-th batch of this rank."""
 
@@ -190,9 +217,11 @@ class SyntheticData:
         sparse = _kjt(self.feature_names, lengths, values)
         seq = None
         if cfg.sequences:
-            lengths, values = [], []
+            lengths, values, own = [], [], {}
             for s in cfg.sequences:
-                n = truncated_lognormal(rng, s.mean_len, SEQUENCE_SIGMA, b, 1, s.max_len)
+                # a follower describes its sequence's events: the same lengths, drawn once
+                n = own[s.follows] if s.follows else draw_lengths(rng, s, b)
+                own.setdefault(s.name, n)
                 lengths.append(n)
                 values.append(zipf_ids(rng, s.rows, cfg.data.zipf_item, int(n.sum()), self.hashed, s.name))
             seq = _kjt(self.sequence_names, lengths, values)
@@ -200,6 +229,10 @@ class SyntheticData:
         labels = rng.random((b, cfg.over.tasks)) < cfg.data.positive_rate
         # drawn last, so that a config without content gets the very batches it always got
         content = self.content(rng, seq) if cfg.content is not None else {}
+        if cfg.hstu is not None and cfg.hstu.time_buckets:  # then ages, for the same reason
+            content["seq_time"] = torch.from_numpy(
+                np.concatenate([event_ages(rng, n) for s, n in zip(cfg.sequences, lengths) if not s.follows])
+            )
         return Batch(
             dense=torch.from_numpy(dense.astype(np.float32)),
             sparse=sparse,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 from torch import nn
 from torchrec.modules.mlp import MLP
@@ -34,6 +36,49 @@ def mlp_flops(in_features: int, widths) -> float:
 
 def over_arch_flops(in_features: int, mlp, tasks: int) -> float:
     return mlp_flops(in_features, list(mlp) + [tasks])
+
+
+class SwishLayerNorm(nn.Module):
+    """``x * sigmoid(LN(x))``: the gated norm of generative-recommenders' MLPs (MLPerf DLRMv4)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(self.norm(x))
+
+
+class SwishMLP(nn.Sequential):
+    """Linear layers of ``widths``, a :class:`SwishLayerNorm` after each but the last, and a
+    LayerNorm after the last when ``out_norm``: (N, in_features) -> (N, widths[-1])."""
+
+    def __init__(self, in_features: int, widths: Sequence[int], out_norm: bool = True) -> None:
+        layers: list[nn.Module] = []
+        for i, w in enumerate(widths):
+            layers.append(nn.Linear(in_features if i == 0 else widths[i - 1], w))
+            layers.append(SwishLayerNorm(w) if i < len(widths) - 1 else nn.LayerNorm(w) if out_norm else nn.Identity())
+        super().__init__(*layers)
+
+
+class UserItemHead(nn.Module):
+    """The [candidate] head (MLPerf DLRMv4's): ``SwishMLP(user * item)`` -> logits (B, tasks).
+
+    forward(user (B, dim), item (B, dim)) -> (B, tasks): Linear layers of ``mlp`` then one to
+    ``tasks``, a SwishLayerNorm between them, no norm on the logits.
+    """
+
+    def __init__(self, dim: int, mlp, tasks: int) -> None:
+        super().__init__()
+        self.mlp = SwishMLP(dim, [*mlp, tasks], out_norm=False)
+
+    def forward(self, user: torch.Tensor, item: torch.Tensor) -> torch.Tensor:
+        return self.mlp(user * item)
+
+
+def user_item_head_flops(dim: int, mlp, tasks: int) -> float:
+    """Forward FLOPs per example of :class:`UserItemHead`: its Linear layers (the product is elementwise)."""
+    return mlp_flops(dim, [*mlp, tasks])
 
 
 def multitask_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,7 @@ examples:
   gembench describe --config xl
   gembench describe --config dcnv2 --json
   gembench describe --config medium --batch 512   # sizes and memory at another global batch
+  gembench describe --config dlrmv4-mlperf        # + its FLOPs reconciled with MLPerf's 315.7
 
 The memory table is the estimate `gembench run` checks before allocating (models/flops.py
 memory_estimate), per stack, for one CUDA device: embeddings (tables + Adagrad state, + dense
@@ -16,7 +17,9 @@ gradients without fused embeddings), dense (weights, gradients, Adam state), act
 for backward, the largest transient block, and build (the moment fused tables are built next to
 the plain ones). total = max(build, the rest summed): the peak torch.cuda.max_memory_allocated
 should show. On CPU a run adds its runtime's growth (docs/configs.md, "Batch size and the memory
-estimate").
+estimate"). A config with a [reference] (a published FLOPs count) gets a reconciliation table:
+gembench's training FLOPs per example turned into the reference's one convention at a time, and
+the residual left.
 """
 
 from __future__ import annotations
@@ -42,8 +45,15 @@ def configure(p: argparse.ArgumentParser) -> None:
 def describe(cfg) -> dict:
     from gembench.harness.metrics.mfu import TRAIN_FLOPS_PER_FORWARD
     from gembench.harness.train.stack import STACKS
-    from gembench.models.flops import forward_flops_per_example, memory_estimate, parameter_counts
+    from gembench.models.flops import (
+        TRAIN_PER_FORWARD,
+        forward_flops_per_example,
+        memory_estimate,
+        parameter_counts,
+        reconcile_flops,
+    )
 
+    assert TRAIN_PER_FORWARD == TRAIN_FLOPS_PER_FORWARD  # models' reconciliation counts as MFU does
     counts = parameter_counts(cfg)
     per_example = forward_flops_per_example(cfg)
     forward = sum(per_example.values())
@@ -87,6 +97,7 @@ def describe(cfg) -> dict:
             label: memory_estimate(cfg, batch, counts, options, "cuda", shards=shards, embedding_share=share)
             for label, options, batch, shards, share in _switch_cells(cfg)
         },
+        "flops_reconciliation": reconcile_flops(cfg) if cfg.reference is not None else None,
     }
 
 
@@ -202,6 +213,8 @@ def main(args: argparse.Namespace) -> int:
             rows, headers=["optimized stack with (GiB, estimate)", *keys], colalign=("left",) + ("right",) * len(keys)
         )
     )
+    if d["flops_reconciliation"]:
+        print("\n" + reconciliation_text(d["flops_reconciliation"]))
     return 0
 
 
@@ -250,7 +263,7 @@ def describe_workload(workload) -> dict:
 def _main_workload(args) -> int:
     from tabulate import tabulate
 
-    from gembench.harness.report.tables import si
+    from gembench.harness.report.numbers import si
     from gembench.workload import load_workload
 
     workload = load_workload(args.model, args.model_args)
@@ -277,3 +290,35 @@ def _main_workload(args) -> int:
     rows = [[k, *(f"{by_stack[n][k] / 2**30:,.3f}" for n in by_stack)] for k in by_stack["optimized"]]
     print("\n" + tabulate(rows, headers=["memory, GiB (estimate from parameter shapes; activations not)", *by_stack]))
     return 0
+
+
+def reconciliation_text(r: dict) -> str:
+    """The reconciliation of describe(cfg)["flops_reconciliation"] as two tables and a residual line."""
+    from tabulate import tabulate
+
+    rows = [[k, f"{a:,.3f}", f"{b:,.3f}", f"{a - b:+,.3f}"] for k, a, b in r["rows"]]
+    ours, theirs = sum(a for _, a, _ in r["rows"]), sum(b for _, _, b in r["rows"])
+    rows.append(["total", f"{ours:,.3f}", f"{theirs:,.3f}", f"{ours - theirs:+,.3f}"])
+    parts = tabulate(
+        rows,
+        headers=[
+            f"training GFLOP per example ({r['tokens']:,.0f} tokens)",
+            "gembench",
+            "reference's convention",
+            "difference",
+        ],
+        colalign=("left", "right", "right", "right"),
+        disable_numparse=True,
+    )
+    steps = tabulate(
+        [[what, f"{v:,.3f}"] for what, v in r["steps"]],
+        headers=["from gembench's count to the reference's", "GFLOP"],
+        colalign=("left", "right"),
+        disable_numparse=True,
+    )
+    residual = r["residual_gflop"]
+    return (
+        f"{parts}\n\n{steps}\n\nreconciled {r['reconciled_gflop']:,.2f} GFLOP per example vs "
+        f"{r['published_gflop']:g} published ({r['published_in']}): residual {residual:+.3f} GFLOP "
+        f"({100 * residual / r['published_gflop']:+.3f}%)"
+    )

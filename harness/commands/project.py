@@ -7,7 +7,7 @@ stage of a step: compute from a measured result (--from) or the datasheet, looku
 over HBM, each collective alpha-beta over NVLink within a node and the NIC across nodes, overlap
 as TorchRec's pipeline schedules it. The slowest rank sets each synchronized stage. A projection
 is a model: `--check` prints its error against a measured run of the same setup
-(docs/projection.md). Clusters: h100, h200, b200 (nodes of 8) or your own TOML file (name,
+(docs/projection.md). Clusters: h100, h200, b200, mi355x (nodes of 8; docs/dlrmv4.md) or your own TOML file (name,
 gpus_per_node, peak_tflops, hbm_gib, hbm_GBps, [intra] and [inter] with latency_us and
 bandwidth_GBps; optional efficiency, lookup_efficiency, [collectives.<family>]).
 
@@ -39,7 +39,10 @@ def configure(p: argparse.ArgumentParser) -> None:
         "--gpus", default="8,64,512,4096", metavar="W,W,...", help="world sizes to project (default: 8,64,512,4096)"
     )
     p.add_argument(
-        "--cluster", default="h100", metavar="NAME|FILE", help="h100, h200, b200 or a cluster TOML file (default: h100)"
+        "--cluster",
+        default="h100",
+        metavar="NAME|FILE",
+        help="h100, h200, b200, mi355x or a cluster TOML file (default: h100)",
     )
     p.add_argument(
         "--from",

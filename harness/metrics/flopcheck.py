@@ -68,11 +68,14 @@ def equal_lengths(batch: int, length: int) -> torch.Tensor:
     return torch.arange(batch + 1, dtype=torch.int64) * length
 
 
-def hstu_attention_check(batch: int, length: int, dim: int, heads: int, backward: bool = False, seed: int = 0) -> dict:
+def hstu_attention_check(
+    batch: int, length: int, dim: int, heads: int, backward: bool = False, seed: int = 0, rab: bool = True
+) -> dict:
     """Jagged op (registered formula) vs padded path (native matmuls) on equal lengths.
 
     Returns analytic (causal model FLOPs, x3 with backward), jagged (what the op's registered
-    formula reports) and padded (torch's count of the padded path's plain matmuls).
+    formula reports) and padded (torch's count of the padded path's plain matmuls). ``rab=False``:
+    no relative bias (a bias of shape (H, 0), as MLPerf DLRMv4 runs HSTU).
     """
     from gembench.models.zoo import hstu_attention_flops, hstu_jagged_attention, hstu_padded_attention
 
@@ -82,13 +85,13 @@ def hstu_attention_check(batch: int, length: int, dim: int, heads: int, backward
 
     def inputs():
         q, k, v = (torch.randn(T, heads, dh, generator=g) for _ in range(3))
-        rab = torch.randn(heads, length, generator=g)
-        return [t.requires_grad_(backward) for t in (q, k, v, rab)]
+        bias = torch.randn(heads, length if rab else 0, generator=g)
+        return [t.requires_grad_(backward) for t in (q, k, v, bias)]
 
-    q, k, v, rab = inputs()
-    jagged = count(lambda: hstu_jagged_attention(q, k, v, rab, offsets), backward=backward)
-    q, k, v, rab = inputs()
-    padded = independent(count(lambda: hstu_padded_attention(q, k, v, rab, offsets, length), backward=backward))
+    q, k, v, bias = inputs()
+    jagged = count(lambda: hstu_jagged_attention(q, k, v, bias, offsets), backward=backward)
+    q, k, v, bias = inputs()
+    padded = independent(count(lambda: hstu_padded_attention(q, k, v, bias, offsets, length), backward=backward))
     analytic = hstu_attention_flops([length] * batch, dim) * (3 if backward else 1)
     return {"analytic": analytic, "jagged": jagged.flops, "padded": padded.flops, "padded_ops": padded.by_op}
 

@@ -8,9 +8,11 @@ Speed (TorchRec's default proposers took 60 s for `large` at 64 ranks and over 5
 one GreedyProposer, the fused kernel only, and per table only the sharding types that can hold
 it: a table whose weights are under SMALL_TABLE_BYTES is table_wise (one rank reads it faster
 than any split sends its IDs), a larger pooled one table_row_wise across nodes (row_wise within
-one), a larger sequence table row_wise. The HBM the dense side needs (weights, gradients, Adam state,
-activations) is reserved up front from gembench's own estimate, not TorchRec's heuristic, which
-cannot see tensors on the meta device. Plans are cached by config, world, batch and cluster.
+one), a larger sequence table row_wise, and so is a sequence table of more than HOT_SEQUENCE_IDS
+IDs per example whatever its size (placed whole, one GPU would serve every event). The HBM the
+dense side needs (weights, gradients, Adam state, activations) is reserved up front from
+gembench's own estimate, not TorchRec's heuristic, which cannot see tensors on the meta device.
+Plans are cached by config, world, batch and cluster.
 """
 
 from __future__ import annotations
@@ -32,7 +34,11 @@ SMALL_TABLE_BYTES = 16 * 2**30  # fp32 weights; below this a table is placed who
 # Above it, pooled tables are split over one node's GPUs (table_row_wise: their partial sums are
 # reduced over NVLink before anything crosses the NIC); row_wise, one shard per GPU of the world,
 # was 164k of xl's 177k shard estimates at 4,096 GPUs and the planner's time with it.
-PLAN_VERSION = 2  # bump when what is cached changes
+# A sequence table read this many times per example is row_wise however small: MLPerf DLRMv4's
+# artist and album tables (2.6 and 6.9 GB) are read at each of 4,087 events, and placed whole
+# their GPU served every lookup (11x the mean at 32 MI355X). GEM's tiers read theirs <= 1,024 times.
+HOT_SEQUENCE_IDS = 1024
+PLAN_VERSION = 3  # bump when what is cached changes
 
 
 @dataclass
@@ -69,7 +75,9 @@ def constraints(cfg: ModelConfig, ids: dict[str, float], forced: str | None = No
     for t in pooled_tables(cfg) + sequences:
         if forced:
             types[t.name] = [forced]
-        elif t.num_embeddings * t.embedding_dim * 4 < SMALL_TABLE_BYTES:
+        elif t.num_embeddings * t.embedding_dim * 4 < SMALL_TABLE_BYTES and not (
+            t in sequences and ids.get(t.name, 0.0) > HOT_SEQUENCE_IDS
+        ):
             types[t.name] = ["table_wise"]
         else:  # sequence tables are EmbeddingCollections: TorchRec shards those table- or row-wise
             types[t.name] = ["table_row_wise"] if multi_node and t not in sequences else ["row_wise"]

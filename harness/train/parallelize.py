@@ -52,12 +52,14 @@ def apply_ac(model: nn.Module, mode: str) -> int:
     for path, block in blocks:
         parent_path, _, leaf = path.rpartition(".")
         parent = model.get_submodule(parent_path) if parent_path else model
-        # preserve_rng_state off: no block draws random numbers (no dropout), and keeping the
-        # RNG state costs a copy per block per step. early_stop off: the whole forward is run
-        # again, so what is recomputed is the block's forward formula exactly (HFU); early stop
-        # would skip the ops after the last saved tensor (an HSTU layer's output projection).
+        # preserve_rng_state only for a block that draws random numbers (dropout, as DLRMv4's
+        # HSTU layers): its recompute must draw the same masks; keeping the RNG state costs a
+        # copy per block per step. early_stop off: the whole forward is run again, so what is
+        # recomputed is the block's forward formula exactly (HFU); early stop would skip the ops
+        # after the last saved tensor (an HSTU layer's output projection).
+        random = any(isinstance(m, nn.Dropout) and m.p > 0 for m in block.modules())
         wrapped = checkpoint_wrapper(
-            block, checkpoint_impl=CheckpointImpl.NO_REENTRANT, preserve_rng_state=False, early_stop=False
+            block, checkpoint_impl=CheckpointImpl.NO_REENTRANT, preserve_rng_state=random, early_stop=False
         )
         if isinstance(parent, (nn.ModuleList, nn.ModuleDict)):
             parent[int(leaf) if isinstance(parent, nn.ModuleList) else leaf] = wrapped

@@ -2,6 +2,7 @@
 
 Same parameters and math as every backend (docs/design.md section 2): per sequence of real length n,
 ``A = SiLU(Q K^T + rab[bucket(i - j)]) / n`` causal, ``Y = A V``, bucket = clamp(i - j, 0, R - 1).
+A rab of R = 0 buckets, shape (H, 0), is no bias: ``A = SiLU(Q K^T) / n`` (MLPerf DLRMv4's HSTU).
 
 * ``gembench::hstu_jagged_attention``: sequences are sorted by length and cut into tiles of
   similar lengths; each tile is padded only to its own longest sequence and computed with batched
@@ -21,10 +22,13 @@ import torch.nn.functional as F
 from gembench.models.ops.flops import register_attention_flops
 
 # Tiling of the jagged attention: at most TILE_MAX sequences per tile; a tile grows past
-# TILE_MIN sequences only while its padded square work stays within (1 + TILE_WASTE) of the real.
+# TILE_MIN sequences only while its padded square work stays within (1 + TILE_WASTE) of the real,
+# and never past TILE_SCORES scores per head (m L^2), which bounds the op's transient memory at long
+# sequences (4 of MLPerf DLRMv4's 4,095-token sequences; 63 at 1,025 tokens).
 TILE_MAX = 64
 TILE_MIN = 8
 TILE_WASTE = 0.25
+TILE_SCORES = 2**26
 
 
 # --------------------------------------------------------------------------------------------
@@ -46,7 +50,8 @@ def _tile_plan(lengths: list[int]) -> list[tuple[list[int], int]]:
         if cur:
             grown_padded = cur_len * cur_len * (len(cur) + 1)
             over = grown_padded > (1.0 + TILE_WASTE) * (real + n * n)
-            if len(cur) >= TILE_MAX or (len(cur) >= TILE_MIN and over):
+            full = len(cur) >= TILE_MAX or (len(cur) + 1) * cur_len * cur_len > TILE_SCORES
+            if full or (len(cur) >= TILE_MIN and over):
                 tiles.append((cur, cur_len))
                 cur, cur_len, real = [], 0, 0
         if not cur:
@@ -132,7 +137,7 @@ def hstu_jagged_attention(
 
     Args:
         q, k, v: (T, H, D) jagged values (all sequences back to back).
-        rab: (H, R) relative-position bias, bucket clamp(i - j, 0, R - 1).
+        rab: (H, R) relative-position bias, bucket clamp(i - j, 0, R - 1); (H, 0): no bias.
         offsets: (B + 1,) int64 sequence boundaries.
 
     Returns:
@@ -144,11 +149,13 @@ def hstu_jagged_attention(
         return out.transpose(0, 1).contiguous()
     qh, kh, vh = _heads_first(q), _heads_first(k), _heads_first(v)
     Lmax = int((offsets[1:] - offsets[:-1]).max())
-    bias_full = rab[:, _rel_index(Lmax, rab.shape[1], q.device)]  # (H, Lmax, Lmax)
+    bias_full = rab[:, _rel_index(Lmax, rab.shape[1], q.device)] if rab.shape[1] else None  # (H, Lmax, Lmax)
     for idx, valid, scale, L in _tiles(offsets):
         qt, kt, vt = _gather(qh, idx), _gather(kh, idx), _gather(vh, idx)
         # In place: these are plain tensors inside the op, autograd is handled by the bwd op.
-        s = torch.matmul(qt, kt.transpose(-1, -2)).add_(bias_full[:, None, :L, :L])
+        s = torch.matmul(qt, kt.transpose(-1, -2))
+        if bias_full is not None:
+            s.add_(bias_full[:, None, :L, :L])
         a = F.silu(s, inplace=True).mul_(scale.to(s.dtype))
         _scatter(out, idx, valid, torch.matmul(a, vt))
     return out.transpose(0, 1).contiguous()
@@ -180,14 +187,16 @@ def hstu_jagged_attention_bwd(
         return z, z.clone(), z.clone(), torch.zeros_like(rab)
     qh, kh, vh, goh = _heads_first(q), _heads_first(k), _heads_first(v), _heads_first(grad_out)
     Lmax = int((offsets[1:] - offsets[:-1]).max())
-    rel = _rel_index(Lmax, R, q.device)
-    bias_full = rab[:, rel]
+    rel = _rel_index(Lmax, R, q.device) if R else None
+    bias_full = rab[:, rel] if R else None
     # Bias gradient summed over sequences in fp32, folded into buckets once at the end.
-    gbias = torch.zeros(H, Lmax, Lmax, dtype=torch.float32, device=q.device)
+    gbias = torch.zeros(H, Lmax, Lmax, dtype=torch.float32, device=q.device) if R else None
     for idx, valid, scale, L in _tiles(offsets):
         qt, kt, vt, got = _gather(qh, idx), _gather(kh, idx), _gather(vh, idx), _gather(goh, idx)
         scale = scale.to(q.dtype)
-        s = torch.matmul(qt, kt.transpose(-1, -2)).add_(bias_full[:, None, :L, :L])
+        s = torch.matmul(qt, kt.transpose(-1, -2))
+        if R:
+            s.add_(bias_full[:, None, :L, :L])
         sig = torch.sigmoid(s)
         # d SiLU(s) / ds = sig (1 + s (1 - sig))
         dsilu = torch.sub(1.0, sig).mul_(s).add_(1.0).mul_(sig)
@@ -196,9 +205,11 @@ def hstu_jagged_attention_bwd(
         gs = torch.matmul(got, vt.transpose(-1, -2)).mul_(dsilu).mul_(scale)
         _scatter(gq, idx, valid, torch.matmul(gs, kt))
         _scatter(gk, idx, valid, torch.matmul(gs.transpose(-1, -2), qt))
-        gbias[:, :L, :L] += gs.sum(1, dtype=torch.float32)
+        if R:
+            gbias[:, :L, :L] += gs.sum(1, dtype=torch.float32)
     grab = torch.zeros(H, R, dtype=torch.float32, device=q.device)
-    grab.index_add_(1, rel.reshape(-1), gbias.reshape(H, -1))
+    if R:
+        grab.index_add_(1, rel.reshape(-1), gbias.reshape(H, -1))
     return (
         gq.transpose(0, 1).contiguous(),
         gk.transpose(0, 1).contiguous(),
@@ -251,7 +262,7 @@ def hstu_padded_attention(
     """Same math as :func:`hstu_jagged_attention`, the whole batch padded to ``max_len``.
 
     Args:
-        q, k, v: (T, H, D); rab: (H, R); offsets: (B + 1,); max_len: pad length >= every n_i.
+        q, k, v: (T, H, D); rab: (H, R), (H, 0) for none; offsets: (B + 1,); max_len: pad length >= every n_i.
 
     Returns:
         (T, H, D).
@@ -267,7 +278,9 @@ def hstu_padded_attention(
     n = (offsets[1:] - offsets[:-1]).to(q.device)
     pos = torch.arange(max_len, device=q.device)
     mask = (pos[None, :] <= pos[:, None])[None] & (pos[None, :] < n[:, None])[:, :, None]  # (B, N, N)
-    s = torch.matmul(qd, kd.transpose(-1, -2)) + rab[:, _rel_index(max_len, rab.shape[1], q.device)][None]
+    s = torch.matmul(qd, kd.transpose(-1, -2))
+    if rab.shape[1]:
+        s = s + rab[:, _rel_index(max_len, rab.shape[1], q.device)][None]
     a = F.silu(s).masked_fill(~mask[:, None], 0.0) / n.clamp(min=1).to(s.dtype)[:, None, None, None]
     out = torch.matmul(a, vd).transpose(1, 2).reshape(B, max_len, H * D)
     # total_L given: fbgemm would otherwise read offsets[-1] on the host (a device sync)

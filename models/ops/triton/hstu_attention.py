@@ -107,8 +107,8 @@ def _check(q, k, v, rab, offsets, max_len) -> None:
         )
     if not (q.dtype == k.dtype == v.dtype) or q.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ValueError(f"q, k, v must share one dtype of fp32/bf16/fp16; got {q.dtype}, {k.dtype}, {v.dtype}")
-    if rab.dim() != 2 or rab.shape[0] != q.shape[1] or rab.shape[1] < 1:
-        raise ValueError(f"rab must be (H={q.shape[1]}, R >= 1); got {tuple(rab.shape)}")
+    if rab.dim() != 2 or rab.shape[0] != q.shape[1]:
+        raise ValueError(f"rab must be (H={q.shape[1]}, R), R = 0 for no bias; got {tuple(rab.shape)}")
     if offsets.dim() != 1 or offsets.dtype not in (torch.int64, torch.int32):
         raise ValueError(f"offsets must be a 1-D int64/int32 tensor; got {offsets.dtype} {tuple(offsets.shape)}")
     if len({t.device for t in (q, k, v, rab, offsets)}) != 1:
@@ -131,8 +131,8 @@ def triton_hstu_attention(
         q, k: (T, H, D_qk); v: (T, H, D_v): jagged values, any strides with unit last stride
             (views of a fused projection need no copy). fp32, bf16 or fp16, one dtype.
         rab: (H, R) relative-position bias, any float dtype (read in fp32); bucket
-            clamp(i - j, 0, R - 1). Its gradient comes back in its own dtype (fp32 for an fp32
-            parameter under autocast: then no cast kernel).
+            clamp(i - j, 0, R - 1); R = 0: no bias (kernels compiled without it). Its gradient
+            comes back in its own dtype (fp32 for an fp32 parameter under autocast: no cast kernel).
         offsets: (B + 1,) int64 sequence boundaries, on the device of q.
         max_len: a bound of the sequence lengths (Python int: sizes the grid without reading
             offsets). A longer sequence is still exact, only slower.

@@ -9,7 +9,9 @@ queries i and keys j of that sequence (0 <= j <= i < n), R = rab.shape[1] bucket
     dV_j = sum_i A_ij dY_i   dQ_i = sum_j dS_ij k_j   dK_j = sum_i dS_ij q_i
     drab[h, r] = sum over (i, j) in bucket r of dS_ij
 
-There is no softmax, so nothing but the inputs is kept between forward and backward.
+There is no softmax, so nothing but the inputs is kept between forward and backward. With R = 0
+(rab of shape (H, 0): no relative bias, as MLPerf DLRMv4 runs HSTU) the kernels are compiled
+without the bias (HAS_RAB false): S_ij = q_i . k_j, no bias loads, no drab reduction or atomics.
 
 Layout: q, k (T, H, D_QK), v (T, H, D_V), any strides with unit last stride; offsets (B + 1,).
 Sequences are read in place through offsets (no padding to the batch maximum): a program owns a
@@ -175,6 +177,7 @@ def _fwd_tile(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
+    HAS_RAB: tl.constexpr,
 ):
     """acc += (SiLU(q k^T + rab) / n) v for the key block at n0; only blocks that cross the
     diagonal (CAUSAL) need the mask: earlier key blocks are whole and all before the queries."""
@@ -182,7 +185,8 @@ def _fwd_tile(
     k = _load_rows(k_base, cols, n, stride_kt, D_QK, BLOCK_DQK, CAUSAL)
     v = _load_rows(v_base, cols, n, stride_vt, D_V, BLOCK_DV, CAUSAL)
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-    s += _rab_tile(rab_row, m0 - n0, num_buckets, BLOCK_M, BLOCK_N)
+    if HAS_RAB:
+        s += _rab_tile(rab_row, m0 - n0, num_buckets, BLOCK_M, BLOCK_N)
     a = s * tl.sigmoid(s) * inv_n
     if CAUSAL:
         rows = m0 + tl.arange(0, BLOCK_M)
@@ -192,7 +196,9 @@ def _fwd_tile(
 
 
 @triton.autotune(
-    configs=_fwd_configs(), key=["max_len_key", "D_QK", "D_V"], prune_configs_by={"early_config_prune": _prune}
+    configs=_fwd_configs(),
+    key=["max_len_key", "D_QK", "D_V", "HAS_RAB"],
+    prune_configs_by={"early_config_prune": _prune},
 )
 @triton.jit
 def hstu_fwd_kernel(
@@ -220,6 +226,7 @@ def hstu_fwd_kernel(
     PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    HAS_RAB: tl.constexpr,
 ):
     """Grid (cdiv(max_len, BLOCK_M), B, H): query block x sequence x head."""
     b = tl.program_id(1)
@@ -257,6 +264,7 @@ def hstu_fwd_kernel(
                 BLOCK_M,
                 BLOCK_N,
                 False,
+                HAS_RAB,
             )
         for n0 in range(diag, tl.minimum(m0 + BLOCK_M, n), BLOCK_N):
             acc = _fwd_tile(
@@ -280,6 +288,7 @@ def hstu_fwd_kernel(
                 BLOCK_M,
                 BLOCK_N,
                 True,
+                HAS_RAB,
             )
         _store_rows(o_base, acc, rows, n, stride_ot, D_V, BLOCK_DV)
 
@@ -302,10 +311,12 @@ def _scores(
     PRECISION: tl.constexpr,
     BLOCK: tl.constexpr,
     CAUSAL: tl.constexpr,
+    HAS_RAB: tl.constexpr,
 ):
     """Recomputed S of a (query, key) tile: returns (A, SiLU'(S) / n), both 0 above the diagonal."""
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-    s += _rab_tile(rab_row, delta, num_buckets, BLOCK, BLOCK)
+    if HAS_RAB:
+        s += _rab_tile(rab_row, delta, num_buckets, BLOCK, BLOCK)
     sig = tl.sigmoid(s)
     a = s * sig * inv_n
     dsilu = sig * (1.0 + s * (1.0 - sig)) * inv_n
@@ -342,6 +353,7 @@ def _bwd_kv_tile(
     BLOCK: tl.constexpr,
     CAUSAL: tl.constexpr,
     ROW_MASK: tl.constexpr,
+    HAS_RAB: tl.constexpr,
 ):
     """One query block m0 against the program's key block p0: dK, dV and the rab gradient.
 
@@ -356,17 +368,20 @@ def _bwd_kv_tile(
     cols = p0 + tl.arange(0, BLOCK)
     q = _load_rows(q_base, rows, n, stride_qt, D_QK, BLOCK_DQK, ROW_MASK)
     do = _load_rows(do_base, rows, n, stride_dot, D_V, BLOCK_DV, ROW_MASK)
-    a, dsilu = _scores(q, k, rab_row, m0 - p0, inv_n, rows, cols, num_buckets, PRECISION, BLOCK, CAUSAL)
+    a, dsilu = _scores(q, k, rab_row, m0 - p0, inv_n, rows, cols, num_buckets, PRECISION, BLOCK, CAUSAL, HAS_RAB)
     # Query rows past n were read as 0 (do = 0), so they add nothing to dV, dS, dK.
     dv = tl.dot(tl.trans(a.to(do.dtype)), do, dv, input_precision=PRECISION)
     ds = tl.dot(do, tl.trans(v), input_precision=PRECISION) * dsilu
     dk = tl.dot(tl.trans(ds.to(q.dtype)), q, dk, input_precision=PRECISION)
-    di = tl.arange(0, BLOCK)[:, None]
-    t = tl.arange(0, BLOCK)[None, :]
-    rotated = tl.gather(ds, (di - t + BLOCK) % BLOCK, axis=1)
-    lower = tl.sum(tl.where(di >= t, rotated, 0.0), axis=0)
-    upper = tl.sum(tl.where(di < t, rotated, 0.0), axis=0)
-    _add_rab_grad(drab_row, carry + upper, m0 - p0 - BLOCK, n, num_buckets, BLOCK)
+    if HAS_RAB:
+        di = tl.arange(0, BLOCK)[:, None]
+        t = tl.arange(0, BLOCK)[None, :]
+        rotated = tl.gather(ds, (di - t + BLOCK) % BLOCK, axis=1)
+        lower = tl.sum(tl.where(di >= t, rotated, 0.0), axis=0)
+        upper = tl.sum(tl.where(di < t, rotated, 0.0), axis=0)
+        _add_rab_grad(drab_row, carry + upper, m0 - p0 - BLOCK, n, num_buckets, BLOCK)
+    else:
+        lower = carry
     return dk, dv, lower
 
 
@@ -392,20 +407,21 @@ def _bwd_q_tile(
     PRECISION: tl.constexpr,
     BLOCK: tl.constexpr,
     CAUSAL: tl.constexpr,
+    HAS_RAB: tl.constexpr,
 ):
     """One key block n0 against the program's query block m0: dQ."""
     rows = m0 + tl.arange(0, BLOCK)
     cols = n0 + tl.arange(0, BLOCK)
     k = _load_rows(k_base, cols, n, stride_kt, D_QK, BLOCK_DQK, CAUSAL)
     v = _load_rows(v_base, cols, n, stride_vt, D_V, BLOCK_DV, CAUSAL)
-    _, dsilu = _scores(q, k, rab_row, m0 - n0, inv_n, rows, cols, num_buckets, PRECISION, BLOCK, CAUSAL)
+    _, dsilu = _scores(q, k, rab_row, m0 - n0, inv_n, rows, cols, num_buckets, PRECISION, BLOCK, CAUSAL, HAS_RAB)
     ds = tl.dot(do, tl.trans(v), input_precision=PRECISION) * dsilu
     return tl.dot(ds.to(k.dtype), k, dq, input_precision=PRECISION)
 
 
 @triton.autotune(
     configs=_bwd_configs(),
-    key=["max_len_key", "D_QK", "D_V"],
+    key=["max_len_key", "D_QK", "D_V", "HAS_RAB"],
     reset_to_zero=["DRAB"],
     prune_configs_by={"early_config_prune": _prune},
 )
@@ -444,6 +460,7 @@ def hstu_bwd_kernel(
     BLOCK_DV: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK: tl.constexpr,
+    HAS_RAB: tl.constexpr,
 ):
     """Grid (cdiv(max_len, BLOCK), B, H). Program p: dK, dV of key block p (query blocks p..end),
     then dQ of query block p (key blocks 0..p): every program of a sequence does the same number
@@ -491,6 +508,7 @@ def hstu_bwd_kernel(
             BLOCK,
             True,
             True,
+            HAS_RAB,
         )
         # Whole query blocks load without row masks; the sequence's last, partial one with them.
         whole = p0 + ((n - p0) // BLOCK) * BLOCK
@@ -520,6 +538,7 @@ def hstu_bwd_kernel(
                 BLOCK,
                 False,
                 False,
+                HAS_RAB,
             )
         for m0 in range(tl.maximum(whole, p0 + BLOCK), n, BLOCK):
             dk, dv, carry = _bwd_kv_tile(
@@ -547,9 +566,11 @@ def hstu_bwd_kernel(
                 BLOCK,
                 False,
                 True,
+                HAS_RAB,
             )
-        last = ((n - 1 - p0) // BLOCK) * BLOCK  # distance offset of the last query block
-        _add_rab_grad(drab_row, carry, last, n, num_buckets, BLOCK)
+        if HAS_RAB:
+            last = ((n - 1 - p0) // BLOCK) * BLOCK  # distance offset of the last query block
+            _add_rab_grad(drab_row, carry, last, n, num_buckets, BLOCK)
         _store_rows(DK + start * stride_dkt + h * stride_dkh, dk, rows, n, stride_dkt, D_QK, BLOCK_DQK)
         _store_rows(DV + start * stride_dvt + h * stride_dvh, dv, rows, n, stride_dvt, D_V, BLOCK_DV)
         # dQ of queries p0.. against every key up to the diagonal.
@@ -578,6 +599,7 @@ def hstu_bwd_kernel(
                 PRECISION,
                 BLOCK,
                 False,
+                HAS_RAB,
             )
         dq = _bwd_q_tile(
             dq,
@@ -600,6 +622,7 @@ def hstu_bwd_kernel(
             PRECISION,
             BLOCK,
             True,
+            HAS_RAB,
         )
         _store_rows(DQ + start * stride_dqt + h * stride_dqh, dq, rows, n, stride_dqt, D_QK, BLOCK_DQK)
 
@@ -638,7 +661,7 @@ def _launch(kernel, grid_rows: int, batch: int, heads: int, args: tuple, config:
 
 
 def forward(q, k, v, rab, offsets, max_len: int, config: dict | None = None) -> torch.Tensor:
-    """(T, H, D_QK) q, k, (T, H, D_V) v, (H, R) rab, (B + 1,) offsets -> (T, H, D_V)."""
+    """(T, H, D_QK) q, k, (T, H, D_V) v, (H, R) rab (R = 0: no bias), (B + 1,) offsets -> (T, H, D_V)."""
     q, k, v, rab = _unit_last(q), _unit_last(k), _unit_last(v), _unit_last(rab)
     T, H, d_qk = q.shape
     d_v = v.shape[2]
@@ -677,6 +700,7 @@ def forward(q, k, v, rab, offsets, max_len: int, config: dict | None = None) -> 
         BLOCK_DQK=_block_d(d_qk),
         BLOCK_DV=_block_d(d_v),
         PRECISION=_precision(q.dtype),
+        HAS_RAB=rab.shape[1] > 0,
     )
     return out
 
@@ -731,5 +755,6 @@ def backward(grad_out, q, k, v, rab, offsets, max_len: int, config: dict | None 
             BLOCK_DQK=_block_d(d_qk),
             BLOCK_DV=_block_d(d_v),
             PRECISION=_precision(q.dtype),
+            HAS_RAB=rab.shape[1] > 0,
         )
     return dq, dk, dv, drab.to(rab.dtype)
