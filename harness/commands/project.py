@@ -13,6 +13,7 @@ examples:
   gembench project --config dcnv2-mlperf --gpus 8,64,128 --cluster h200 --out p.json
   gembench project --config small --gpus 8,64 --from results/runs/r.json   # compute as measured
   gembench project --calibrate --out here.toml           # this host's links, as a cluster file
+  gembench project --calibrate --trace tr/ --cluster here.toml --out run.toml   # links as a run saw them
   gembench project --check dist.json --from one-rank.json --cluster here.toml   # vs measured
 
 A projection is a model: `--check` prints its error against a measured run of the same setup.
@@ -75,6 +76,12 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="measure this host's collectives (gloo on CPU, nccl on GPU) and write a cluster file",
     )
     p.add_argument("--nproc", type=int, default=2, metavar="N", help="ranks for --calibrate (default: 2)")
+    p.add_argument(
+        "--trace",
+        metavar="DIR",
+        help="with --calibrate: the links as a run's own collectives took them (the rank<R>.json of "
+        "gembench run --nproc N --trace DIR), isolated figures as the floor (--cluster FILE.toml reuses them)",
+    )
     p.add_argument(
         "--check",
         metavar="RESULT.json",
