@@ -1,5 +1,5 @@
-"""`gembench project`: the cost model's parts, the offline planner, the command's
-refusals, --calibrate on gloo, and --check against measured runs on tiny."""
+"""`gembench project`: the cost model's parts, the offline planner and its search, the command's
+refusals, --calibrate on gloo (alone and from a run's trace), and --check against measured runs."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 from gembench.errors import UsageError
 from gembench.harness.metrics.comm import bus_factor
-from gembench.harness.projection.cluster import PRESETS, load_cluster
+from gembench.harness.projection.cluster import KINDS, PRESETS, load_cluster
 from gembench.harness.projection.cost import EMB_BYTES, collective_time, volumes
 from gembench.harness.store.schema import validate
 from gembench.models.config import load_config
@@ -70,8 +70,8 @@ def test_a_plans_lookup_volume_is_the_global_batchs_ids_wherever_they_land():
     assert tw["lookup"].max() / tw["lookup"].mean() == pytest.approx(4.0)
     assert np.allclose(rw["lookup"], total / 4)
     # row-wise pooled tables return partial sums by reduce-scatter, table-wise by all-to-all
-    assert rw["reduce_scatter"] == [(4, 4 * 8 * 16 * EMB_BYTES)] and tw["reduce_scatter"] == []
-    assert tw["a2a_recv"].sum() == pytest.approx(4 * 8 * 16 * EMB_BYTES)
+    assert rw["rs_world"] == 4 * 8 * 16 * EMB_BYTES and tw["rs_world"] == 0
+    assert tw["a2a_recv"].sum() == pytest.approx(4 * 8 * 16 * EMB_BYTES) and not rw["a2a_send"].any()
 
 
 def test_sorted_ids_load_the_first_row_shard_with_the_head():
@@ -94,6 +94,261 @@ def test_expected_ids_follow_the_configs_distributions():
     assert all(ids > 0 for ids in expected_ids_per_example(small).values())
 
 
+def _pricer(cfg, world, batch, cluster=H100, compute=None, **kw):
+    from gembench.harness.projection.cost import Compute, Pricer
+
+    compute = compute or Compute({"dense_forward": 1e-9, "backward": 2e-9}, 1e-5, 1.0 / 1.6e12, "test")
+    return Pricer(cfg, expected_ids_per_example(cfg), world, batch, cluster, compute, **kw)
+
+
+def _twrw(rows: int, dim: int, node: int, g: int = 8) -> dict:
+    per = rows // g
+    return {
+        "sharding": "table_row_wise",
+        "ranks": [node * g + i for i in range(g)],
+        "shard_sizes": [[per, dim]] * g,
+        "shard_offsets": [[i * per, 0] for i in range(g)],
+    }
+
+
+def test_table_row_wise_reduce_scatters_in_its_node_then_sends_each_gpus_share_over_the_nics():
+    """TorchRec's TwRwPooledEmbeddingDist: partial sums reduce-scattered over the owning node's
+    GPUs, then an all-to-all of one GPU per node carries each example's row to its rank."""
+    cfg = load_config("dcnv2-mlperf")
+    world, batch, dim = 16, 32, cfg.sparse.dim
+    v = volumes(cfg, {"table_t0": _twrw(cfg.sparse.rows[0], dim, node=1)}, {"table_t0": 3.0}, world, batch)
+    gb = world * batch
+    assert np.allclose(v["rs_in"][8:], gb * dim * EMB_BYTES) and not v["rs_in"][:8].any()
+    assert np.allclose(v["cross_send"][8:], gb / 8 * dim * EMB_BYTES) and not v["cross_send"][:8].any()
+    assert np.allclose(v["cross_recv"], batch * dim * EMB_BYTES)  # every GPU gets its examples' rows back
+    assert v["lookup"][:8].sum() == 0 and v["lookup"][8:].sum() == pytest.approx(gb * 3.0 * dim * EMB_BYTES)
+    # priced: the NIC step appears across nodes only, and the node's reduce-scatter stays on NVLink
+    row = _pricer(cfg, world, batch).price({"table_t0": _twrw(cfg.sparse.rows[0], dim, node=1)})
+    one = _pricer(cfg, 8, batch).price({"table_t0": _twrw(cfg.sparse.rows[0], dim, node=0)})
+    assert row["stages"]["output_dist"]["time_s"] > one["stages"]["output_dist"]["time_s"]
+    assert row["stages"]["output_dist"]["gpu"] >= 8  # a GPU of the owning node sets it
+
+
+def test_a_data_parallel_table_is_looked_up_at_home_and_all_reduced_with_the_dense_gradients():
+    cfg = load_config("tiny")
+    world, batch, rows, dim = 4, 8, 5000, cfg.sparse.dim
+    dp = {"table_t1": {"sharding": "data_parallel", "ranks": list(range(world)), "shard_sizes": [[rows, dim]] * world}}
+    v = volumes(cfg, dp, {"table_t1": 2.0}, world, batch)
+    assert np.allclose(v["lookup"], batch * 2.0 * dim * EMB_BYTES) and v["dp_params"] == rows * dim
+    assert not (v["kjt_send"].any() or v["a2a_send"].any() or v["rs_in"].any()) and v["groups"] == 0
+    with_dp = _pricer(cfg, world, batch).price(dp)
+    tw = {"table_t1": {"sharding": "table_wise", "ranks": [0], "shard_sizes": [[rows, dim]]}}
+    without = _pricer(cfg, world, batch).price(tw)
+    assert with_dp["stages"]["grad_sync"]["time_s"] > without["stages"]["grad_sync"]["time_s"]
+    assert with_dp["imbalance"]["max_mean"] == pytest.approx(1.0) and without["imbalance"]["max_mean"] == 4.0
+
+
+def test_grid_sends_every_id_to_each_column_block():
+    cfg = load_config("dcnv2-mlperf")
+    world, batch, dim, rows = 16, 8, cfg.sparse.dim, 80000
+    half, per = dim // 2, rows // 8
+    grid = {
+        "sharding": "grid_shard",
+        "ranks": list(range(16)),
+        "shard_sizes": [[per, half]] * 16,
+        "shard_offsets": [[(i % 8) * per, (i // 8) * half] for i in range(16)],
+    }
+    v = volumes(cfg, {"table_t0": grid}, {"table_t0": 3.0}, world, batch)
+    twrw = volumes(cfg, {"table_t0": _twrw(rows, dim, node=0)}, {"table_t0": 3.0}, world, batch)
+    assert np.allclose(v["kjt_send"], 2 * twrw["kjt_send"])  # two column blocks: the IDs twice
+    assert v["lookup"].sum() == pytest.approx(twrw["lookup"].sum()) and v["lookup"].max() < twrw["lookup"].max()
+
+
+def test_the_critical_path_names_the_stage_and_the_gpu_that_sets_it():
+    """A hot table-wise table on GPU 3 of 8: its lookups and their fused update make the backward
+    the longest stage, set by GPU 3's lookup bytes; with a heavy dense part it is dense compute."""
+    from gembench.harness.projection.cost import Compute
+
+    cfg = load_config("tiny")
+    plan = {f"table_t{i}": {"sharding": "table_wise", "ranks": [i], "shard_sizes": [[5000, 16]]} for i in range(8)}
+    ids = {name: 1.0 for name in plan} | {"table_t3": 500.0}
+    slow_hbm = Compute({"dense_forward": 1e-9, "backward": 2e-9}, 1e-6, 1e-9, "test")
+    from gembench.harness.projection.cost import Pricer
+
+    row = Pricer(cfg, ids, 8, 64, H100, slow_hbm).price(plan)
+    assert row["critical_path"] == {**row["critical_path"], "stage": "backward", "gpu": 3, "set_by": "lookup bytes"}
+    assert row["most_loaded"]["lookup_bytes"]["gpu"] == 3 and row["stages"]["embedding_lookup"]["gpu"] == 3
+    heavy = Compute({"dense_forward": 1e-3, "backward": 2e-3}, 1e-6, 1e-15, "test")
+    row = Pricer(cfg, ids, 8, 64, H100, heavy).price(plan)
+    assert row["critical_path"]["stage"] == "backward" and row["critical_path"]["set_by"] == "dense compute"
+
+
+def test_the_planner_is_offered_what_torchrec_has_where_it_applies():
+    from gembench.harness.projection.offline_plan import DP_MAX_BYTES, candidates
+
+    cfg = load_config("dcnv2-mlperf")
+    types, kept = candidates(cfg, 128, 8, "fast")
+    big, small = types["table_t0"], types["table_t5"]  # 40M rows; 3 rows
+    assert set(big) == {"table_wise", "column_wise", "row_wise", "table_row_wise", "grid_shard"}
+    assert set(small) == {"table_wise", "data_parallel", "column_wise"}  # no split into empty shards
+    assert [k["tables"] for k in kept if "data_parallel" in k["what"]] == [
+        sum(r * cfg.sparse.dim * 4 > DP_MAX_BYTES for r in cfg.sparse.rows)
+    ]
+    full, lifted = candidates(cfg, 128, 8, "full")
+    assert "data_parallel" in full["table_t0"] and lifted == []
+    one_node, _ = candidates(cfg, 8, 8, "fast")  # within one node: no table_row_wise or grid
+    assert not {"table_row_wise", "grid_shard"} & set(one_node["table_t0"])
+    tiny, _ = candidates(load_config("tiny"), 2, 8, "fast")  # dim 16: no column blocks
+    assert "column_wise" not in tiny["table_t0"] and "row_wise" in tiny["table_clicks"]
+    xl_rw = candidates(load_config("xl"), 4096, 8, "fast")[1]
+    assert any("row_wise for the largest tables" in k["what"] and k["tables"] > 600 for k in xl_rw)
+
+
+def test_torchrecs_estimate_made_once_per_shape_is_the_estimate_of_every_shard():
+    """OncePerShape: the perf TorchRec's estimator gives each shard, from one estimate per
+    distinct shard size and option, equals estimating every shard."""
+    from torchrec.distributed.planner.constants import DEFAULT_PERF_ESTIMATOR
+    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+    from torchrec.distributed.planner.estimator import EmbeddingPerfEstimatorFactory
+    from torchrec.distributed.planner.shard_estimators import EmbeddingStorageEstimator
+
+    from gembench.harness.projection.offline_plan import OncePerShape, candidates, constraints, embedding_module
+    from gembench.harness.projection.offline_plan import topology as make_topology
+    from gembench.harness.train.distributed.plan import sharders
+
+    cfg = load_config("dcnv2")  # dim 128: column blocks, so grid too
+    topo = make_topology(H100, 16)
+    cons = constraints(cfg, expected_ids_per_example(cfg), candidates(cfg, 16, 8, "full")[0])
+
+    def options(once: bool):
+        perf = EmbeddingPerfEstimatorFactory.create(DEFAULT_PERF_ESTIMATOR, topology=topo, constraints=cons)
+        estimators = [OncePerShape(perf) if once else perf, EmbeddingStorageEstimator(topology=topo, constraints=cons)]
+        return EmbeddingEnumerator(topo, 32, cons, estimator=estimators).enumerate(embedding_module(cfg), sharders())
+
+    each, once = options(False), options(True)
+    assert len(each) == len(once) and {o.sharding_type for o in each} >= {"row_wise", "data_parallel", "grid_shard"}
+    for a, b in zip(each, once):
+        assert (a.name, a.sharding_type) == (b.name, b.sharding_type)
+        assert [s.perf for s in a.shards] == [s.perf for s in b.shards]
+
+
+def test_the_planner_keeps_the_plan_the_cost_model_prices_fastest(skew_config):
+    """Every plan TorchRec's planner partitions is rated by the projected step: the one it keeps
+    is the fastest of those rated, and on the skewed table (64 IDs per example) it is not the
+    table-wise plan that piles them on one GPU."""
+    from gembench.harness.projection import offline_plan as op
+    from gembench.harness.projection.cost import datasheet_compute
+
+    cfg = load_config(str(skew_config))
+    world, batch = 8, cfg.data.global_batch // 8
+    ids = expected_ids_per_example(cfg)
+    steps = []
+
+    class Recorded(op.ProjectedStep):
+        def rate(self, plan):
+            steps.append(super().rate(plan))
+            return steps[-1]
+
+    pricer = _pricer(cfg, world, batch, compute=datasheet_compute(cfg, H100))
+    original = op.ProjectedStep
+    op.ProjectedStep = Recorded
+    try:
+        plan = op.plan_offline(cfg, world, batch, H100, 0.0, pricer, "test", ids, use_cache=False)
+    finally:
+        op.ProjectedStep = original
+    kept = pricer.price(plan.tables)
+    assert plan.fits and plan.proposals == len(steps) > 1
+    assert kept["step_time_s"] == pytest.approx(min(steps))
+    tw = op.plan_offline(cfg, world, batch, H100, 0.0, pricer, "test", ids, forced="table_wise", use_cache=False)
+    assert kept["step_time_s"] < pricer.price(tw.tables)["step_time_s"]
+    assert kept["imbalance"]["max_mean"] < pricer.price(tw.tables)["imbalance"]["max_mean"]
+
+
+def test_the_descent_moves_a_class_of_identical_tables_together():
+    """tiny's seven 5,000-row tables pool alike: one class, one sharding type in every plan rated."""
+    from gembench.harness.projection import offline_plan as op
+
+    cfg = load_config("tiny")
+    ids = expected_ids_per_example(cfg)
+    kinds = []
+
+    class Recorded(op.ProjectedStep):
+        def rate(self, plan):
+            kinds.append({so.sharding_type for so in plan if so.name in {f"table_t{i}" for i in range(1, 8)}})
+            return super().rate(plan)
+
+    original = op.ProjectedStep
+    op.ProjectedStep = Recorded
+    try:
+        plan = op.plan_offline(cfg, 4, 16, H100, 0.0, _pricer(cfg, 4, 16), "test", ids, use_cache=False)
+    finally:
+        op.ProjectedStep = original
+    assert plan.fits and len(kinds) == plan.proposals > 3 and all(len(k) == 1 for k in kinds)
+    assert len(set().union(*kinds)) >= 3  # the class tried several types
+
+
+def test_in_run_links_price_the_runs_calls_at_what_they_took_and_never_under_the_isolated():
+    from gembench.harness.projection.calibrate import in_run_links
+    from gembench.harness.projection.cluster import Link
+
+    floor = {"all_to_all": Link(100e-6, 1e9), "all_reduce": Link(200e-6, 1e9)}
+    iso = lambda b: 100e-6 + b * bus_factor("all_to_all", 2) / 1e9  # noqa: E731
+    points = {
+        "kjt_all_to_all": [(1000.0, 3 * iso(1000)), (5000.0, 3 * iso(5000))],  # 3x slower in the run
+        "embedding_all_to_all": [(60000.0, 0.5 * iso(60000))],  # faster than alone: held at the floor
+        "dense_grad_all_reduce": [(1e6, 1.0)],
+    }
+    links = in_run_links(points, 2, floor)
+    assert links["kjt_all_to_all"].latency_s == pytest.approx(300e-6)
+    assert links["kjt_all_to_all"].bandwidth_Bps == pytest.approx(1e9 / 3)
+    assert links["embedding_all_to_all"] == floor["all_to_all"]
+    assert links["all_to_all"].latency_s > floor["all_to_all"].latency_s  # the family, over its kinds
+    assert "all_gather" not in links  # the run had none: the isolated figure prices it
+
+
+def test_a_cluster_file_says_which_links_it_prices_with(tmp_path):
+    from gembench.harness.projection.cluster import Link, read_cluster, to_toml
+
+    base = dataclasses_replace(PRESETS["h100"], collectives={"all_to_all": Link(1e-4, 1e9)}, source="x")
+    slow = dataclasses_replace(base, in_run={"kjt_all_to_all": Link(5e-4, 2e8)}, links="in_run")
+    path = tmp_path / "c.toml"
+    path.write_text(to_toml(slow))
+    back = read_cluster(path)
+    assert back.links == "in_run" and back.in_run["kjt_all_to_all"].latency_s == pytest.approx(5e-4)
+    assert "in-run" in back.links_used() and "isolated" in dataclasses_replace(back, links="isolated").links_used()
+    kjt = collective_time(back, "all_to_all", 1e6, 8, kind="kjt_all_to_all")
+    assert kjt > collective_time(back, "all_to_all", 1e6, 8, kind="embedding_all_to_all")  # other jobs: isolated
+    assert (
+        collective_time(dataclasses_replace(back, links="isolated"), "all_to_all", 1e6, 8, kind="kjt_all_to_all") < kjt
+    )
+    path.write_text(to_toml(slow).replace('links = "in_run"', 'links = "measured"'))
+    with pytest.raises(UsageError, match='links must be "isolated" or "in_run"'):
+        read_cluster(path)
+    path.write_text(to_toml(slow).replace("[in_run.kjt_all_to_all]", "[in_run.kjt]"))
+    with pytest.raises(UsageError, match=r"\[in_run\] knows"):
+        read_cluster(path)
+
+
+def dataclasses_replace(obj, **kw):
+    import dataclasses
+
+    return dataclasses.replace(obj, **kw)
+
+
+def test_dcnv2_mlperf_is_held_against_the_published_system(capsys):
+    from gembench.harness.projection.cost import datasheet_compute
+    from gembench.harness.projection.published import MLPERF_V4_DCNV2, published
+    from gembench.harness.projection.report import print_projection, projection_document
+    from gembench.harness.projection.sweep import sweep
+    from gembench.harness.train.stack import STACKS
+
+    assert [p.gpus for p in MLPERF_V4_DCNV2] == [8, 64, 128]
+    assert published("dcnv2-mlperf", "h100", 64).global_batch == 135168 and not published("dcnv2", "h100", 64)
+    cfg, stack = load_config("dcnv2-mlperf"), STACKS["optimized"]
+    compute = datasheet_compute(cfg, H100)
+    rows = sweep(cfg, [8], H100, compute, None, "pipelined", False, lambda _: None, stack, {8: 55296})
+    print_projection(projection_document(cfg, H100, rows, "pipelined", compute, stack, "t", "now"))
+    out = capsys.readouterr().out
+    block = out.split("held against MLPerf Training v4.0")[1]
+    assert re.search(r"\n\s+8\s+55,296\s+15\.63 M\s+[\d.]+ M\s+[\d.]+x\s+1x DGX H100", block), block
+    assert "global batch 55,296" in out
+
+
 @pytest.fixture(scope="module")
 def projection(tmp_path_factory):
     out = tmp_path_factory.mktemp("proj") / "p.json"
@@ -114,10 +369,21 @@ def test_project_prints_a_row_per_world_and_writes_a_valid_document(projection):
         assert row["plan"]["fits"] and sum(row["plan"]["shardings"].values()) == 28  # small's 26 + 2 sequences
         assert 0 < row["mfu"] < 1 and row["imbalance"]["max_mean"] >= 1.0 and row["memory"]["fits"]
         assert row["step_time_s"] == pytest.approx(sum(s["exposed_s"] for s in row["stages"].values()))
+        # why the curve bends: the stage the schedule hides least, and the GPU that sets it
+        cp, stages = row["critical_path"], row["stages"]
+        assert cp["exposed_s"] == max(s["exposed_s"] for s in stages.values()) and 0 <= cp["gpu"] < row["world"]
+        assert cp["gpu"] == stages[cp["stage"]]["gpu"] and cp["set_by"] == stages[cp["stage"]]["set_by"]
+        assert set(row["most_loaded"]) == {"lookup_bytes", "all_to_all_bytes", "dense_compute"}
+        # the kept plan beside the most balanced one the planner rated
+        assert row["plan"]["proposals"] >= 1 and 1.0 <= row["imbalance"]["best_found"] <= row["imbalance"]["max_mean"]
+        assert row["plan"]["search"] == "fast" and row["plan"]["restrictions"]
+    assert re.search(r"\n\s+8\s.*: GPU \d+, ", first.stdout)  # the critical path column
+    assert "plans rated" in first.stdout and "kept for speed" in first.stdout
     assert "critical path per stage" in first.stdout and "h100" in first.stdout
     assert doc["rows"][1]["per_rank_batch"] == doc["rows"][0]["per_rank_batch"] // 8
     # the second run reads both plans from the cache
-    assert again.returncode == 0 and again.stdout.count("(cached)") == 2
+    rows = [line for line in again.stdout.splitlines() if re.match(r"\s+(8|64)\s+\d+\s", line)]
+    assert again.returncode == 0 and len(rows) == 2 and all("(cached)" in line for line in rows)
 
 
 def test_the_report_draws_the_projection(projection, tmp_path):
@@ -143,6 +409,16 @@ def test_bad_input_is_one_line_and_exit_2(args, message):
     proc = _gembench("project", "--config", "small", *args)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_batch_takes_one_global_batch_or_one_per_world():
+    from gembench.harness.commands.project import _batches
+
+    assert _batches("1024", [8, 64]) == (1024, {}) and _batches(None, [8]) == (None, {})
+    assert _batches("8=55296,64=135168", [8, 64]) == (None, {8: 55296, 64: 135168})
+    for spec, message in (("8=512", "names no batch for --gpus 64"), ("8=many", "takes N or W=N"), ("8=0", "positive")):
+        with pytest.raises(UsageError, match=message):
+            _batches(spec, [8, 64])
 
 
 def test_a_cluster_file_with_a_missing_field_is_named(tmp_path):
@@ -211,6 +487,33 @@ def test_calibrate_writes_a_cluster_file_of_this_hosts_links(measured):
     assert again.returncode == 2 and "never overwritten" in again.stderr
 
 
+def test_calibrate_from_a_runs_trace_prices_its_collectives_as_they_ran(measured, table_wise):
+    """Links fitted on the shared 2-rank run's own trace (table-wise, compute beside each call),
+    the isolated links of --calibrate as their floor; --check of the row-wise run says which
+    links it priced with, and the in-run ones can only make its collectives slower."""
+    traces = table_wise[2] / "traces"
+    out = measured / "in-run.toml"
+    proc = _gembench(
+        "project", "--calibrate", "--trace", str(traces), "--cluster", str(measured / "here.toml"), "--out", str(out)
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "kjt_all_to_all:" in proc.stdout and "calls in the run" in proc.stdout
+    iso, run = load_cluster(str(measured / "here.toml")), load_cluster(str(out))
+    assert run.links == "in_run" and {"kjt_all_to_all", "all_to_all"} <= set(run.in_run)
+    for kind, link in run.in_run.items():
+        floor = iso.collectives[KINDS.get(kind, kind)]
+        assert link.latency_s >= floor.latency_s and link.bandwidth_Bps <= floor.bandwidth_Bps
+    from gembench.harness.projection.check import check
+
+    two, one = (json.loads((measured / f).read_text()) for f in ("two.json", "one.json"))
+    before, after = check(two, one, iso), check(two, one, run)
+    assert before["links"].startswith("isolated") and after["links"].startswith("in-run")
+    stage = {r["stage"]: r for r in before["stages"]}, {r["stage"]: r for r in after["stages"]}
+    for s in ("input_dist", "output_dist"):
+        assert stage[1][s]["projected_s"] >= stage[0][s]["projected_s"]
+        assert stage[1][s]["measured_s"] == stage[0][s]["measured_s"]
+
+
 def test_check_prices_the_volumes_the_ranks_measured(measured):
     """The model's bytes per collective, from the run's own plan and the config's distributions,
     against the bytes the profiler saw: the reduce-scatter exactly, the all-to-all of sequence rows
@@ -221,7 +524,7 @@ def test_check_prices_the_volumes_the_ranks_measured(measured):
     cfg = load_config("tiny")
     v = volumes(cfg, plan_from_result(r), expected_ids_per_example(cfg), 2, r["run"]["per_rank_batch"])
     kinds = r["comm"]["by_kind"]
-    assert sum(b for _, b in v["reduce_scatter"]) == kinds["embedding_reduce_scatter"]["bytes"]
+    assert v["rs_world"] == kinds["embedding_reduce_scatter"]["bytes"]
     assert v["a2a_send"].mean() == pytest.approx(kinds["embedding_all_to_all"]["bytes"], rel=0.10)
 
 

@@ -1,24 +1,23 @@
 """Project MFU, embedding imbalance and exposed communication to 8 to 4,096 GPUs, before the cluster is spent.
 
-For each world size: TorchRec's plan for it (its planner, offline: meta tensors, no process
-group, a Topology from the cluster, each table's pooling factor as a constraint), then one cost
-model (harness/projection/cost.py; every constant in docs/design.md section 8) prices each
-stage of a step: compute from a measured result (--from) or the datasheet, lookups from bytes
-over HBM, each collective alpha-beta over NVLink within a node and the NIC across nodes, overlap
-as TorchRec's pipeline schedules it. The slowest rank sets each synchronized stage. A projection
-is a model: `--check` prints its error against a measured run of the same setup
-(docs/projection.md). Clusters: h100, h200, b200, mi355x (nodes of 8; docs/dlrmv4.md) or your own TOML file (name,
-gpus_per_node, peak_tflops, hbm_gib, hbm_GBps, [intra] and [inter] with latency_us and
-bandwidth_GBps; optional efficiency, lookup_efficiency, [collectives.<family>]).
-
-exit status: 0 projected (a world size no plan fits is a row that says why); 2 a usage error.
+For each world size: TorchRec's planner, offline (meta tensors, a Topology from the cluster),
+offered data_parallel, table/row/column-wise, table_row_wise and grid where they apply, every
+plan it finds rated by one cost model (harness/projection/cost.py, docs/projection.md): compute
+from a measured result (--from) or the datasheet, lookups from bytes over HBM, each collective
+as TorchRec runs it, alpha-beta over the cluster file's links, overlap as the pipeline schedules
+it. The fastest is kept; each row names the stage on the critical path and the GPU that sets it.
 
 examples:
-  gembench project --config dcnv2-mlperf --gpus 8,64,128 --cluster h200 --out p.json
-  gembench project --config xl --gpus 4096 --cluster h100 --set dense_parallel=fsdp --set activation_checkpointing=hstu
+  gembench project --config xl --gpus 8,64,512,4096 --cluster h100 \
+      --set dense_parallel=fsdp --set activation_checkpointing=hstu
+  gembench project --config dcnv2-mlperf --gpus 8,64,128 --batch 8=55296,64=135168,128=135168
   gembench project --config small --gpus 8,64 --from results/runs/r.json   # compute as measured
   gembench project --calibrate --out here.toml           # this host's links, as a cluster file
-  gembench project --check dist.json --from one-rank.json --cluster here.toml   # vs measured
+  gembench project --calibrate --trace tr/ --cluster here.toml --out run.toml   # links as a run saw them
+  gembench project --check dist.json --from one-rank.json --cluster run.toml   # vs measured
+
+Clusters: h100, h200, b200, mi355x (nodes of 8; docs/dlrmv4.md) or a TOML file (name, gpus_per_node, peak_tflops,
+hbm_gib, hbm_GBps, [intra], [inter]; optional [collectives.*], [in_run.*], links).
 """
 
 from __future__ import annotations
@@ -50,7 +49,11 @@ def configure(p: argparse.ArgumentParser) -> None:
         metavar="RESULT.json",
         help="a measured result of this config: compute per stage as measured on its device",
     )
-    p.add_argument("--batch", type=int, metavar="N", help="global batch (default: the config's)")
+    p.add_argument(
+        "--batch",
+        metavar="N|W=N,...",
+        help="global batch (default: the config's), or one per world size: 8=55296,64=135168",
+    )
     p.add_argument("--sharding", metavar="TYPE", help="force one sharding type on every table (default: planner's)")
     p.add_argument(
         "--schedule",
@@ -68,6 +71,13 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="a switch of the optimized stack, as `gembench run --set` takes it: "
         "activation_checkpointing=hstu|all, dense_parallel=fsdp|hsdp (memory, recompute, gradient sync)",
     )
+    p.add_argument(
+        "--search",
+        choices=("fast", "full"),
+        default="fast",
+        help="fast: the planner's search with the restrictions kept for speed (default); "
+        "full: without them, to measure what they cost (docs/projection.md)",
+    )
     p.add_argument("--no-cache", action="store_true", help="plan again instead of reading the plan cache")
     p.add_argument(
         "--out",
@@ -80,6 +90,12 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="measure this host's collectives (gloo on CPU, nccl on GPU) and write a cluster file",
     )
     p.add_argument("--nproc", type=int, default=2, metavar="N", help="ranks for --calibrate (default: 2)")
+    p.add_argument(
+        "--trace",
+        metavar="DIR",
+        help="with --calibrate: the links as a run's own collectives took them (the rank<R>.json of "
+        "gembench run --nproc N --trace DIR), isolated figures as the floor (--cluster FILE.toml reuses them)",
+    )
     p.add_argument(
         "--check",
         metavar="RESULT.json",
@@ -98,6 +114,24 @@ def _worlds(spec: str) -> list[int]:
     return worlds
 
 
+def _batches(spec: str | None, worlds: list[int]) -> tuple[int | None, dict[int, int]]:
+    """--batch N (every world) or W=N,... (per world): (the config's new batch or None, per world)."""
+    if not spec:
+        return None, {}
+    try:
+        if "=" not in spec:
+            return int(spec), {}
+        per = {int(w): int(n) for w, n in (item.split("=") for item in spec.split(",") if item.strip())}
+    except ValueError:
+        raise UsageError(f"--batch takes N or W=N,W=N (e.g. 8=55296,64=135168), got {spec!r}") from None
+    if any(n < 1 for n in per.values()):
+        raise UsageError(f"--batch takes positive batches, got {spec!r}")
+    missing = [w for w in worlds if w not in per]
+    if missing:
+        raise UsageError(f"--batch {spec} names no batch for --gpus {','.join(map(str, missing))}: add W=N for each")
+    return None, per
+
+
 def main(args: argparse.Namespace) -> int:
     if args.calibrate:
         from gembench.harness.projection.calibrate import calibrate_command
@@ -113,7 +147,7 @@ def main(args: argparse.Namespace) -> int:
 def project_command(args) -> int:
     from gembench.harness.projection.cluster import load_cluster
     from gembench.harness.projection.report import print_projection, projection_document
-    from gembench.harness.projection.sweep import sweep
+    from gembench.harness.projection.sweep import counts_of, sweep
     from gembench.harness.store.results import check_writable, write_result
     from gembench.harness.train.stack import stack_options
     from gembench.models.config import load_config, with_global_batch
@@ -132,12 +166,13 @@ def project_command(args) -> int:
         if args.sharding not in SHARDING_TYPES:
             raise UsageError(f"--sharding must be one of {', '.join(SHARDING_TYPES)}, got {args.sharding!r}")
     worlds = _worlds(args.gpus)
-    cfg = with_global_batch(load_config(args.config), args.batch)
+    batch, per_world = _batches(args.batch, worlds)
+    cfg = with_global_batch(load_config(args.config), batch)
     for w in worlds:
-        if cfg.data.global_batch % w:
+        gb = per_world.get(w, cfg.data.global_batch)
+        if gb % w:
             raise UsageError(
-                f"--gpus {w} does not divide the global batch {cfg.data.global_batch}; "
-                "pick world sizes that divide it or pass --batch"
+                f"--gpus {w} does not divide the global batch {gb}; pick world sizes that divide it or pass --batch"
             )
     result = None
     if args.from_result:
@@ -159,8 +194,21 @@ def project_command(args) -> int:
     if args.out:
         check_writable(args.out)
     progress = (lambda msg: print(msg, file=sys.stderr, flush=True)) if not args.quiet else (lambda msg: None)
-    rows, compute = sweep(
-        cfg, worlds, cluster, result, args.sharding, args.schedule, not args.no_cache, progress, stack
+    from gembench.harness.projection.cost import datasheet_compute, measured_compute
+
+    compute = measured_compute(result) if result else datasheet_compute(cfg, cluster, counts=counts_of(cfg))
+    rows = sweep(
+        cfg,
+        worlds,
+        cluster,
+        compute,
+        args.sharding,
+        args.schedule,
+        not args.no_cache,
+        progress,
+        stack,
+        per_world,
+        args.search,
     )
     doc = projection_document(
         cfg,

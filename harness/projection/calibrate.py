@@ -4,8 +4,15 @@
 CUDA) running this module. Each collective family is timed over message sizes from 4 KiB to
 16 MiB (nccl-tests' sizes: an all-to-all's send buffer, the full buffer of the others; the
 median of ITERS calls after a barrier, slowest rank); then alpha-beta is fitted by least squares:
-time = latency + size x bus_factor / bandwidth, in relative error. The file has one [collectives.<family>] link per
-family; [inter] is copied from [intra] (one host measures no link across nodes) and says so.
+time = latency + size x bus_factor / bandwidth, in relative error. The file has one
+[collectives.<family>] link per family; [inter] is copied from [intra] (one host measures no link
+across nodes) and says so.
+
+With ``--trace DIR`` (a `gembench run --nproc N --trace DIR`), each family is fitted again on the
+run's own collectives: every call inside the profiled steps, its bytes and the time gloo's worker
+(or the call) took on each rank, compute running beside it: the isolated link of the family is
+slowed by the factor that makes it price those calls at what they took (`in_run_links`), never
+below 1 (the floor); those [in_run.<family>] links are what the file prices with (links = "in_run").
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import numpy as np
 
 from gembench.errors import UsageError
 from gembench.harness.metrics.comm import bus_factor
-from gembench.harness.projection.cluster import FAMILIES, Cluster, Link, to_toml
+from gembench.harness.projection.cluster import FAMILIES, KINDS, Cluster, Link, to_toml
 
 SIZES = [2**k for k in range(12, 25, 2)]  # 4 KiB .. 16 MiB
 ITERS = 15
@@ -102,16 +109,66 @@ def worker(out_path: str) -> None:
     dist.destroy_process_group()
 
 
-def calibrate_command(args) -> int:
-    from gembench.harness.store.results import atomic_write, check_writable
+def run_points(trace_dir: Path) -> tuple[dict[str, list[tuple[float, float]]], int]:
+    """(kind -> [(bytes, seconds)] of every collective inside the profiled steps of every rank's
+    trace in ``trace_dir``, its job as harness.metrics.comm classifies it; the world size)."""
+    from gembench.harness.metrics import comm
+    from gembench.harness.metrics.trace import STEP_SPAN
 
-    if not args.out:
-        raise UsageError("--calibrate writes a cluster file: pass --out FILE.toml")
-    if not args.out.endswith(".toml"):
-        raise UsageError(f"--calibrate writes TOML: name the file FILE.toml, not {args.out!r}")
-    out = check_writable(args.out)
-    if args.nproc < 2:
-        raise UsageError("--calibrate needs --nproc 2 or more: a collective of one rank moves nothing")
+    files = sorted(Path(trace_dir).glob("rank*.json"))
+    if not files:
+        raise UsageError(
+            f"--trace {trace_dir}: no rank<R>.json in it; make one with gembench run --nproc N --trace DIR"
+        )
+    points: dict[str, list[tuple[float, float]]] = {}
+    for f in files:
+        try:
+            events = json.loads(f.read_text())["traceEvents"]
+        except (OSError, ValueError, KeyError):
+            raise UsageError(f"--trace {trace_dir}: {f.name} is not a profiler trace (Chrome JSON)") from None
+        steps = comm.windows(events, STEP_SPAN)
+        for c in comm.collectives(events):
+            if c["kind"] in KINDS and c["bytes"] > 0 and any(a <= c["queued_us"] <= b for a, b in steps):
+                points.setdefault(c["kind"], []).append((float(c["bytes"]), (c["end_us"] - c["start_us"]) / 1e6))
+    if not points:
+        raise UsageError(f"--trace {trace_dir}: no collectives inside the profiled steps (a run of --nproc 2 or more)")
+    return points, len(files)
+
+
+def in_run_links(points: dict[str, list[tuple[float, float]]], world: int, floor: dict[str, Link]) -> dict[str, Link]:
+    """Per collective kind, and per family over its kinds: the isolated link of the family slowed
+    by the factor k = (sum of the run's times) / (sum of what the isolated link gives for their
+    bytes), so those calls priced again add up to what they took in the run. k is held at 1 or
+    more (the isolated figures are the floor): latency x k, bandwidth / k."""
+
+    def slowed(family: str, pts: list[tuple[float, float]]) -> Link | None:
+        base = floor.get(family)
+        if base is None or not pts:
+            return None
+        factor = bus_factor(family, world)
+        isolated = sum(base.latency_s + b * factor / base.bandwidth_Bps for b, _ in pts)
+        k = max(sum(t for _, t in pts) / isolated, 1.0) if isolated > 0 else 1.0
+        return Link(base.latency_s * k, base.bandwidth_Bps / k)
+
+    out = {kind: slowed(KINDS[kind], pts) for kind, pts in points.items()}
+    for family in FAMILIES:
+        out[family] = slowed(family, [p for kind, pts in points.items() if KINDS[kind] == family for p in pts])
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _isolated(args, world: int) -> tuple[Cluster, dict]:
+    """The isolated links: the --cluster file's, if it has them, else measured now on ``world`` ranks."""
+    if args.cluster.endswith(".toml"):
+        from gembench.harness.projection.cluster import load_cluster
+
+        given = load_cluster(args.cluster)
+        if given.collectives:
+            return given, {"world": world, "backend": "from " + args.cluster, "device": "-"}
+    data = _measure_ranks(world, args.quiet)
+    return cluster_from(data), data
+
+
+def _measure_ranks(nproc: int, quiet: bool) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         raw = Path(tmp) / "links.json"
         cmd = [
@@ -120,15 +177,14 @@ def calibrate_command(args) -> int:
             "torch.distributed.run",
             "--standalone",
             "--nproc_per_node",
-            str(args.nproc),
+            str(nproc),
             "-m",
             "gembench.harness.projection.calibrate",
             str(raw),
         ]
-        if not args.quiet:
+        if not quiet:
             print(
-                f"gembench project --calibrate: {len(FAMILIES)} collectives x {len(SIZES)} sizes on "
-                f"{args.nproc} ranks ...",
+                f"gembench project --calibrate: {len(FAMILIES)} collectives x {len(SIZES)} sizes on {nproc} ranks ...",
                 file=sys.stderr,
                 flush=True,
             )
@@ -136,13 +192,49 @@ def calibrate_command(args) -> int:
         if proc.returncode != 0 or not raw.exists():
             tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
             raise UsageError(f"--calibrate: the ranks failed ({tail})")
-        data = json.loads(raw.read_text())
+        return json.loads(raw.read_text())
+
+
+def _link_text(t: Link) -> str:
+    return f"latency {t.latency_s * 1e6:,.0f} us, bus bandwidth {t.bandwidth_Bps / 1e9:.3f} GB/s"
+
+
+def calibrate_command(args) -> int:
+    import dataclasses
+
+    from gembench.harness.store.results import atomic_write, check_writable
+
+    if not args.out:
+        raise UsageError("--calibrate writes a cluster file: pass --out FILE.toml")
+    if not args.out.endswith(".toml"):
+        raise UsageError(f"--calibrate writes TOML: name the file FILE.toml, not {args.out!r}")
+    out = check_writable(args.out)
+    trace = getattr(args, "trace", None)
+    if trace:
+        points, world = run_points(Path(trace))
+        cluster, data = _isolated(args, world)
+        links = in_run_links(points, world, cluster.collectives)
+        cluster = dataclasses.replace(cluster, in_run=links, links="in_run")
+        rows = [
+            f"{k}: {len(points.get(k, []))} calls in the run, {_link_text(t)} "
+            f"(isolated {KINDS.get(k, k)}: {_link_text(cluster.collectives[KINDS.get(k, k)])})"
+            for k, t in links.items()
+            if k in points
+        ]
+        comment = (
+            f"gembench project --calibrate --trace {trace} on {socket.gethostname()}: {world} ranks; isolated "
+            f"links {data['backend']}\n" + "\n".join(rows) + "\nlinks = in_run: the cost model prices with "
+            "[in_run.*]: per kind, else per family (over the run's kinds), else isolated"
+        )
+        atomic_write(out, to_toml(cluster, comment) + "\n", replace=False)
+        print("\n".join(rows))
+        print(f"cluster file: {out} (prices with the in-run links)")
+        return 0
+    if args.nproc < 2:
+        raise UsageError("--calibrate needs --nproc 2 or more: a collective of one rank moves nothing")
+    data = _measure_ranks(args.nproc, args.quiet)
     cluster = cluster_from(data)
-    rows = [
-        f"{f}: latency {cluster.collectives[f].latency_s * 1e6:,.0f} us, bus bandwidth "
-        f"{cluster.collectives[f].bandwidth_Bps / 1e9:.3f} GB/s"
-        for f in FAMILIES
-    ]
+    rows = [f"{f}: {_link_text(cluster.collectives[f])}" for f in FAMILIES]
     comment = (
         f"gembench project --calibrate on {socket.gethostname()}: {data['world']} ranks, "
         f"{data['backend']} on {data['device']}, sizes {SIZES[0]}..{SIZES[-1]} bytes\n"

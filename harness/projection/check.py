@@ -88,6 +88,7 @@ def check(measured: dict, one_rank: dict, cluster) -> dict:
         },
         "projected": projected,
         "schedule": schedule,
+        "links": cluster.links_used(),
         "world": world,
         "config": cfg.name,
         "sharding": run.get("sharding"),
@@ -124,8 +125,9 @@ def check_command(args) -> int:
     )
     print(
         f"gembench project --check: {out['config']} on {out['world']} ranks, sharding {out['sharding']}, "
-        f"schedule {out['schedule']}; links from {args.cluster}, compute from {args.from_result}"
+        f"schedule {out['schedule']}; compute from {args.from_result}"
     )
+    print(f"links: {out['links']}")
     print(
         tabulate(
             table,

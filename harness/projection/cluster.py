@@ -19,6 +19,10 @@ file of the same fields, which is what `gembench project --calibrate` writes for
     [collectives.all_to_all]     # optional: a measured intra-node link per collective family
     latency_us = 60
     bandwidth_GBps = 1.2
+    links = "in_run"             # optional: price with [in_run.*] (default "isolated": the above)
+    [in_run.kjt_all_to_all]      # a link as a run's own trace timed it, per collective's job (KINDS)
+    latency_us = 200             # or per family; never under the isolated one (--calibrate --trace)
+    bandwidth_GBps = 0.4
 """
 
 from __future__ import annotations
@@ -31,6 +35,18 @@ from pathlib import Path
 from gembench.errors import UsageError, read_toml
 
 FAMILIES = ("all_to_all", "all_reduce", "reduce_scatter", "all_gather")
+# a collective's job (harness.metrics.comm.classify's kinds) -> its family: in a run, what runs
+# beside a collective depends on its job (the backward's all-to-all waits on the backward)
+KINDS = {
+    "kjt_all_to_all": "all_to_all",
+    "embedding_all_to_all": "all_to_all",
+    "embedding_grad_all_to_all": "all_to_all",
+    "embedding_reduce_scatter": "reduce_scatter",
+    "embedding_grad_all_gather": "all_gather",
+    "dense_grad_all_reduce": "all_reduce",
+    "dense_grad_reduce_scatter": "reduce_scatter",
+    "dense_param_all_gather": "all_gather",
+}
 
 
 @dataclass(frozen=True)
@@ -54,11 +70,28 @@ class Cluster:
     lookup_efficiency: float = 0.5
     collectives: dict[str, Link] = field(default_factory=dict)  # intra-node, per family, if measured
     source: str = "preset"
+    in_run: dict[str, Link] = field(default_factory=dict)  # intra-node, per kind or family, from a run's trace
+    links: str = "isolated"  # which the cost model prices with: "isolated" or "in_run"
 
-    def link(self, family: str, across_nodes: bool) -> Link:
+    def link(self, family: str, across_nodes: bool, kind: str | None = None) -> Link:
         if across_nodes:
             return self.inter
+        if self.links == "in_run":
+            found = self.in_run.get(kind) or self.in_run.get(family)
+            if found:
+                return found
         return self.collectives.get(family, self.intra)
+
+    def links_used(self) -> str:
+        """Which links the cost model prices collectives with, in words."""
+        if self.links == "in_run" and self.in_run:
+            return (
+                f"in-run ({len(self.in_run)} links timed in a run, the isolated figures their floor; "
+                f"collectives the run had not: isolated), from {self.source}"
+            )
+        if self.collectives:
+            return f"isolated (collectives run alone, --calibrate), from {self.source}"
+        return f"datasheet intra/inter links ({self.source})"
 
     def hash(self) -> str:
         content = {k: v for k, v in asdict(self).items() if k != "source"}
@@ -124,10 +157,16 @@ def read_cluster(path: Path) -> Cluster:
     for key in ("gpus_per_node", "peak_tflops", "hbm_gib", "hbm_GBps"):
         if not isinstance(data[key], (int, float)) or data[key] <= 0:
             raise UsageError(f"{path}: {key} must be a positive number, got {data[key]!r}")
-    extra = data.get("collectives", {})
-    unknown = set(extra) - set(FAMILIES)
-    if unknown:
-        raise UsageError(f"{path}: [collectives] knows {', '.join(FAMILIES)}, not {', '.join(sorted(unknown))}")
+    extra, in_run = data.get("collectives", {}), data.get("in_run", {})
+    for where, table, known in (("collectives", extra, FAMILIES), ("in_run", in_run, (*FAMILIES, *KINDS))):
+        unknown = set(table) - set(known)
+        if unknown:
+            raise UsageError(f"{path}: [{where}] knows {', '.join(known)}, not {', '.join(sorted(unknown))}")
+    links = data.get("links", "isolated")
+    if links not in ("isolated", "in_run"):
+        raise UsageError(f'{path}: links must be "isolated" or "in_run", got {links!r}')
+    if links == "in_run" and not in_run:
+        raise UsageError(f'{path}: links = "in_run" but there is no [in_run.<family>]; run --calibrate --trace DIR')
     return Cluster(
         name=str(data["name"]),
         gpus_per_node=int(data["gpus_per_node"]),
@@ -140,6 +179,8 @@ def read_cluster(path: Path) -> Cluster:
         lookup_efficiency=float(data.get("lookup_efficiency", 0.5)),
         collectives={f: _link(v, f"collectives.{f}", path) for f, v in extra.items()},
         source=str(path),
+        in_run={k: _link(v, f"in_run.{k}", path) for k, v in in_run.items()},
+        links=links,
     )
 
 
@@ -172,6 +213,10 @@ def to_toml(c: Cluster, comment: str = "") -> str:
         "[inter]",
         link(c.inter),
     ]
+    if c.in_run:
+        lines.insert(lines.index(""), f'links = "{c.links}"')
     for family, t in c.collectives.items():
         lines += [f"[collectives.{family}]", link(t)]
+    for family, t in c.in_run.items():
+        lines += [f"[in_run.{family}]", link(t)]
     return "\n".join(lines)

@@ -1,22 +1,20 @@
 """The projection's one cost model: a training step of a config on W GPUs of a cluster, per stage.
 
-Every constant and assumption is written in docs/design.md section 8. In short:
+Constants and assumptions: docs/design.md section 8 and docs/projection.md. In short:
 
-- Volumes from the plan (harness/projection/offline_plan.py, or a measured run's own plan) and
-  the config's mean IDs per example (models.data.expected_ids_per_example). With hashed IDs
-  (data.id_layout) a row-wise shard serves its share of rows' share of the lookups; with sorted
-  ones, the power law's mass over its rows (models.data.zipf_share): the first shard, the head.
-- Compute per stage from a measured result (seconds per example per stage on that device,
-  scaled to the per-rank batch) or, without one, from FLOPs at the cluster's efficiency.
-- Embedding lookups: bytes read over HBM bandwidth (or the measured result's seconds per byte);
-  the fused optimizer's update in the backward reads and writes each row: UPDATE_PER_LOOKUP.
-- Collectives alpha-beta with nccl-tests' bus factors (harness.metrics.comm.bus_factor),
-  hierarchical across nodes: `collective_time`.
-- Overlap as the stack schedules it: ``staged`` (gembench's measured ranks: every stage on the
-  critical path) or ``pipelined`` (TorchRec's TrainPipelineSparseDist: the next batch's
-  input_dist under this batch's dense compute; DDP's bucketed all-reduce under the backward,
-  the last bucket exposed).
-The slowest rank sets every synchronized stage: lookups and all-to-alls take the max over ranks.
+- Volumes per GPU from the plan (offline_plan.py, or a measured run's own) and the config's mean
+  IDs per example; a row-split shard serves its rows' share of the lookups (hashed IDs) or the
+  power law's mass over its rows (sorted IDs, models.data.zipf_share).
+- Collectives as TorchRec runs them, alpha-beta per family (`collective_time`, links from the
+  cluster file: `Cluster.link`): the KJT all-to-all of IDs; table- and column-wise outputs by
+  one all-to-all; row-wise by a world reduce-scatter; table_row_wise and grid by a reduce-scatter
+  within the node, then an all-to-all of one GPU per node over the NICs; the backward mirrors
+  them. Data-parallel tables are looked up locally and all-reduced with the dense gradients.
+- Compute from a measured result or the datasheet; lookups as bytes over HBM; the fused update
+  reads and writes each looked-up row once more (UPDATE_PER_LOOKUP).
+- Overlap: ``staged`` (every stage on the critical path) or ``pipelined`` (TorchRec's sparse-dist
+  pipeline and DDP's buckets). Each synchronized stage takes its slowest GPU: `Pricer.price`
+  names it and what sets it (lookup bytes, all-to-all bytes, dense compute, gradient bytes).
 """
 
 from __future__ import annotations
@@ -45,9 +43,38 @@ EMB_BYTES = 4  # fp32 embedding rows and pooled outputs (TorchRec's default, no 
 UPDATE_PER_LOOKUP = 2.0  # fused row-wise Adagrad: read and write each looked-up row once more
 DDP_BUCKET_BYTES = 25 * 2**20  # DDP's default bucket: the last one cannot overlap the backward
 ADAM_STEP_BYTES = 4 + 4 + ADAM_BYTES + 4 + ADAM_BYTES  # read p, g, m, v; write p, m, v (fp32)
+DP_STATE_BYTES = 16  # a data-parallel table's element: weight, gradient, Adam m and v (fp32)
+ROW_SPLIT = ("row_wise", "table_row_wise", "grid_shard")
+NODE_SPLIT = ("table_row_wise", "grid_shard")  # rows over one node's GPUs, outputs out by the NICs
+SET_BY = {
+    "input_dist": "all-to-all bytes",
+    "embedding_lookup": "lookup bytes",
+    "output_dist": "all-to-all bytes",
+    "dense_forward": "dense compute",
+    "grad_sync": "gradient bytes",
+    "optimizer": "dense compute",
+}
 
 
-def collective_time(cluster: Cluster, family: str, nbytes: float, ranks: int, per_node: int | None = None) -> float:
+@dataclass(frozen=True)
+class Exchange:
+    """How the stack moves its bytes: TorchRec's and DDP's defaults. A published system that moves
+    them otherwise (published.py: HugeCTR's fp16 exchange, SHARP) is priced with its own."""
+
+    emb_bytes: int = EMB_BYTES  # per element of the pooled embeddings and their gradients sent
+    grad_bytes: int = 4  # per element of the dense gradients reduced
+    in_network_reduce: bool = False  # all-reduces reduced in the switches (SHARP): each byte over the NIC once
+
+
+def collective_time(
+    cluster: Cluster,
+    family: str,
+    nbytes: float,
+    ranks: int,
+    per_node: int | None = None,
+    kind: str | None = None,
+    in_network: bool = False,
+) -> float:
     """Seconds for one collective over ``ranks`` GPUs of ``nbytes`` (nccl-tests' sizes: the send
     buffer of an all-to-all, the full buffer of the others). Within a node: latency + bus bytes /
     the intra link. Across N nodes of G GPUs, each GPU on its own NIC:
@@ -55,23 +82,28 @@ def collective_time(cluster: Cluster, family: str, nbytes: float, ranks: int, pe
       all_reduce: reduce-scatter in the node, all-reduce of 1/G across nodes, all-gather in the node;
       reduce_scatter / all_gather: the in-node step and 1/G of the buffer across the nodes.
     ``per_node``: the group's GPUs in each node (default: as many as fit); 1 for a group of one
-    GPU per node, as HSDP's replicas, whose collective runs on the NICs alone."""
+    GPU per node (HSDP's replicas, table_row_wise's cross-node all-to-all): the NICs alone.
+    ``kind``: the collective's job (cluster.KINDS), for links timed in a run per job; ``in_network``:
+    an all-reduce the switches reduce (SHARP), its bytes over each NIC once, not 2(N-1)/N times."""
     if ranks <= 1 or nbytes <= 0:
         return 0.0
     g = per_node or min(ranks, cluster.gpus_per_node)
     nodes = math.ceil(ranks / g)
+    reduce_in_switch = in_network and family == "all_reduce"
     if g == 1:
-        return cluster.inter.latency_s + nbytes * bus_factor(family, nodes) / cluster.inter.bandwidth_Bps
-    intra = cluster.link(family, across_nodes=False)
+        inter = cluster.link(family, across_nodes=True)
+        factor = 1.0 if reduce_in_switch else bus_factor(family, nodes)
+        return inter.latency_s + nbytes * factor / inter.bandwidth_Bps
+    intra = cluster.link(family, across_nodes=False, kind=kind)
     if nodes == 1:
         return intra.latency_s + nbytes * bus_factor(family, g) / intra.bandwidth_Bps
-    inter = cluster.inter
+    inter = cluster.link(family, across_nodes=True)
     if family == "all_to_all":
         leaving = nbytes * (nodes - 1) / nodes / inter.bandwidth_Bps
         staying = nbytes * (g - 1) / (g * nodes) / intra.bandwidth_Bps
         return inter.latency_s + max(leaving, staying)
     in_node = nbytes * bus_factor(family, g) / intra.bandwidth_Bps
-    across = (nbytes / g) * bus_factor(family, nodes) / inter.bandwidth_Bps
+    across = (nbytes / g) * (1.0 if reduce_in_switch else bus_factor(family, nodes)) / inter.bandwidth_Bps
     if family == "all_reduce":  # in_node already counts both halves (2(g-1)/g)
         return 2 * intra.latency_s + inter.latency_s + in_node + across
     return intra.latency_s + inter.latency_s + in_node + across
@@ -90,6 +122,7 @@ class Compute:
     # what a communication stage costs one rank besides the link (TorchRec's splits, permutes and
     # copies; DDP's bucket copies): the 1-rank result's time in that stage, where nothing is sent
     overhead_s: dict[str, float] = dataclasses.field(default_factory=dict)
+    optimizer_s_per_param: float = 0.0  # Adam over one more parameter (a data-parallel table's)
 
 
 def datasheet_compute(cfg: ModelConfig, cluster: Cluster, counts: dict | None = None) -> Compute:
@@ -103,6 +136,7 @@ def datasheet_compute(cfg: ModelConfig, cluster: Cluster, counts: dict | None = 
         1.0 / (cluster.hbm_Bps * cluster.lookup_efficiency),
         f"datasheet: {cluster.peak_tflops:g} TFLOP/s x {cluster.efficiency:g}, "
         f"HBM {cluster.hbm_Bps / 1e9:,.0f} GB/s x {cluster.lookup_efficiency:g}",
+        optimizer_s_per_param=ADAM_STEP_BYTES / cluster.hbm_Bps,
     )
 
 
@@ -129,98 +163,339 @@ def measured_compute(result: dict) -> Compute:
     nproc, nnodes = result["run"].get("nproc") or 1, result["run"].get("nnodes") or 1
     shards = {"fsdp": nproc, "hsdp": nproc // nnodes}.get(options.get("dense_parallel"), 1)
     backward = max(stages.get("backward", 0.0) - UPDATE_PER_LOOKUP * lookup, 0.0)
+    dense = (result.get("model") or {}).get("dense_params") or 0
+    optimizer = stages.get("optimizer", 0.0) * shards
     return Compute(
         {"dense_forward": stages.get("dense_forward", 0.0) / batch, "backward": backward / batch},
-        stages.get("optimizer", 0.0) * shards,
+        optimizer,
         rate,
         f"measured: {result.get('id', '?')} on {result['env'].get('device_name', '?')}, {batch} examples per rank",
         # only a run that sent nothing shows a communication stage's cost without the link
         {k: stages.get(k, 0.0) for k in COMM_STAGES} if (result["run"].get("nproc") or 1) == 1 else {},
+        optimizer / dense if dense else 0.0,
     )
 
 
-def _lookup_share(table: dict, shard: int, rows: int, alpha: float, hashed: bool) -> float:
-    """The share of a row-split table's lookups its shard serves: its share of the rows when IDs
+def _lookup_shares(sizes: list, offsets: list, rows: int, alpha: float, hashed: bool) -> np.ndarray:
+    """The share of a row-split table's lookups each shard serves: its share of the rows when IDs
     are hashed over them, the power law's mass over its row range when hot rows come first."""
-    size = table["shard_sizes"][shard][0]
     if hashed:
-        return size / rows
-    offsets = table.get("shard_offsets") or [
-        [sum(s[0] for s in table["shard_sizes"][:i]), 0] for i in range(len(table["shard_sizes"]))
-    ]
-    lo = offsets[shard][0]
-    return zipf_share(lo, lo + size, rows, alpha)
+        return np.array([s[0] / rows for s in sizes], dtype=float)
+    return np.array([zipf_share(o[0], o[0] + s[0], rows, alpha) for s, o in zip(sizes, offsets)])
 
 
-def volumes(cfg: ModelConfig, tables: dict[str, dict], ids: dict[str, float], world: int, batch: int) -> dict:
-    """Per rank: bytes looked up, and bytes sent and received by each communication of the step.
+@dataclass
+class _Table:
+    """One table's volumes under one sharding, per shard (placed by ranks) and for every GPU."""
 
-    ``batch`` is the per-rank batch; the global batch is world x batch. Returns arrays of W.
-    """
-    gb = world * batch
-    sequences = {f"table_{s.name}" for s in cfg.sequences}
-    alphas, hashed = id_exponents(cfg), cfg.data.id_layout == "hashed"
-    lookup = np.zeros(world)
-    kjt_send, kjt_recv = np.zeros(world), np.zeros(world)
-    a2a_send, a2a_recv = np.zeros(world), np.zeros(world)  # pooled TW/CW and sequence outputs
-    rs_bytes: dict[tuple, float] = {}  # (sharding, group size) -> bytes: one reduce-scatter forward per group
-    groups = set()  # TorchRec sends each (module, sharding type) group in collectives of its own
-    for name, t in tables.items():
-        n_ids = ids.get(name, 0.0)
-        kind = t["sharding"]
-        rows = sum(s[0] for s in t["shard_sizes"]) if kind in ("row_wise", "table_row_wise") else t["shard_sizes"][0][0]
-        dim_total = sum(s[1] for s in t["shard_sizes"]) if kind == "column_wise" else t["shard_sizes"][0][1]
-        sequence = name in sequences
+    kind: str
+    sequence: bool
+    look: np.ndarray  # lookup bytes, per shard
+    kjt_recv: np.ndarray  # ID bytes received, per shard
+    a2a_send: np.ndarray  # output all-to-all bytes sent (world), per shard
+    rs_in: np.ndarray  # partial sums into a node's reduce-scatter (table_row_wise, grid), per shard
+    cross_send: np.ndarray  # after it, bytes sent to the other nodes, per shard
+    kjt_send: float = 0.0  # every GPU: ID bytes sent
+    a2a_recv: float = 0.0  # every GPU: output bytes received (world all-to-all)
+    cross_recv: float = 0.0  # every GPU: output bytes received from the nodes (table_row_wise, grid)
+    rs_world: float = 0.0  # every GPU: row-wise reduce-scatter buffer
+    dp_lookup: float = 0.0  # every GPU: a data-parallel table's own lookups
+    dp_params: float = 0.0  # a data-parallel table's elements (all-reduced, Adam-updated)
+    held: np.ndarray | None = None  # bytes held, per shard (weights + optimizer state)
+
+
+class Volumes:
+    """Each GPU's bytes under a plan, for one config, world and per-rank batch; each table's
+    volumes are computed once per sharding (the planner rates many plans of the same options)."""
+
+    def __init__(
+        self, cfg: ModelConfig, ids: dict[str, float], world: int, batch: int, gpus_per_node: int, sent: int = EMB_BYTES
+    ):
+        self.ids, self.world, self.batch, self.sent = ids, world, batch, sent  # sent: bytes per element sent
+        self.g = min(world, gpus_per_node)
+        self.nodes = math.ceil(world / self.g)
+        self.sequences = {f"table_{s.name}" for s in cfg.sequences}
+        self.alphas, self.hashed = id_exponents(cfg), cfg.data.id_layout == "hashed"
+        self._cache: dict[tuple, _Table] = {}
+
+    def _table(self, name: str, t: dict) -> _Table:
+        sizes = t["shard_sizes"]
+        key = (name, t["sharding"], len(sizes), tuple(sizes[0]), tuple(sizes[-1]))
+        if key not in self._cache:
+            self._cache[key] = self._new(name, t["sharding"], sizes, t.get("shard_offsets") or _offsets(t))
+        return self._cache[key]
+
+    def _new(self, name: str, kind: str, sizes: list, offsets: list) -> _Table:
+        n_ids, n = self.ids.get(name, 0.0), len(sizes)
+        gb, batch = self.world * self.batch, self.batch
+        sequence = name in self.sequences
+        cols = np.array([s[1] for s in sizes], dtype=float)
+        zeros = np.zeros(n)
+        out = _Table(kind, sequence, zeros, zeros, zeros, zeros, zeros)
         if kind == "data_parallel":
-            lookup += batch * n_ids * dim_total * EMB_BYTES
-            continue
-        groups.add((sequence, kind))
-        id_bytes = n_ids * ID_BYTES + LENGTH_BYTES
-        # every rank sends its examples' IDs once per shard that needs them
-        copies = len(t["ranks"]) if kind == "column_wise" else 1
-        kjt_send += batch * id_bytes * copies
-        for i, rank in enumerate(t["ranks"]):
-            cols = t["shard_sizes"][i][1]
-            share = (
-                _lookup_share(t, i, rows, alphas.get(name, 0.0), hashed)
-                if kind in ("row_wise", "table_row_wise")
-                else 1.0
-            )
-            looked = gb * n_ids * share
-            lookup[rank] += looked * cols * EMB_BYTES
-            kjt_recv[rank] += gb * id_bytes * share
-            if sequence:  # unpooled rows go back to their examples' ranks
-                a2a_send[rank] += looked * cols * EMB_BYTES
-            elif kind in ("table_wise", "column_wise"):
-                a2a_send[rank] += gb * cols * EMB_BYTES
-        if sequence:
-            a2a_recv += batch * n_ids * dim_total * EMB_BYTES
-        elif kind in ("table_wise", "column_wise"):
-            a2a_recv += batch * dim_total * EMB_BYTES
+            rows, dim = sizes[0]
+            out.dp_lookup, out.dp_params = batch * n_ids * dim * EMB_BYTES, float(rows * dim)
+            out.held = np.full(n, rows * dim * DP_STATE_BYTES, dtype=float)
+            return out
+        first_block = [i for i in range(n) if offsets[i][1] == offsets[0][1]]
+        dim_total = float(sum(s[1] for s, o in zip(sizes, offsets) if o[0] == offsets[0][0]))
+        if kind in ROW_SPLIT:
+            block_rows = sum(sizes[i][0] for i in first_block)
+            share = _lookup_shares(sizes, offsets, block_rows, self.alphas.get(name, 0.0), self.hashed)
         else:
-            key = (kind, len(t["ranks"]))
-            rs_bytes[key] = rs_bytes.get(key, 0.0) + gb * dim_total * EMB_BYTES
-    return {
-        "lookup": lookup,
-        "kjt_send": kjt_send,
-        "kjt_recv": kjt_recv,
-        "a2a_send": a2a_send,
-        "a2a_recv": a2a_recv,
-        "reduce_scatter": [(size, b) for (_, size), b in rs_bytes.items()],
-        "groups": len(groups),
-        "a2a_groups": len([g for g in groups if g[0] or g[1] in ("table_wise", "column_wise")]),
-    }
+            share = np.ones(n)
+        id_bytes = n_ids * ID_BYTES + LENGTH_BYTES
+        looked = gb * n_ids * share
+        out.look, out.kjt_recv = looked * cols * EMB_BYTES, gb * id_bytes * share
+        out.kjt_send = batch * id_bytes * len({o[1] for o in offsets})  # each column block needs every ID
+        out.held = np.array([s[0] * s[1] * EMB_BYTES + s[0] * 4 for s in sizes], dtype=float)
+        sent = self.sent
+        if sequence:  # unpooled rows go back to their examples' ranks
+            out.a2a_send = looked * cols * sent
+            out.a2a_recv = batch * n_ids * dim_total * sent
+        elif kind in ("table_wise", "column_wise"):
+            out.a2a_send = gb * cols * sent
+            out.a2a_recv = batch * dim_total * sent
+        elif kind == "row_wise":
+            out.rs_world = gb * dim_total * sent
+        else:  # table_row_wise, grid: reduce-scatter in the node, then each GPU's share to its peers
+            out.rs_in = gb * cols * sent
+            out.cross_send = gb / self.g * cols * sent
+            out.cross_recv = batch * dim_total * sent
+        return out
+
+    def __call__(self, tables: dict[str, dict]) -> dict:
+        """Per GPU (arrays of W): bytes looked up, sent and received by each collective, held."""
+        w = self.world
+        keys = ("lookup", "kjt_send", "kjt_recv", "a2a_send", "a2a_recv", "rs_in", "cross_send", "cross_recv", "held")
+        v: dict = {k: np.zeros(w) for k in keys}
+        v["rs_world"], v["dp_params"] = 0.0, 0.0
+        groups = set()  # TorchRec sends each (module, sharding type) group in collectives of its own
+        for name, t in tables.items():
+            x = self._table(name, t)
+            if x.kind == "data_parallel":
+                v["lookup"] += x.dp_lookup
+                v["held"] += x.held[0]
+                v["dp_params"] += x.dp_params
+                continue
+            ranks = np.asarray(t["ranks"], dtype=int)
+            groups.add((x.sequence, x.kind))
+            for key in ("kjt_recv", "a2a_send", "rs_in", "cross_send", "held"):
+                np.add.at(v[key], ranks, getattr(x, key))
+            np.add.at(v["lookup"], ranks, x.look)
+            v["kjt_send"] += x.kjt_send
+            v["a2a_recv"] += x.a2a_recv
+            v["cross_recv"] += x.cross_recv
+            v["rs_world"] += x.rs_world
+        v["groups"] = len(groups)
+        v["a2a_groups"] = len([g for g in groups if g[0] or g[1] in ("table_wise", "column_wise")])
+        return v
 
 
-def embedding_bytes_per_rank(tables: dict[str, dict], world: int) -> np.ndarray:
-    """Weights and row-wise Adagrad state held by each rank, from the plan's shard sizes."""
-    held = np.zeros(world)
-    for t in tables.values():
-        ranks = t["ranks"] if t["sharding"] != "data_parallel" else range(world)
-        for i, rank in enumerate(ranks):
-            rows, cols = t["shard_sizes"][min(i, len(t["shard_sizes"]) - 1)]
-            held[rank] += rows * cols * EMB_BYTES + rows * 4
-    return held
+def _offsets(t: dict) -> list:
+    """Shard offsets of a plan recorded without them: rows stacked (row splits) or columns side by side."""
+    sizes = t["shard_sizes"]
+    if t["sharding"] == "column_wise":
+        starts = np.cumsum([0] + [s[1] for s in sizes])
+        return [[0, int(starts[i])] for i in range(len(sizes))]
+    if t["sharding"] in ROW_SPLIT:
+        starts = np.cumsum([0] + [s[0] for s in sizes])
+        return [[int(starts[i]), 0] for i in range(len(sizes))]
+    return [[0, 0]] * len(sizes)
+
+
+class Pricer:
+    """Prices plans of one setup (config, world, per-rank batch, cluster, compute, schedule, stack):
+    what does not depend on the plan is computed once."""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        ids: dict[str, float],
+        world: int,
+        batch: int,
+        cluster: Cluster,
+        compute: Compute,
+        schedule: str = "pipelined",
+        stack=None,
+        counts: dict | None = None,
+        exchange: Exchange = Exchange(),
+    ):
+        self.world, self.batch, self.cluster = world, batch, cluster
+        self.compute, self.schedule, self.stack, self.exchange = compute, schedule, stack, exchange
+        self.counts = counts or parameter_counts(cfg)
+        self.volumes = Volumes(cfg, ids, world, batch, cluster.gpus_per_node, exchange.emb_bytes)
+        self.shards = dense_shards(stack, world, cluster.gpus_per_node)
+        blocks = forward_flops_per_example(cfg)
+        self.fwd = sum(blocks.values())
+        mode = getattr(stack, "activation_checkpointing", "none")
+        self.recomputed_share = recomputed_forward_flops(blocks, mode) / self.fwd if self.fwd else 0.0
+        self.side = dense_side(cfg, batch, self.counts, stack, world, cluster.gpus_per_node)
+
+    def _comms(self, v: dict) -> dict[str, tuple[float, int]]:
+        """Each collective of the step: (seconds, the GPU whose bytes set it). A collective waits
+        for its slowest member, so it takes the time of the GPU with the most bytes."""
+        cl, w, g = self.cluster, self.world, self.volumes.g
+        multi = w > cl.gpus_per_node
+
+        def most(family, kind, nbytes, ranks, per_node=None, calls=1):
+            r = int(np.argmax(nbytes))
+            t = collective_time(cl, family, float(nbytes[r]), ranks, per_node, kind)
+            lat = cl.link(family, across_nodes=multi, kind=kind).latency_s
+            return (t + (calls - 1) * lat if t else 0.0), r
+
+        kjt = np.maximum(v["kjt_send"], v["kjt_recv"])
+        a2a = np.maximum(v["a2a_send"], v["a2a_recv"])
+        cross = np.maximum(v["cross_send"], v["cross_recv"]) if multi else np.zeros(w)
+        rs_world = np.full(w, v["rs_world"])
+        return {
+            "kjt": most("all_to_all", "kjt_all_to_all", kjt, w, calls=KJT_CALLS * v["groups"]),
+            "a2a": most("all_to_all", "embedding_all_to_all", a2a, w, calls=v["a2a_groups"]),
+            "grad_a2a": most("all_to_all", "embedding_grad_all_to_all", a2a, w, calls=v["a2a_groups"]),
+            "rs": most("reduce_scatter", "embedding_reduce_scatter", rs_world, w),
+            "ag": most("all_gather", "embedding_grad_all_gather", rs_world, w),
+            "node_rs": most("reduce_scatter", "embedding_reduce_scatter", v["rs_in"], g),
+            "node_ag": most("all_gather", "embedding_grad_all_gather", v["rs_in"], g),
+            "cross": most("all_to_all", "embedding_all_to_all", cross, w, per_node=1),
+            "grad_cross": most("all_to_all", "embedding_grad_all_to_all", cross, w, per_node=1),
+        }
+
+    def price(self, tables: dict[str, dict], rating: bool = False) -> dict:
+        """One projected step: stages (time, exposed time, the GPU that sets it and by what), step,
+        MFU, imbalance, memory. ``rating``: the step and imbalance only (the planner's perf model)."""
+        c, w, cl, batch = self.compute, self.world, self.cluster, self.batch
+        v = self.volumes(tables)
+        over = c.overhead_s
+        comm = self._comms(v)
+        out_parts = [comm[k] for k in ("a2a", "rs", "node_rs", "cross")]
+        grad_parts = [comm[k] for k in ("grad_a2a", "ag", "node_ag", "grad_cross")]
+        output = sum(t for t, _ in out_parts)
+        grad_comm = sum(t for t, _ in grad_parts)
+        lookup_rank = v["lookup"] * c.lookup_s_per_byte
+        heavy = int(np.argmax(lookup_rank))
+        dense_fwd = c.per_example["dense_forward"] * batch
+        plain_bwd = c.per_example["backward"] * batch
+        dense_bwd = plain_bwd + dense_fwd * self.recomputed_share  # checkpointed blocks run again
+        # backward: the dense part, the embeddings' gradients back (the output collectives
+        # reversed: all-to-alls, all-gathers), then the fused update of each looked-up row
+        update = UPDATE_PER_LOOKUP * float(lookup_rank[heavy])
+        sync, first, last = self._grad_sync(v["dp_params"])
+        stages = {
+            "input_dist": comm["kjt"][0] + over.get("input_dist", 0.0),
+            "embedding_lookup": float(lookup_rank[heavy]),
+            "output_dist": output + over.get("output_dist", 0.0),
+            "dense_forward": dense_fwd,
+            "backward": dense_bwd + grad_comm + update,
+            "grad_sync": sync + over.get("grad_sync", 0.0),
+            "optimizer": c.optimizer_s / self.shards + v["dp_params"] * c.optimizer_s_per_param,
+        }
+        exposed = dict(stages)
+        if self.schedule == "pipelined":
+            exposed["input_dist"] = max(0.0, stages["input_dist"] - (dense_fwd + plain_bwd))
+            if w > 1:  # FSDP: one block's gather ahead of the forward; DDP: its last bucket
+                hide = dense_fwd + plain_bwd if self.shards > 1 else plain_bwd
+                exposed["grad_sync"] = max(first if self.shards > 1 else last, stages["grad_sync"] - hide)
+            else:
+                exposed["grad_sync"] = 0.0
+        step = sum(exposed[k] for k in STAGES)
+        mean = v["lookup"].mean()
+        imbalance = float(v["lookup"].max() / mean) if mean > 0 else 1.0
+        if rating:
+            return {"step_time_s": step, "imbalance": imbalance}
+        comm_exposed = exposed["input_dist"] + exposed["output_dist"] + grad_comm + exposed["grad_sync"]
+        a2a_bytes = v["kjt_send"] + v["kjt_recv"] + v["a2a_send"] + v["a2a_recv"] + v["cross_send"] + v["cross_recv"]
+        # who sets each stage: the GPU with the most of what the stage's largest part moves
+        gpu = {k: heavy for k in STAGES}  # compute alike on every GPU: the one with the most lookups ends last
+        by = dict(SET_BY)
+        gpu["input_dist"] = comm["kjt"][1]
+        gpu["output_dist"] = max(out_parts)[1]
+        parts = {"dense compute": (dense_bwd, heavy), "lookup bytes": (update, heavy)}
+        parts["all-to-all bytes"] = (grad_comm, max(grad_parts)[1])
+        by["backward"] = max(parts, key=lambda k: parts[k][0])
+        gpu["backward"] = parts[by["backward"]][1]
+        critical = max(STAGES, key=lambda k: exposed[k])
+        memory = float(v["held"].max()) + sum(self.side.values())
+        flops = train_flops(self.fwd * w * batch)
+        return {
+            "world": w,
+            "nodes": self.volumes.nodes,
+            "per_rank_batch": batch,
+            "global_batch": w * batch,
+            "schedule": self.schedule,
+            "stages": {
+                k: {"time_s": stages[k], "exposed_s": exposed[k], "gpu": gpu[k], "set_by": by[k]} for k in STAGES
+            },
+            "step_time_s": step,
+            "examples_per_s": w * batch / step if step else 0.0,
+            "mfu": mfu(flops, step, cl.peak_tflops, w),
+            # executed FLOPs: the model's plus the checkpointed blocks' forward run again
+            "hfu": mfu(flops + self.recomputed_share * self.fwd * w * batch, step, cl.peak_tflops, w)
+            if self.recomputed_share
+            else None,
+            "critical_path": {
+                "stage": critical,
+                "gpu": gpu[critical],
+                "set_by": by[critical],
+                "exposed_s": exposed[critical],
+                "share": exposed[critical] / step if step else 0.0,
+            },
+            "most_loaded": {
+                "lookup_bytes": _most(v["lookup"]),
+                "all_to_all_bytes": _most(a2a_bytes),
+                "dense_compute": {"gpu": heavy, "s": dense_fwd + dense_bwd, "alike": True},
+            },
+            "imbalance": {
+                "max_mean": imbalance,
+                "lookup_bytes_max": float(v["lookup"].max()),
+                "lookup_bytes_mean": float(mean),
+            },
+            "exposed_comm_s": comm_exposed,
+            "exposed_comm_fraction": min(comm_exposed / step, 1.0) if step else 0.0,
+            "memory": {
+                "per_gpu_bytes": memory,
+                "embeddings_bytes": float(v["held"].max()),
+                "dense_bytes": self.side["dense"],
+                "activations_bytes": self.side["activations"],
+                "hbm_bytes": cl.hbm_bytes,
+                "fits": memory <= cl.hbm_bytes,
+            },
+        }
+
+    def _grad_sync(self, dp_params: float) -> tuple[float, float, float]:
+        """(gradient sync, FSDP's first gather, DDP's last bucket): dense gradients, and the
+        data-parallel tables' with them, which no FSDP shards."""
+        cl, w, shards, counts, x = self.cluster, self.world, self.shards, self.counts, self.exchange
+        dense_grad = counts["dense_params"] * x.grad_bytes
+        dp_grad = dp_params * x.grad_bytes
+        net = x.in_network_reduce
+        ar, rs, ag = "dense_grad_all_reduce", "dense_grad_reduce_scatter", "dense_param_all_gather"
+        if shards > 1:  # fp32 gradients reduce-scattered; parameters all-gathered (bf16) for forward and backward
+            gather = counts["dense_params"] * (2 if getattr(self.stack, "bf16", True) else 4)
+            sync = collective_time(cl, "reduce_scatter", dense_grad, shards, kind=rs) + 2 * collective_time(
+                cl, "all_gather", gather, shards, kind=ag
+            )
+            if shards < w:  # HSDP: each shard all-reduced with its replicas, one GPU per node
+                sync += collective_time(cl, "all_reduce", dense_grad / shards, w // shards, 1, ar, net)
+            sync += collective_time(cl, "all_reduce", dp_grad, w, kind=ar, in_network=net)
+        else:
+            sync = collective_time(cl, "all_reduce", dense_grad + dp_grad, w, kind=ar, in_network=net)
+        first = collective_time(cl, "all_gather", counts.get("largest_block_params", 0) * 2, shards, kind=ag)
+        last = collective_time(
+            cl, "all_reduce", min(dense_grad + dp_grad, DDP_BUCKET_BYTES), w, kind=ar, in_network=net
+        )
+        return sync, first, last
+
+
+def _most(x: np.ndarray) -> dict:
+    r = int(np.argmax(x))
+    return {"gpu": r, "bytes": float(x[r]), "mean_bytes": float(x.mean())}
+
+
+def volumes(
+    cfg: ModelConfig, tables: dict[str, dict], ids: dict[str, float], world: int, batch: int, gpus_per_node: int = 8
+) -> dict:
+    """Per rank (arrays of W): the bytes of each collective of the step; ``batch`` is per rank."""
+    return Volumes(cfg, ids, world, batch, gpus_per_node)(tables)
 
 
 def dense_shards(stack, world: int, gpus_per_node: int) -> int:
@@ -250,104 +525,8 @@ def project(
     stack=None,
     counts: dict | None = None,
 ) -> dict:
-    """One projected step: stages (time and exposed time), step, MFU, imbalance, memory."""
-    counts = counts or parameter_counts(cfg)
-    shards = dense_shards(stack, world, cluster.gpus_per_node)
-    fsdp = shards > 1  # FSDP, or HSDP within each node
-    v = volumes(cfg, tables, ids, world, batch)
-    lat = cluster.link("all_to_all", across_nodes=world > cluster.gpus_per_node).latency_s
-
-    def a2a(send, recv, calls: int) -> float:  # one collective's bytes, and the latency of the others
-        if not calls:
-            return 0.0
-        return collective_time(cluster, "all_to_all", float(max(send.max(), recv.max())), world) + (calls - 1) * lat
-
-    # the KJT all-to-all is three per group (splits, lengths, values); the outputs one per group
-    input_dist = a2a(v["kjt_send"], v["kjt_recv"], KJT_CALLS * v["groups"]) + compute.overhead_s.get("input_dist", 0.0)
-    pooled_out = a2a(v["a2a_send"], v["a2a_recv"], v["a2a_groups"])
-    rs = sum(collective_time(cluster, "reduce_scatter", b, n) for n, b in v["reduce_scatter"])
-    output_dist = pooled_out + rs + compute.overhead_s.get("output_dist", 0.0)
-    lookup_rank = v["lookup"] * compute.lookup_s_per_byte
-    lookup = float(lookup_rank.max())
-    dense_fwd = compute.per_example["dense_forward"] * batch
-    dense_bwd = compute.per_example["backward"] * batch
-    # backward: the dense part, the embeddings' gradients back (the reverse of output_dist: an
-    # all-to-all, and an all-gather for row-wise pooled tables), then the fused update
-    ag = sum(collective_time(cluster, "all_gather", b, n) for n, b in v["reduce_scatter"])
-    grad_comm = pooled_out + ag
-    backward = dense_bwd + grad_comm + UPDATE_PER_LOOKUP * lookup
-    # checkpointed blocks run their forward again in the backward (HFU counts it, MFU does not)
-    fwd_blocks = forward_flops_per_example(cfg)
-    fwd = sum(fwd_blocks.values())
-    recomputed_share = recomputed_forward_flops(fwd_blocks, getattr(stack, "activation_checkpointing", "none")) / fwd
-    backward += dense_fwd * recomputed_share
-    dense_grad = counts["dense_params"] * 4
-    if fsdp:  # fp32 gradients reduce-scattered; parameters all-gathered (bf16) for forward and backward
-        gather = counts["dense_params"] * (2 if getattr(stack, "bf16", True) else 4)
-        sync = collective_time(cluster, "reduce_scatter", dense_grad, shards) + 2 * collective_time(
-            cluster, "all_gather", gather, shards
-        )
-        if shards < world:  # HSDP: each shard all-reduced with its replicas, one GPU per node
-            sync += collective_time(cluster, "all_reduce", dense_grad / shards, world // shards, per_node=1)
-    else:
-        sync = collective_time(cluster, "all_reduce", dense_grad, world)
-    sync += compute.overhead_s.get("grad_sync", 0.0)
-    stages = {
-        "input_dist": input_dist,
-        "embedding_lookup": lookup,
-        "output_dist": output_dist,
-        "dense_forward": dense_fwd,
-        "backward": backward,
-        "grad_sync": sync,
-        "optimizer": compute.optimizer_s / shards,
-    }
-    exposed = dict(stages)
-    if schedule == "pipelined":
-        exposed["input_dist"] = max(0.0, input_dist - (dense_fwd + dense_bwd))
-        if fsdp:  # one block's gather ahead of the forward, the rest prefetched under compute
-            first = collective_time(cluster, "all_gather", counts.get("largest_block_params", 0) * 2, shards)
-            exposed["grad_sync"] = max(first, sync - dense_fwd - dense_bwd) if world > 1 else 0.0
-        else:
-            last_bucket = collective_time(cluster, "all_reduce", min(dense_grad, DDP_BUCKET_BYTES), world)
-            exposed["grad_sync"] = max(last_bucket, sync - dense_bwd) if world > 1 else 0.0
-    step = sum(exposed.values())
-    comm_exposed = exposed["input_dist"] + exposed["output_dist"] + grad_comm + exposed["grad_sync"]
-    shares = v["lookup"] / v["lookup"].mean() if v["lookup"].mean() > 0 else np.ones(world)
-    emb_held = embedding_bytes_per_rank(tables, world)
-    side = dense_side(cfg, batch, counts, stack, world, cluster.gpus_per_node)
-    memory = float(emb_held.max()) + sum(side.values())
-    return {
-        "world": world,
-        "nodes": math.ceil(world / cluster.gpus_per_node),
-        "per_rank_batch": batch,
-        "global_batch": world * batch,
-        "schedule": schedule,
-        "stages": {k: {"time_s": stages[k], "exposed_s": exposed[k]} for k in STAGES},
-        "step_time_s": step,
-        "examples_per_s": world * batch / step if step else 0.0,
-        "mfu": mfu(train_flops(fwd * world * batch), step, cluster.peak_tflops, world),
-        # executed FLOPs: the model's plus the checkpointed blocks' forward run again
-        "hfu": mfu(
-            train_flops(fwd * world * batch) + recomputed_share * fwd * world * batch, step, cluster.peak_tflops, world
-        )
-        if recomputed_share
-        else None,
-        "imbalance": {
-            "max_mean": float(shares.max()),
-            "lookup_bytes_max": float(v["lookup"].max()),
-            "lookup_bytes_mean": float(v["lookup"].mean()),
-        },
-        "exposed_comm_s": comm_exposed,
-        "exposed_comm_fraction": comm_exposed / step if step else 0.0,
-        "memory": {
-            "per_gpu_bytes": memory,
-            "embeddings_bytes": float(emb_held.max()),
-            "dense_bytes": side["dense"],
-            "activations_bytes": side["activations"],
-            "hbm_bytes": cluster.hbm_bytes,
-            "fits": memory <= cluster.hbm_bytes,
-        },
-    }
+    """One projected step of ``tables`` (a plan): `Pricer.price`."""
+    return Pricer(cfg, ids, world, batch, cluster, compute, schedule, stack, counts).price(tables)
 
 
 def sharding_counts(tables: dict[str, dict]) -> dict[str, int]:

@@ -1,26 +1,31 @@
 """TorchRec's sharding plan for a world of any size, made offline: meta tensors, no process group.
 
-The planner sees a Topology built from the cluster (GPUs per node, HBM, the two links) and one
-ParameterConstraints per table carrying its pooling factor (mean IDs per example, from the
-config's distributions), so a table pooling 100 IDs is no longer priced like one pooling 1.
+The planner sees a Topology built from the cluster and one ParameterConstraints per table (its
+pooling factor, the sharding types it may take), and rates every plan it finds with the
+projection's own cost model (`ProjectedStep`, a TorchRec PerfModel): the plan kept is the one
+projected fastest. Each table is offered what TorchRec has for it where it applies: data_parallel,
+table_wise, column_wise (blocks of CW_BLOCK), row_wise, and across nodes table_row_wise and grid.
 
-Speed (TorchRec's default proposers took 60 s for `large` at 64 ranks and over 580 s for `xl`):
-one GreedyProposer, the fused kernel only, and per table only the sharding types that can hold
-it: a table whose weights are under SMALL_TABLE_BYTES is table_wise (one rank reads it faster
-than any split sends its IDs), a larger pooled one table_row_wise across nodes (row_wise within
-one), a larger sequence table row_wise, and so is a sequence table of more than HOT_SEQUENCE_IDS
-IDs per example whatever its size (placed whole, one GPU would serve every event). The HBM the
-dense side needs (weights, gradients, Adam state, activations) is reserved up front from
-gembench's own estimate, not TorchRec's heuristic, which cannot see tensors on the meta device.
-Plans are cached by config, world, batch and cluster.
+The search (`ClassDescent`, a TorchRec Proposer): from the options TorchRec's own estimate ranks
+first, each class of identical tables tries its other sharding types, the faster plan kept.
+
+Kept for speed (``search="fast"``, the default; ``"full"`` lifts them, docs/projection.md has
+what each costs): data_parallel only for tables under DP_MAX_BYTES; row_wise, one shard per GPU,
+for the largest tables while their shards stay under ROW_WISE_SHARDS (table_row_wise and grid
+split the others within a node); the descent alone, not TorchRec's four proposers after it,
+stopped after PLAN_BUDGET_S of proposals (TorchRec's timeout). Always: TorchRec's perf estimate
+is made once per distinct shard (`OncePerShape`), and the HBM of the dense side is reserved from
+gembench's own estimate. Plans are cached by config, world, batch, cluster, search and pricing.
 """
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gembench.errors import UsageError
@@ -28,17 +33,13 @@ from gembench.harness.device.calibration import cache_dir
 from gembench.harness.projection.cluster import Cluster
 from gembench.harness.train.distributed.plan import PlanRecorder, sharders, table_constraints
 from gembench.models.config import ModelConfig
-from gembench.models.data import expected_ids_per_example
 
-SMALL_TABLE_BYTES = 16 * 2**30  # fp32 weights; below this a table is placed whole (table_wise)
-# Above it, pooled tables are split over one node's GPUs (table_row_wise: their partial sums are
-# reduced over NVLink before anything crosses the NIC); row_wise, one shard per GPU of the world,
-# was 164k of xl's 177k shard estimates at 4,096 GPUs and the planner's time with it.
-# A sequence table read this many times per example is row_wise however small: MLPerf DLRMv4's
-# artist and album tables (2.6 and 6.9 GB) are read at each of 4,087 events, and placed whole
-# their GPU served every lookup (11x the mean at 32 MI355X). GEM's tiers read theirs <= 1,024 times.
-HOT_SEQUENCE_IDS = 1024
-PLAN_VERSION = 3  # bump when what is cached changes
+SEARCHES = ("fast", "full")
+DP_MAX_BYTES = 32 * 2**20  # fp32 weights: a data-parallel table's gradient is all-reduced whole
+ROW_WISE_SHARDS = 2**16  # row_wise is a shard per GPU: the largest tables get it while their shards fit
+CW_BLOCK = 64  # column-wise and grid blocks: dims of 128 and 160 split in two (TorchRec's own: 128)
+PLAN_BUDGET_S = 20  # fast search: TorchRec's planner stops proposing after this long (plans rated so far)
+PLAN_VERSION = 4  # bump when what is cached changes
 
 
 @dataclass
@@ -48,6 +49,13 @@ class OfflinePlan:
     cached: bool
     fits: bool
     error: str = ""
+    search: str = "fast"
+    proposals: int = 0  # plans the planner partitioned and the cost model rated
+    best_imbalance: float | None = None  # the lowest projected imbalance among them
+    restrictions: list[dict] = field(default_factory=list)  # {what, tables}: kept for speed
+
+
+_MODULES: dict[tuple, object] = {}  # one per table layout: only read by the planner, kept for the next world
 
 
 def embedding_module(cfg: ModelConfig):
@@ -58,30 +66,78 @@ def embedding_module(cfg: ModelConfig):
 
     from gembench.models.sparse import pooled_tables, sequence_tables
 
-    meta = torch.device("meta")
-    module = nn.Module()
-    module.pooled = EmbeddingBagCollection(tables=pooled_tables(cfg), device=meta)
-    if cfg.sequences:
-        module.sequence = EmbeddingCollection(tables=sequence_tables(cfg), device=meta)
-    return module
+    key = (
+        cfg.sparse.dim,
+        tuple(cfg.sparse.rows),
+        cfg.hstu and cfg.hstu.dim,
+        tuple((s.name, s.rows) for s in cfg.sequences),
+    )
+    if key not in _MODULES:
+        meta = torch.device("meta")
+        module = nn.Module()
+        module.pooled = EmbeddingBagCollection(tables=pooled_tables(cfg), device=meta)
+        if cfg.sequences:
+            module.sequence = EmbeddingCollection(tables=sequence_tables(cfg), device=meta)
+        _MODULES.clear()
+        _MODULES[key] = module
+    return _MODULES[key]
 
 
-def constraints(cfg: ModelConfig, ids: dict[str, float], forced: str | None = None, multi_node: bool = True) -> dict:
-    """Each table's pooling factor, the fused kernel, and the sharding types its size allows."""
+def candidates(
+    cfg: ModelConfig, world: int, gpus_per_node: int, search: str = "fast", dp_max_bytes: float = DP_MAX_BYTES
+) -> tuple[dict, list[dict]]:
+    """Per table the sharding types offered, and the restrictions that left some out (fast search).
+
+    A split applies where the table has a row per shard (row_wise over the world, table_row_wise
+    and grid over a node's GPUs) or two column blocks (column_wise, grid); table_row_wise and grid
+    across nodes only, for pooled tables (TorchRec shards sequence tables DP, TW, CW or RW)."""
     from gembench.models.sparse import pooled_tables, sequence_tables
 
+    g, multi = min(world, gpus_per_node), world > gpus_per_node
+    fast = search == "fast"
+    types, dropped = {}, {"dp": 0, "rw": 0}
     sequences = sequence_tables(cfg) if cfg.sequences else []
-    types = {}
-    for t in pooled_tables(cfg) + sequences:
-        if forced:
-            types[t.name] = [forced]
-        elif t.num_embeddings * t.embedding_dim * 4 < SMALL_TABLE_BYTES and not (
-            t in sequences and ids.get(t.name, 0.0) > HOT_SEQUENCE_IDS
-        ):
-            types[t.name] = ["table_wise"]
-        else:  # sequence tables are EmbeddingCollections: TorchRec shards those table- or row-wise
-            types[t.name] = ["table_row_wise"] if multi_node and t not in sequences else ["row_wise"]
-    return table_constraints(ids, types, compute_kernels=["fused"])
+    tables = sorted(pooled_tables(cfg) + sequences, key=lambda t: (t in sequences, t.num_embeddings), reverse=True)
+    row_wise = 0  # shards of the row_wise options so far: sequence tables (their only split) first, then the largest
+    for t in tables:
+        rows, dim, pooled = t.num_embeddings, t.embedding_dim, t not in sequences
+        blocks = dim >= 2 * CW_BLOCK
+        offer = ["table_wise"]
+        if world > 1:
+            offer.append("data_parallel")
+            if fast and rows * dim * 4 > dp_max_bytes:
+                offer.pop()
+                dropped["dp"] += 1
+        if blocks:
+            offer.append("column_wise")
+        if rows >= world > 1:
+            offer.append("row_wise")
+            row_wise += world
+            if fast and pooled and row_wise > ROW_WISE_SHARDS:
+                offer.pop()
+                row_wise -= world
+                dropped["rw"] += 1
+        if pooled and multi and rows >= g:
+            offer += ["table_row_wise"] + (["grid_shard"] if blocks else [])
+        types[t.name] = offer
+    types = {t.name: types[t.name] for t in pooled_tables(cfg) + sequences}  # the config's order
+    restrictions = []
+    if fast and dropped["dp"]:
+        restrictions.append({"what": f"data_parallel only under {dp_max_bytes / 2**20:g} MiB", "tables": dropped["dp"]})
+    if fast and dropped["rw"]:
+        restrictions.append(
+            {"what": f"row_wise for the largest tables, {ROW_WISE_SHARDS:,} shards", "tables": dropped["rw"]}
+        )
+    if fast:
+        restrictions.append(
+            {"what": "class-wise descent alone (full: and TorchRec's four proposers)", "tables": len(types)}
+        )
+    return types, restrictions
+
+
+def constraints(cfg: ModelConfig, ids: dict[str, float], types: dict[str, list[str]]) -> dict:
+    """Each table's pooling factor, its sharding types, fused kernels (dense for data_parallel)."""
+    return table_constraints(ids, types, compute_kernels=["fused", "dense"], min_partition=CW_BLOCK)
 
 
 def topology(cluster: Cluster, world: int):
@@ -98,11 +154,158 @@ def topology(cluster: Cluster, world: int):
     )
 
 
-def _cache_path(
-    cfg: ModelConfig, world: int, batch: int, cluster: Cluster, forced: str | None, reserved: float
-) -> Path:
-    key = f"{cfg.hash}-w{world}-b{batch}-{cluster.hash()}-{forced or 'auto'}-r{int(reserved) >> 20}-v{PLAN_VERSION}"
-    return cache_dir() / "plans" / f"{cfg.name}-{key}.json"
+class OncePerShape:
+    """A TorchRec ShardEstimator run once per distinct shard: its estimate of a shard depends on the
+    option (table shape, sharding type, kernel, pooling) and the shard's size only, so the W equal
+    shards of a row_wise or data_parallel option, or the options of identical tables, are
+    estimated once and share the figures (the same numbers as estimating each, in less time)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.memo: dict[tuple, dict[tuple, object]] = {}  # option's key -> shard size -> Perf
+
+    @staticmethod
+    def _key(so) -> tuple:
+        t = so.tensor
+        return (so.module_type_key, so.sharding_type, so.compute_kernel, tuple(t.shape), str(t.dtype)) + (
+            tuple(so.input_lengths),
+            so.batch_size,
+            so.is_pooled,
+        )
+
+    def estimate(self, sharding_options, sharder_data_map=None) -> None:
+        from torchrec.distributed.planner.types import Shard
+
+        proxies = []
+        for so in sharding_options:
+            known = self.memo.setdefault(self._key(so), {})
+            missing = sorted({tuple(s.size) for s in so.shards} - set(known))
+            if missing:
+                proxy = copy.copy(so)
+                proxy.shards = [Shard(size=list(size), offset=[0, 0]) for size in missing]
+                proxies.append((known, proxy))
+                known.update({size: None for size in missing})  # another option of this key reuses them
+        if proxies:
+            self.inner.estimate([p for _, p in proxies], sharder_data_map=sharder_data_map)
+        for known, proxy in proxies:
+            known.update({tuple(s.size): s.perf for s in proxy.shards})
+        for so in sharding_options:
+            known = self.memo[self._key(so)]
+            for s in so.shards:
+                s.perf = copy.copy(known[tuple(s.size)])
+
+
+class ProjectedStep:
+    """A TorchRec PerfModel: a plan's rating is its projected step (cost.Pricer), so the planner
+    keeps the plan the projection says is fastest. Counts the plans and their best imbalance."""
+
+    def __init__(self, pricer):
+        self.pricer = pricer
+        self.rated = 0
+        self.best_imbalance = float("inf")
+
+    def rate(self, plan) -> float:
+        tables = {
+            so.name: {
+                "sharding": so.sharding_type,
+                "ranks": [s.rank for s in so.shards],
+                "shard_sizes": [s.size for s in so.shards],
+                "shard_offsets": [s.offset for s in so.shards],
+            }
+            for so in plan
+        }
+        r = self.pricer.price(tables, rating=True)
+        self.rated += 1
+        self.best_imbalance = min(self.best_imbalance, r["imbalance"])
+        return r["step_time_s"]
+
+
+class ClassDescent:
+    """A TorchRec Proposer: descent over the plan's rating, one class of tables at a time.
+
+    Tables of one shape, pooling (two digits) and module are a class (xl's 300 of 10M rows are one);
+    each class starts at the option TorchRec's own estimate ranks first, as GreedyProposer does.
+    A pass moves the largest 2, 4, 8, ... classes at one sharding type to another, then each
+    class alone to each of its other types, the rest kept; a faster plan (feedback's perf_rating:
+    `ProjectedStep`) is kept at once. It stops after a pass that found nothing faster, after
+    MAX_PASSES passes, or at the planner's timeout."""
+
+    MAX_PASSES = 3
+
+    def __init__(self):
+        self.exhausted = False
+
+    def load(self, search_space, enumerator=None) -> None:
+        by_fqn: dict[str, list] = {}
+        for so in search_space:
+            by_fqn.setdefault(so.fqn, []).append(so)
+        classes: dict[tuple, list[str]] = {}
+        self._options: dict[str, dict[tuple, object]] = {}
+        for fqn, options in by_fqn.items():
+            options.sort(key=lambda o: max(s.perf.total for s in o.shards))  # TorchRec's rank of them
+            labels = tuple((o.sharding_type, o.compute_kernel) for o in options)
+            self._options[fqn] = dict(zip(labels, options))
+            so = options[0]
+            pooling = tuple(f"{x:.2g}" for x in so.input_lengths)  # means of sampled IDs: alike within 1%
+            key = (so.module_type_key, tuple(so.tensor.shape), pooling, tuple(sorted(labels)))
+            classes.setdefault(key, []).append(fqn)
+        members = list(classes.values())
+        size = lambda fqns: (by_fqn[fqns[0]][0].tensor.numel(), len(fqns))  # noqa: E731
+        self._classes = sorted(members, key=size, reverse=True)  # the largest tables first
+        self._labels = [[(o.sharding_type, o.compute_kernel) for o in by_fqn[c[0]]] for c in self._classes]
+        self._best = [0] * len(self._classes)
+        self._rating = float("inf")
+        self._moves = self._pass()
+        self._candidate = list(self._best)
+        self._passes, self._improved = 1, False
+        self.exhausted = False
+
+    def _pass(self):
+        """Moves from the best plan so far: the 2, 4, 8, ... largest classes now at sharding A that
+        can take B, to B (a size threshold, as data-parallel against split tables is); then each
+        class alone to each of its other types."""
+        now = {self._labels[c][j] for c, j in enumerate(self._best)}
+        every = {label for labels in self._labels for label in labels}
+        for a in sorted(now):
+            for b in sorted(every - {a}):
+                at = [c for c, labels in enumerate(self._labels) if labels[self._best[c]] == a and b in labels]
+                k = 2
+                while k <= len(at):  # self._classes run largest first
+                    yield {c: self._labels[c].index(b) for c in at[:k]}
+                    k = k * 2 if k * 2 <= len(at) or k == len(at) else len(at)
+        for c, labels in enumerate(self._labels):
+            for j in range(len(labels)):
+                if j != self._best[c]:
+                    yield {c: j}
+
+    def propose(self):
+        if self._candidate is None:
+            self.exhausted = True
+            return None
+        return [
+            self._options[fqn][self._labels[c][self._candidate[c]]]
+            for c, fqns in enumerate(self._classes)
+            for fqn in fqns
+        ]
+
+    def feedback(self, partitionable: bool, plan=None, perf_rating=None, storage_constraint=None) -> None:
+        if partitionable and perf_rating is not None and perf_rating < self._rating:
+            self._rating, self._best, self._improved = perf_rating, list(self._candidate), True
+        move = next(self._moves, None)
+        if move is None and self._improved and self._passes < self.MAX_PASSES:
+            self._moves, self._passes, self._improved = self._pass(), self._passes + 1, False
+            move = next(self._moves, None)
+        if move is None:
+            self._candidate = None
+            return
+        self._candidate = list(self._best)
+        for c, j in move.items():
+            self._candidate[c] = j
+
+
+def _cache_path(cfg: ModelConfig, world: int, batch: int, cluster: Cluster, key: str) -> Path:
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    return cache_dir() / "plans" / f"{cfg.name}-{cfg.hash}-w{world}-b{batch}-{cluster.hash()}-{digest}.json"
 
 
 def plan_offline(
@@ -111,42 +314,89 @@ def plan_offline(
     per_rank_batch: int,
     cluster: Cluster,
     reserved_bytes: float,
+    pricer,
+    pricing: str,
+    ids: dict[str, float],
     forced: str | None = None,
     use_cache: bool = True,
+    search: str = "fast",
+    dp_max_bytes: float = DP_MAX_BYTES,
 ) -> OfflinePlan:
-    """TorchRec's plan for ``world`` GPUs of ``cluster`` at ``per_rank_batch`` examples per rank."""
-    path = _cache_path(cfg, world, per_rank_batch, cluster, forced, reserved_bytes)
+    """TorchRec's plan for ``world`` GPUs of ``cluster`` at ``per_rank_batch`` examples per rank,
+    the one ``pricer`` (cost.Pricer of this setup; ``pricing`` names it for the cache) projects
+    fastest; ``ids``: mean IDs per example per table (models.data.expected_ids_per_example)."""
+    types, restrictions = candidates(cfg, world, cluster.gpus_per_node, search, dp_max_bytes)
+    if forced:
+        types, restrictions = {t: [forced] for t in types}, []
+    key = f"{forced or 'auto'}-{search}-r{int(reserved_bytes) >> 20}-{pricing}-dp{int(dp_max_bytes)}-v{PLAN_VERSION}"
+    path = _cache_path(cfg, world, per_rank_batch, cluster, key)
     if use_cache and path.exists():
         try:
             data = json.loads(path.read_text())
-            return OfflinePlan(data["tables"], data["seconds"], True, data["fits"], data.get("error", ""))
-        except (OSError, ValueError, KeyError):
+            return OfflinePlan(**data, cached=True)
+        except (OSError, ValueError, TypeError):
             pass  # a damaged cache entry is planned again
+    if reserved_bytes >= 0.95 * cluster.hbm_bytes:  # no plan can fit: the planner is not asked
+        need = f"{reserved_bytes / 2**30:,.0f} of {cluster.hbm_bytes / 2**30:,.0f} GiB"
+        return OfflinePlan({}, 0.0, False, False, f"the dense side alone needs {need} per GPU", search)
+    share = min(max(reserved_bytes / cluster.hbm_bytes, 0.0), 0.95)  # of each GPU's HBM, for the dense side
+    quiet = [(lg, lg.level) for lg in (logging.getLogger(), logging.getLogger("torchrec"))]
+    for lg, _ in quiet:  # TorchRec's advice on TopologyFactory, dry runs and data-parallel specs
+        lg.setLevel(logging.ERROR)
+    try:
+        return _plan(cfg, world, per_rank_batch, cluster, share, pricer, ids, types, restrictions, search, path)
+    finally:
+        for lg, level in quiet:
+            lg.setLevel(level)
+
+
+def _plan(cfg, world, per_rank_batch, cluster, share, pricer, ids, types, restrictions, search, path) -> OfflinePlan:
     from torchrec.distributed.planner import EmbeddingShardingPlanner
-    from torchrec.distributed.planner.proposers import GreedyProposer
+    from torchrec.distributed.planner.constants import DEFAULT_PERF_ESTIMATOR
+    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+    from torchrec.distributed.planner.estimator import EmbeddingPerfEstimatorFactory
+    from torchrec.distributed.planner.proposers import GreedyProposer, GridSearchProposer, UniformProposer
+    from torchrec.distributed.planner.shard_estimators import EmbeddingStorageEstimator
     from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
 
-    logging.getLogger("torchrec").setLevel(logging.ERROR)  # its advice on TopologyFactory and dry runs
-    share = min(max(reserved_bytes / cluster.hbm_bytes, 0.0), 0.95)  # of each GPU's HBM, for the dense side
-    recorder = PlanRecorder(world)
-    planner = EmbeddingShardingPlanner(
-        topology=topology(cluster, world),
-        batch_size=per_rank_batch,
-        proposer=[GreedyProposer()],
-        storage_reservation=FixedPercentageStorageReservation(share),
-        constraints=constraints(cfg, expected_ids_per_example(cfg), forced, world > cluster.gpus_per_node),
-        stats=[recorder],
-    )
     start = time.perf_counter()
+    topo = topology(cluster, world)
+    cons = constraints(cfg, ids, types)
+    estimators = [
+        OncePerShape(EmbeddingPerfEstimatorFactory.create(DEFAULT_PERF_ESTIMATOR, topology=topo, constraints=cons)),
+        EmbeddingStorageEstimator(topology=topo, constraints=cons),
+    ]
+    recorder, rating, descent = PlanRecorder(world), ProjectedStep(pricer), ClassDescent()
+    proposers = [descent]
+    if search == "full":  # and TorchRec's own four
+        proposers += [GridSearchProposer(), GreedyProposer(), GreedyProposer(use_depth=False), UniformProposer()]
+    planner = EmbeddingShardingPlanner(
+        topology=topo,
+        batch_size=per_rank_batch,
+        enumerator=EmbeddingEnumerator(topo, per_rank_batch, cons, estimator=estimators),
+        proposer=proposers,
+        timeout_seconds=PLAN_BUDGET_S if search == "fast" else None,
+        performance_model=rating,
+        storage_reservation=FixedPercentageStorageReservation(share),
+        constraints=cons,
+        stats=[recorder],
+        debug=False,
+    )
     try:
         planner.plan(embedding_module(cfg), sharders())
         fits, error = True, ""
     except Exception as err:  # noqa: BLE001  the planner says which table found no room
         fits, error = False, _first_line(err)
-    result = OfflinePlan(recorder.tables, time.perf_counter() - start, False, fits, error)
+    best = rating.best_imbalance if rating.rated else None
+    if search == "fast" and fits and not descent.exhausted:
+        restrictions = restrictions + [{"what": f"search stopped at its {PLAN_BUDGET_S} s budget", "tables": 0}]
+    result = OfflinePlan(
+        recorder.tables, time.perf_counter() - start, False, fits, error, search, rating.rated, best, restrictions
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"tables": result.tables, "seconds": result.seconds, "fits": fits, "error": error}))
+    data = {k: v for k, v in result.__dict__.items() if k != "cached"}
+    tmp.write_text(json.dumps(data))
     tmp.replace(path)
     return result
 

@@ -11,7 +11,14 @@ from gembench.harness.projection.cluster import Cluster
 from gembench.harness.projection.cost import STAGES, Compute
 from gembench.models.config import ModelConfig
 
-SHORT = {"table_wise": "TW", "row_wise": "RW", "column_wise": "CW", "table_row_wise": "TWRW", "data_parallel": "DP"}
+SHORT = {
+    "table_wise": "TW",
+    "row_wise": "RW",
+    "column_wise": "CW",
+    "table_row_wise": "TWRW",
+    "data_parallel": "DP",
+    "grid_shard": "GRID",
+}
 
 
 def projection_document(
@@ -24,7 +31,7 @@ def projection_document(
         "id": id,
         "created": created,
         "config": {"name": cfg.name, "hash": cfg.hash, "global_batch": cfg.data.global_batch},
-        "cluster": c | {"hash": cluster.hash()},
+        "cluster": c | {"hash": cluster.hash(), "links_used": cluster.links_used()},
         "schedule": schedule,
         "options": {
             "dense_parallel": stack.dense_parallel,
@@ -49,13 +56,14 @@ def plan_text(shardings: dict[str, int]) -> str:
 def print_projection(doc: dict) -> None:
     c = doc["cluster"]
     print(
-        f"gembench project {doc['config']['name']} (global batch {doc['config']['global_batch']:,}) on "
+        f"gembench project {doc['config']['name']} ({_global_batches(doc)}) on "
         f"{c['name']}: {c['gpus_per_node']} GPUs/node, peak {c['peak_tflops']:g} TFLOP/s per GPU (dense bf16), "
         f"{c['hbm_bytes'] / 2**30:.0f} GiB HBM; schedule {doc['schedule']}; dense {doc['options']['dense_parallel']}, "
         f"checkpointing {doc['options']['activation_checkpointing']}; commit {doc['env']['git_commit'][:10]}"
         + (" (uncommitted changes)" if doc["env"].get("git_dirty") else "")
     )
-    print(f"compute: {doc['compute']['source']}\n")
+    print(f"compute: {doc['compute']['source']}")
+    print(f"links: {c.get('links_used', c['source'])}\n")
     head = [
         "GPUs",
         "nodes",
@@ -67,6 +75,7 @@ def print_projection(doc: dict) -> None:
         "exposed comm",
         "memory GiB/GPU",
         "examples/s",
+        "critical path",
         "plan s",
     ]
     table, stages = [], []
@@ -75,7 +84,7 @@ def print_projection(doc: dict) -> None:
         plan_s = f"{p['seconds']:.1f}" + (" (cached)" if p["cached"] else "")
         if not p["fits"]:
             table.append(
-                [r["world"], r["nodes"], f"{r['per_rank_batch']:,}", "no plan fits", "", "", "", "", "", "", plan_s]
+                [r["world"], r["nodes"], f"{r['per_rank_batch']:,}", "no plan fits", "", "", "", "", "", "", "", plan_s]
             )
             continue
         m = r["memory"]
@@ -87,15 +96,23 @@ def print_projection(doc: dict) -> None:
                 plan_text(p["shardings"]),
                 f"{1e3 * r['step_time_s']:,.1f}",
                 f"{100 * r['mfu']:.1f}%",
-                f"{r['imbalance']['max_mean']:.2f}",
+                _imbalance(r["imbalance"]),
                 f"{100 * r['exposed_comm_fraction']:.1f}%",
                 f"{m['per_gpu_bytes'] / 2**30:,.1f}" + ("" if m["fits"] else " (over)"),
                 f"{r['examples_per_s']:,.0f}",
+                _critical(r),
                 plan_s,
             ]
         )
         stages.append([r["world"]] + [f"{1e3 * r['stages'][s]['exposed_s']:,.2f}" for s in STAGES])
-    print(tabulate(table, headers=head, disable_numparse=True, colalign=["right"] * 3 + ["left"] + ["right"] * 7))
+    print(
+        tabulate(
+            table,
+            headers=head,
+            disable_numparse=True,
+            colalign=["right"] * 3 + ["left"] + ["right"] * 6 + ["left", "right"],
+        )
+    )
     if stages:
         print("\ncritical path per stage, ms (what the schedule cannot hide):")
         print(tabulate(stages, headers=["GPUs", *STAGES], disable_numparse=True))
@@ -122,7 +139,98 @@ def print_projection(doc: dict) -> None:
                 else f"TorchRec's planner: {r['plan']['error']}"
             )
             print(f"\n{r['world']} GPUs: no plan fits: {why}")
+    _print_search(doc["rows"])
+    _print_published(doc)
     print(
-        "\n(imbalance: max/mean of per-GPU embedding lookup bytes from the plan; exposed comm: share of "
-        "the step; memory: the largest GPU's embedding shards + dense state + activations)"
+        "\n(imbalance: max/mean of per-GPU embedding lookup bytes from the plan, in brackets the lowest among "
+        "the plans the planner rated; critical path: the stage the schedule hides least, the GPU that sets it "
+        "and by what; exposed comm: share of the step; memory: the largest GPU's embedding shards + dense "
+        "state + activations)"
     )
+
+
+def _imbalance(imb: dict) -> str:
+    best = imb.get("best_found")
+    return f"{imb['max_mean']:.2f}" + ("" if best is None else f" ({best:.2f})")
+
+
+def _critical(r: dict) -> str:
+    cp = r.get("critical_path")
+    return f"{cp['stage']}: GPU {cp['gpu']}, {cp['set_by']}" if cp else ""
+
+
+def _print_search(rows: list[dict]) -> None:
+    """The planner's search per world: plans rated, and each restriction kept for speed."""
+    lines = []
+    for r in rows:
+        p = r["plan"]
+        kept = "; ".join(f"{x['what']} ({x['tables']} tables)" for x in p.get("restrictions") or [])
+        lines.append(
+            f"  {r['world']} GPUs: {p.get('proposals', 0)} plans rated, {p.get('search', 'fast')} search"
+            + (" (cached)" if p["cached"] else "")
+            + (f"; kept for speed: {kept}" if kept else "")
+        )
+    print(
+        "\nplanner (the plan kept is the one projected fastest; --search full lifts the restrictions, "
+        "docs/projection.md has what each costs):"
+    )
+    print("\n".join(lines))
+
+
+def _print_published(doc: dict) -> None:
+    """Beside the published system of the same config, cluster, GPUs and global batch, if any."""
+    from gembench.harness.projection.published import GOAL
+
+    table, differences = [], []
+    for r in doc["rows"]:
+        pub = r.get("published")
+        if not pub:
+            continue
+        same = pub["same_batch"]
+        table.append(
+            [
+                r["world"],
+                f"{pub['global_batch']:,}" + ("" if same else f" (projected at {r['global_batch']:,})"),
+                f"{pub['examples_per_s'] / 1e6:,.2f} M",
+                f"{r['examples_per_s'] / 1e6:,.2f} M",
+                f"{pub['ratio']:.2f}x" + ("" if same else " (another batch)"),
+                pub["system"],
+            ]
+        )
+        differences += [
+            [r["world"], d["what"], f"{d['examples_per_s'] / 1e6:,.2f} M", f"{d['ratio']:.2f}x"]
+            for d in pub["differences"]
+        ]
+    if table:
+        print(
+            f"\nheld against MLPerf Training v4.0 DLRM-DCNv2 (closed; goal {GOAL}x past one node, "
+            "or the differences in docs/projection.md):"
+        )
+        print(
+            tabulate(
+                table,
+                headers=["GPUs", "global batch", "published examples/s", "projected", "ratio", "system"],
+                disable_numparse=True,
+                colalign=("right", "right", "right", "right", "right", "left"),
+            )
+        )
+        print(
+            "source: mlcommons/training_results_v4.0, NVIDIA/results/eos*_ngc24.04_merlin_hugectr "
+            "(training time, evaluations out)"
+        )
+        print("\nwhat the published systems do otherwise, each priced alone on the row's plan:")
+        print(
+            tabulate(
+                differences,
+                headers=["GPUs", "difference", "projected", "vs published"],
+                disable_numparse=True,
+                colalign=("right", "left", "right", "right"),
+            )
+        )
+
+
+def _global_batches(doc: dict) -> str:
+    batches = {r["world"]: r["global_batch"] for r in doc["rows"]}
+    if len(set(batches.values())) <= 1:
+        return f"global batch {next(iter(batches.values()), doc['config']['global_batch']):,}"
+    return "global batch " + ", ".join(f"{gb:,} at {w}" for w, gb in batches.items())
