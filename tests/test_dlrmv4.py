@@ -204,17 +204,22 @@ def test_capped_training_step_and_its_flops_per_example(tmp_path):
     layout's blocks, and the runner's model FLOPs per example (flops.model_per_step over
     run.global_batch) at 3 x the expected forward (every sequence max_len long, "fixed")."""
     from gembench.harness.metrics.mfu import train_flops
-    from gembench.harness.train.runner import prepare, step_flops
-    from gembench.harness.train.stack import STACKS, build_train_state
+    from gembench.harness.train.result import described, timed_batches
+    from gembench.harness.train.runconfig import RunConfig
+    from gembench.harness.train.runner import prepare
+    from gembench.harness.train.stack import STACKS, build_train_state, model_config
     from gembench.harness.train.step import run_steps
 
     options = dataclasses.replace(STACKS["optimized"], compile=False)
-    setup = prepare(small_copy(tmp_path), steps=1, warmup=0, device="cpu", peak_tflops=1.0, stacks=[options])
+    run = RunConfig(str(small_copy(tmp_path)), steps=1, warmup=0, device="cpu", peak_tflops=1.0)
+    setup = prepare(run, [options])
     assert max(setup.cfg.sparse.rows) == 500  # capped on CPU
     samples = run_steps(build_train_state(setup.cfg, options, setup.device), setup.batches, 1, 0)
     assert torch.isfinite(torch.tensor(samples.loss)).all()
-    (blocks,) = step_flops(setup, 0, 1, options)
+    shape = described(model_config(setup.cfg, options), timed_batches(setup.batches, 0, 1), options)
+    blocks = shape["per_block"]
     assert set(blocks) == {"contextual_arch", "sequence_input", "sequence_arch", "item_arch", "over_arch"}
+    assert shape["forward_flops"] == [pytest.approx(sum(blocks.values()))]
     per_example = train_flops(sum(blocks.values())) / setup.cfg.data.global_batch
     assert per_example == pytest.approx(3 * sum(forward_flops_per_example(setup.cfg).values()), rel=1e-9)
 
