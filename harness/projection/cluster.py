@@ -127,12 +127,13 @@ PRESETS = {
     "h100": _preset("h100", 8, 989.4, 80, 3350, 450, 400),
     "h200": _preset("h200", 8, 989.4, 141, 4800, 450, 400),
     "b200": _preset("b200", 8, 2250.0, 180, 8000, 900, 400),
-    # AMD Instinct MI355X (MLPerf DLRMv4's reference hardware; docs/dlrmv4.md "MI355X preset"): AMD's
-    # datasheet (amd.com, Instinct MI355X specifications; CDNA 4 white paper): dense bf16 2,516.6
-    # TFLOP/s (256 CUs x 2.4 GHz x 4,096 FLOP/clock), 288 GB HBM3E (268.2 GiB) at 8 TB/s; 8 OAMs
+    # AMD Instinct MI355X (MLPerf DLRMv4's reference hardware; docs/dlrmv4.md section 6): AMD's
+    # published specifications (amd.com, Instinct MI355X; CDNA 4 white paper): dense bf16 2.5
+    # PFLOP/s = 256 CUs x 2.4 GHz x 4,096 FLOP/clock, 288 GB HBM3E (8 stacks of 36 GiB: ROCm's
+    # GPU table gives 288 GiB of VRAM, as 80 and 141 stand for H100's and H200's) at 8 TB/s; 8 OAMs
     # a node, each with 7 Infinity Fabric links of 153.6 GB/s (both directions), one to every peer:
-    # 537.6 GB/s per direction; one 400 Gb/s NIC a GPU (AMD Pollara 400 in AMD's 8-GPU platform).
-    "mi355x": _preset("mi355x", 8, 2516.6, 288e9 / 2**30, 8000, 7 * 153.6 / 2, 400),
+    # 537.6 GB/s per direction. One 400 Gb/s NIC a GPU, assumed as for the NVIDIA presets.
+    "mi355x": _preset("mi355x", 8, 2516.6, 288, 8000, 7 * 153.6 / 2, 400),
 }
 
 REQUIRED = ("name", "gpus_per_node", "peak_tflops", "hbm_gib", "hbm_GBps", "intra", "inter")
