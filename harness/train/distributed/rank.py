@@ -283,7 +283,7 @@ def _build(me: _Rank, pooling: dict | None, measured=None) -> _Job:
 def _measure(job: _Job, me: _Rank) -> tuple[dict, list]:
     """Time, count and profile this rank's steps on ``job``: its record for rank 0, and the batches."""
     args, env, dev, cfg, options, local_batch = me.args, me.env, me.dev, me.cfg, me.options, me.local_batch
-    watchdog, fault, peak, host_peak = me.watchdog, me.fault, me.peak, me.host_peak
+    watchdog, fault = me.watchdog, me.fault
     from gembench.harness.train.parallelize import dense_shards, dense_state_bytes
     from gembench.harness.train.stack import autocast_for
 
@@ -321,16 +321,9 @@ def _measure(job: _Job, me: _Rank) -> tuple[dict, list]:
     samples, prof = _steps(engine_step, stages, total, args, dev, counted, saved, autocast, show, timed_end)
 
     watchdog.at("analysis")
-    events = TR.trace_events(prof, None if args.trace is None else Path(args.trace) / f"rank{rank}.json")
-    comm_stats = comm.analyze(events, world, STEP_SPAN)
-    # device counts from the first profiled step: the device events that start before the
-    # second one does (kernels run after the host span that launched them)
-    spans = sorted(comm.windows(events, STEP_SPAN))
-    first = (spans[0][0], spans[1][0] if len(spans) > 1 else float("inf"))
-    counts = C.counters(counted, events, C.compile_counts(since), window=first)
+    comm_stats, counts = profiled_costs(prof, args, rank, world, counted, since)
     if not args.pipeline:
         loads["lookup_s"] = float(np.mean(samples.stages["embedding_lookup"]))
-    (memory, memory_source), (run_bytes, run_source) = at_timed_end["peak"], at_timed_end["run"]
     storage = job.planned.storage
     estimate = memory_estimate(
         cfg,
@@ -342,27 +335,71 @@ def _measure(job: _Job, me: _Rank) -> tuple[dict, list]:
         embedding_share=storage[rank] / sum(storage) if sum(storage) else 1.0 / world,
         on_rank=True,
     )
-    record = process_record(
-        dev,
-        rank,
+    dense_state = dense_state_bytes(P.dense_parameters(dmp), engine.optimizer)
+    record = rank_record(
+        me,
         samples,
-        peak,
-        host_peak,
-        local_rank=env["local_rank"],
+        shape,
+        _hot_counts(cfg, timed),
+        loads,
+        comm_stats,
+        counts,
+        at_timed_end,
+        estimate,
+        dense_state,
+        saved,
+    )
+    return record, batches
+
+
+def profiled_costs(prof, args: RunConfig, rank: int, world: int, counted, since) -> tuple[dict, dict]:
+    """From the profiled steps' trace (kept as --trace DIR/rank<R>.json): the communication
+    analysis, and the cost counters with the device counts of the first profiled step (the device
+    events that start before the second one does: kernels run after the host span that launched
+    them)."""
+    events = TR.trace_events(prof, None if args.trace is None else Path(args.trace) / f"rank{rank}.json")
+    comm_stats = comm.analyze(events, world, STEP_SPAN)
+    spans = sorted(comm.windows(events, STEP_SPAN))
+    first = (spans[0][0], spans[1][0] if len(spans) > 1 else float("inf"))
+    return comm_stats, C.counters(counted, events, C.compile_counts(since), window=first)
+
+
+def rank_record(
+    me: "_Rank",
+    samples,
+    shape: dict,
+    hot: dict,
+    loads: dict,
+    comm_stats: dict,
+    counts: dict,
+    at_timed_end: dict,
+    estimate: dict,
+    dense_state: dict,
+    saved,
+) -> dict:
+    """This rank's record for rank 0 (result.process_record with what only ranks have: local rank,
+    hot rows, lookup loads, communication), the zoo's ranks and a workload's alike."""
+    (memory, memory_source), (run_bytes, run_source) = at_timed_end["peak"], at_timed_end["run"]
+    return process_record(
+        me.dev,
+        me.env["rank"],
+        samples,
+        me.peak,
+        me.host_peak,
+        local_rank=me.env["local_rank"],
         **shape,
-        hot=_hot_counts(cfg, timed),
+        hot=hot,
         loads=loads,
         comm={k: v for k, v in comm_stats.items() if k != "calls"},
         comm_calls=comm_stats["calls"],
         peak_memory_bytes=memory,
         peak_memory_source=memory_source,
-        dense_state_bytes=dense_state_bytes(P.dense_parameters(dmp), engine.optimizer),
+        dense_state_bytes=dense_state,
         **memory_fields(estimate, run_bytes, run_source),
         memory_estimate=estimate,
         activation_bytes=saved.bytes,
         counters=counts,
     )
-    return record, batches
 
 
 def _gather(record: dict, rank: int, world: int, watchdog) -> list[dict] | None:

@@ -12,28 +12,24 @@ Not yet for a workload: --pipeline, dense_parallel=fsdp/hsdp, --rebalance (refus
 from __future__ import annotations
 
 import socket
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from gembench.errors import UsageError
-from gembench.harness.metrics import comm
 from gembench.harness.metrics import counters as C
-from gembench.harness.metrics import trace as TR
 from gembench.harness.metrics.imbalance import hot_share
 from gembench.harness.train import generic as G
 from gembench.harness.train.distributed import loads as L
 from gembench.harness.train.distributed import plan as P
 from gembench.harness.train.memory import (
     SavedForBackward,
-    memory_fields,
     peak_memory_bytes,
     reset_peak_memory,
     run_memory_bytes,
 )
-from gembench.harness.train.result import Sharded, build_result, process_record, recheck, timed_batches
+from gembench.harness.train.result import Sharded, build_result, recheck, timed_batches
 from gembench.harness.train.runconfig import RunConfig
 from gembench.harness.train.step import STAGES, StageClock, TrainState, train_step
 from gembench.workload import Workload, load_workload
@@ -216,35 +212,24 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog, fault) -> dict:
         engine_step, STAGES, total, args, dev, counted, saved, _nothing, rank == 0 and not args.quiet, timed_end
     )
     watchdog.at("analysis")
-    events = TR.trace_events(prof, None if args.trace is None else Path(args.trace) / f"rank{rank}.json")
-    comm_stats = comm.analyze(events, world, R.STEP_SPAN)
-    spans = sorted(comm.windows(events, R.STEP_SPAN))
-    first = (spans[0][0], spans[1][0] if len(spans) > 1 else float("inf"))
-    counts = C.counters(counted, events, C.compile_counts(since), window=first)
+    comm_stats, counts = R.profiled_costs(prof, args, rank, world, counted, since)
     loads["lookup_s"] = float(np.mean(samples.stages["sparse_forward"]))
-    (memory, memory_source), (run_bytes, run_source) = at_end["peak"], at_end["run"]
     storage = planned.storage
     share = storage[rank] / sum(storage) if sum(storage) else 1.0 / world
     estimate = G.memory_estimate(G.parameter_shapes(workload), options, dev.type, embedding_share=share)
-    record = process_record(
-        dev,
-        rank,
+    me = R._Rank(args, env, dev, None, options, local_batch, watchdog, fault, peak, host_peak)
+    record = R.rank_record(
+        me,
         samples,
-        peak,
-        host_peak,
-        local_rank=env["local_rank"],
-        **shape,
-        hot=hot_counts(workload, timed),
-        loads=loads,
-        comm={k: v for k, v in comm_stats.items() if k != "calls"},
-        comm_calls=comm_stats["calls"],
-        peak_memory_bytes=memory,
-        peak_memory_source=memory_source,
-        dense_state_bytes=dense_state_bytes(dense, optimizer),
-        **memory_fields(estimate, run_bytes, run_source),
-        memory_estimate=estimate,
-        activation_bytes=saved.bytes,
-        counters=counts,
+        shape,
+        hot_counts(workload, timed),
+        loads,
+        comm_stats,
+        counts,
+        at_end,
+        estimate,
+        dense_state_bytes(dense, optimizer),
+        saved,
     )
     records = R._gather(record, rank, world, watchdog)
     if rank != 0:
