@@ -3,7 +3,7 @@
 Each entry of a ``.layers`` ModuleList of a top-level dense module (HSTU's SequenceArch, Wukong's
 InteractionArch) is a block; every other top-level dense module is one whole. The sparse arch is
 TorchRec's and never a dense block. harness/train/parallelize.py checkpoints and shards these blocks;
-models/flops.py sizes the largest one for the FSDP memory estimate.
+models/memory.py sizes the largest one for the FSDP memory estimate.
 """
 
 from __future__ import annotations

@@ -12,9 +12,10 @@ from gembench.harness.train.stack import STACKS, model_config, pure_model
 from gembench.models.config import load_config
 from gembench.models.content import ContentArch, content_arch_flops
 from gembench.models.data import SyntheticData
-from gembench.models.flops import batch_forward_flops, memory_estimate
+from gembench.models.flops import batch_forward_flops
 from gembench.models.gem import build_model, interaction_tokens
 from gembench.models.heads import multitask_loss
+from gembench.models.memory import memory_estimate
 
 
 def tiny_with_content(tmp_path, section: str):

@@ -16,7 +16,7 @@ from gembench.errors import UsageError
 from gembench.harness.train.memory import check_fits, largest_fitting_batch
 from gembench.harness.train.stack import STACKS
 from gembench.models.config import load_config
-from gembench.models.flops import memory_estimate
+from gembench.models.memory import memory_estimate
 
 pytestmark = pytest.mark.reads_shared_runs  # tiny_run / table_wise, by getfixturevalue
 

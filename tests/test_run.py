@@ -195,6 +195,7 @@ def test_bad_batch_is_one_line_exit_2(tmp_path, monkeypatch, capsys, command):
     monkeypatch.chdir(tmp_path)
     code, _, err = run_cli([command, "--config", "tiny", "--batch", "0"], capsys)
     assert code == 2 and err.count("\n") == 1 and "--batch must be a positive" in err
+    assert list(tmp_path.iterdir()) == []  # a refused run leaves nothing behind, not even results/
 
 
 def test_batch_must_split_over_ranks(tmp_path, monkeypatch, capsys):

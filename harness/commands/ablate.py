@@ -120,7 +120,7 @@ def _ablate(args: argparse.Namespace) -> int:
     from gembench.harness.train.runconfig import RunConfig
     from gembench.harness.train.runner import measure_stack, prepare, summarized
     from gembench.models.config import load_config, with_global_batch
-    from gembench.models.flops import memory_estimate, parameter_counts
+    from gembench.models.memory import memory_estimate, parameter_counts
 
     if args.model is not None:  # a workload: only the switches that act on it (generic.applied_switches)
         from gembench.harness.train import generic as G

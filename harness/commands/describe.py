@@ -45,13 +45,8 @@ def configure(p: argparse.ArgumentParser) -> None:
 def describe(cfg) -> dict:
     from gembench.harness.metrics.mfu import TRAIN_FLOPS_PER_FORWARD
     from gembench.harness.train.stack import STACKS
-    from gembench.models.flops import (
-        TRAIN_PER_FORWARD,
-        forward_flops_per_example,
-        memory_estimate,
-        parameter_counts,
-        reconcile_flops,
-    )
+    from gembench.models.flops import TRAIN_PER_FORWARD, forward_flops_per_example, reconcile_flops
+    from gembench.models.memory import memory_estimate, parameter_counts
 
     assert TRAIN_PER_FORWARD == TRAIN_FLOPS_PER_FORWARD  # models' reconciliation counts as MFU does
     counts = parameter_counts(cfg)

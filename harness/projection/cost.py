@@ -32,7 +32,8 @@ from gembench.harness.train.parallelize import dense_shards as parallel_shards
 from gembench.harness.train.parallelize import recomputed_forward_flops
 from gembench.models.config import ModelConfig
 from gembench.models.data import id_exponents, zipf_share
-from gembench.models.flops import ADAM_BYTES, forward_flops_per_example, memory_estimate, parameter_counts
+from gembench.models.flops import forward_flops_per_example
+from gembench.models.memory import ADAM_BYTES, memory_estimate, parameter_counts
 
 STAGES = ("input_dist", "embedding_lookup", "output_dist", "dense_forward", "backward", "grad_sync", "optimizer")
 COMM_STAGES = ("input_dist", "output_dist", "grad_sync")

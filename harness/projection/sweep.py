@@ -13,7 +13,7 @@ from gembench.harness.projection.offline_plan import plan_offline
 from gembench.harness.projection.published import DP_THRESHOLD_GIB, EXCHANGES, held_against, published
 from gembench.models.config import ModelConfig, with_global_batch
 from gembench.models.data import expected_ids_per_example
-from gembench.models.flops import parameter_counts
+from gembench.models.memory import parameter_counts
 
 
 @functools.lru_cache(maxsize=8)

@@ -74,9 +74,10 @@ class Reservation:
 
     @classmethod
     def take(cls, path: str | os.PathLike, overwrite: bool = False) -> "Reservation":
-        from gembench.harness.store.results import check_writable
+        from gembench.harness.store.results import check_writable, writable_folder
 
         path = check_writable(path, overwrite)
+        writable_folder(path.parent)  # the run is going ahead: its folder holds the lock
         lock = lock_path(path)
         token = f"{os.getpid()} {socket.gethostname()}"
         for attempt in (0, 1):

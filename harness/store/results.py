@@ -85,12 +85,22 @@ def check_writable(path: str | os.PathLike, overwrite: bool = False) -> Path:
     path = Path(path)
     if path.exists() and not overwrite:
         raise UsageError(f"{path} already exists; results are never overwritten: pass another --out")
-    writable_folder(path.parent if str(path.parent) else Path("."))
+    writable_folder(path.parent if str(path.parent) else Path("."), create=False)
     return path
 
 
-def writable_folder(folder: Path, flag: str = "--out") -> Path:
-    """Create ``folder`` for ``flag`` if needed; a UsageError when it cannot be made or written."""
+def writable_folder(folder: Path, flag: str = "--out", create: bool = True) -> Path:
+    """Create ``folder`` for ``flag`` if needed; a UsageError when it cannot be made or written.
+    ``create=False`` only checks that it could be: a run refused later leaves no empty folder."""
+    if not create:
+        probe = Path(folder)
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        if not probe.is_dir():
+            raise UsageError(f"cannot create folder {folder} for {flag}: {probe} is not a folder")
+        if not os.access(probe, os.W_OK):
+            raise UsageError(f"folder {probe} is not writable: pass a {flag} somewhere you can write")
+        return Path(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -106,6 +116,7 @@ def atomic_write(path: Path, text: str, replace: bool = True, durable: bool = Tr
     ``durable=False`` skips the fsync, for a cache that costs only a re-measurement if lost.
     The one writer of gembench's files (results, pages, tables, the peak cache)."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:

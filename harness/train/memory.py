@@ -1,7 +1,7 @@
 """Memory of a run: will it fit (the estimate against the device's free memory, before anything
 is allocated), and what it really took (the measured peak, comparable with the estimate).
 
-The estimate itself is models/flops.py's memory_estimate, from the config and the stack.
+The estimate itself is models/memory.py's memory_estimate, from the config and the stack.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from gembench.errors import UsageError
 from gembench.harness.device.hardware import memory_available
 from gembench.harness.train.stack import STACKS, StackOptions, stack_label
 from gembench.models.config import ModelConfig
-from gembench.models.flops import memory_estimate, parameter_counts
+from gembench.models.memory import memory_estimate, parameter_counts
 
 FIT_SHARE = 0.9  # of the free memory a run may plan to use: the allocator fragments the rest
 

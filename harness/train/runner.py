@@ -37,7 +37,7 @@ from gembench.harness.train.stack import STACKS, StackOptions, build_train_state
 from gembench.harness.train.step import NoClock, StepSamples, out_of_memory, run_steps, train_step
 from gembench.models.config import ModelConfig, for_device, load_config, with_global_batch
 from gembench.models.data import SyntheticData
-from gembench.models.flops import memory_estimate, parameter_counts
+from gembench.models.memory import memory_estimate, parameter_counts
 from gembench.models.sparse import is_embedding_parameter
 
 MAX_DISTINCT_BATCHES = 32  # batches are prepared up front and cycled, like a prefetching loader

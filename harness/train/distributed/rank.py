@@ -49,7 +49,7 @@ from gembench.harness.train.runner import MAX_DISTINCT_BATCHES
 from gembench.harness.train.step import StageClock, timed_steps
 from gembench.models.config import for_device, load_config, with_global_batch
 from gembench.models.data import SyntheticData, expected_ids_per_example
-from gembench.models.flops import memory_estimate, parameter_counts
+from gembench.models.memory import memory_estimate, parameter_counts
 
 COUNTED_STEPS = 1  # an extra step after the timed ones, its cost counters taken (no profiler:
 # the counting dispatch mode re-dispatches every op, which the profiler would record twice)
