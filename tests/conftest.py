@@ -37,7 +37,7 @@ def _small_peak_cache(tmp_path_factory):
 
 
 # -- real runs made once per session, for tests that only read their result -------------------
-# (`pytest -n 2 --dist loadgroup`: the files that read them share one worker, see below)
+# (`pytest -n 2 --dist loadgroup`: the files that read one share a worker, see below)
 
 
 @pytest.fixture(scope="session")
@@ -108,14 +108,17 @@ def table_wise(skew_config, tmp_path_factory):
     return proc, json.loads((d / "r.json").read_text()), d
 
 
-SHARED_RUNS = {"tiny_run", "table_wise"}  # a file that reads one by request.getfixturevalue
-# says so with `pytestmark = pytest.mark.reads_shared_runs`
+# Each shared run has a worker group of its own, so that the two can run side by side; a file
+# reading both goes with the costlier table_wise (tiny_run is then made there too, from a warm
+# compile cache). A file that reads one by request.getfixturevalue names it in its marker:
+# `pytestmark = pytest.mark.reads_shared_runs("tiny_run")`.
+SHARED_RUNS = {"table_wise": "shared-table-wise", "tiny_run": "shared-tiny-run"}  # costlier first
 
 
 def pytest_configure(config):
     config.addinivalue_line(
         "markers",
-        "reads_shared_runs: the file reads a session's shared run "
+        "reads_shared_runs(*fixtures): the file reads these session shared runs "
         "through request.getfixturevalue (grouped with the others that do)",
     )
 
@@ -123,15 +126,15 @@ def pytest_configure(config):
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into node ids
 def pytest_collection_modifyitems(config, items):
     """For `pytest -n 2 --dist loadgroup` (the README's command): a test file goes to one worker
-    whole (its module fixtures, real runs, are made once), and the files that read the session's
-    shared runs go together, so each shared run is made once in the whole session."""
-    shared_files = {
-        item.path
-        for item in items
-        if SHARED_RUNS & set(item.fixturenames) or item.get_closest_marker("reads_shared_runs")
-    }
+    whole (its module fixtures, real runs, are made once), and the files that read a shared run go
+    together, so that each shared run is made once in the whole session."""
+    reads: dict = {}
     for item in items:
-        group = "shared-runs" if item.path in shared_files else item.path.name
+        marker = item.get_closest_marker("reads_shared_runs")
+        reads.setdefault(item.path, set()).update(set(SHARED_RUNS) & set(item.fixturenames))
+        reads[item.path].update(marker.args if marker else ())
+    for item in items:
+        group = next((g for fixture, g in SHARED_RUNS.items() if fixture in reads[item.path]), item.path.name)
         item.add_marker(pytest.mark.xdist_group(group))
 
 

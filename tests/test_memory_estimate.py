@@ -18,7 +18,7 @@ from gembench.harness.train.stack import STACKS
 from gembench.models.config import load_config
 from gembench.models.memory import memory_estimate
 
-pytestmark = pytest.mark.reads_shared_runs  # tiny_run / table_wise, by getfixturevalue
+pytestmark = pytest.mark.reads_shared_runs("tiny_run")  # by request.getfixturevalue
 
 
 def run(tmp_path, *args):

@@ -11,7 +11,7 @@ from gembench.harness.commands.promote import promote
 from gembench.harness.store import results
 from gembench.harness.store.schema import schema_dir
 
-pytestmark = pytest.mark.reads_shared_runs  # tiny_run / table_wise, by getfixturevalue
+pytestmark = pytest.mark.reads_shared_runs("tiny_run", "table_wise")  # by request.getfixturevalue
 
 
 def test_write_is_atomic_and_never_overwrites(tmp_path):
