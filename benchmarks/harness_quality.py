@@ -486,6 +486,104 @@ def rates_at(
     return out
 
 
+def sequential_rates(
+    sd: float,
+    effects: list[float],
+    max_pairs: int,
+    alpha: float,
+    min_effect: float,
+    margin: float,
+    batch_s: float,
+    budget_s: float,
+    at_once: int = 2,
+    trials: int = 4000,
+    seed: int = 0,
+) -> dict:
+    """Rates of continuous's sequential design (its looks, alpha spending, stopping rule and budget:
+    gembench.harness.regression.sequential) for pairs whose log ratios are normal with spread
+    ``sd``, ``at_once`` pairs a batch taking ``batch_s``: per effect, how often regressed and
+    unchanged, and the mean pairs and minutes a verdict took."""
+    import math
+
+    from gembench.harness.regression import stats
+    from gembench.harness.regression.sequential import Looks, decided, worth_another_batch
+
+    rng = random.Random(seed)
+    out = {}
+    for effect in effects:
+        counts, pairs_used = {stats.REGRESSED: 0, stats.UNCHANGED: 0, stats.INCONCLUSIVE: 0}, 0
+        for _ in range(trials):
+            ratios = [math.exp(math.log1p(effect) + sd * rng.gauss(0, 1)) for _ in range(max_pairs)]
+            looks, v, n = Looks(alpha, max_pairs), stats.INCONCLUSIVE, 0
+            while n < max_pairs:
+                n = min(n + at_once, max_pairs)
+                if not looks.due(n):
+                    continue
+                v = verdict(ratios[:n], looks.alpha_at(n), min_effect, margin)
+                if decided({"step_time_s": v}, False) or not worth_another_batch(
+                    n / at_once * batch_s, batch_s, budget_s
+                ):
+                    break
+            counts[v] = counts.get(v, 0) + 1
+            pairs_used += n
+        mean_pairs = pairs_used / trials
+        out[effect] = {
+            "regressed": counts[stats.REGRESSED] / trials,
+            "unchanged": counts[stats.UNCHANGED] / trials,
+            "mean_pairs": mean_pairs,
+            "mean_minutes": mean_pairs / at_once * batch_s / 60,
+        }
+    return out
+
+
+def sequential_main(args) -> int:
+    """The sequential design's rates at given spreads of one pair (no benchmark is run)."""
+    from gembench.harness.commands.continuous import DEFAULT_BUDGET, MARGIN, MAX_PAIRS, MIN_EFFECT
+    from gembench.harness.regression import stats
+
+    effects = [0.0, 0.02, 0.05]
+    max_pairs, budget = args.max_pairs or MAX_PAIRS, args.budget or DEFAULT_BUDGET
+    print(
+        f"continuous's sequential design: at most {max_pairs} pairs, {args.sequential_parallel} a batch of "
+        f"{args.batch_seconds:g} s, budget {budget:g} s, alpha {stats.ALPHA:g}, regression >= "
+        f"{100 * MIN_EFFECT:g}%, unchanged within +-{100 * MARGIN:g}%; {args.trials} simulated comparisons a cell"
+    )
+    rows = []
+    for sd in args.spreads:
+        r = sequential_rates(
+            sd,
+            effects,
+            max_pairs,
+            stats.ALPHA,
+            MIN_EFFECT,
+            MARGIN,
+            args.batch_seconds,
+            budget,
+            args.sequential_parallel,
+            args.trials,
+        )
+        rows.append(
+            [
+                f"{100 * sd:.2f}%",
+                f"{100 * r[0.0]['unchanged']:.1f}%",
+                f"{100 * r[0.0]['regressed']:.2f}%",
+                f"{100 * r[0.02]['regressed']:.1f}%",
+                f"{100 * r[0.05]['regressed']:.1f}%",
+                " / ".join(f"{r[e]['mean_pairs']:.1f} ({r[e]['mean_minutes']:.1f} min)" for e in effects),
+            ]
+        )
+    from tabulate import tabulate
+
+    print(
+        tabulate(
+            rows,
+            ["pair spread", "unchanged passes", "false alarms", "2% caught", "5% caught", "pairs (min): 0 / 2% / 5%"],
+        )
+    )
+    print("goals: unchanged >= 95%, 2% caught >= 95%, false alarms <= 1%")
+    return 0
+
+
 def paired_main(args) -> int:
     import tempfile
     from pathlib import Path
@@ -742,8 +840,27 @@ def main(argv: list[str] | None = None) -> int:
         help="scale: B runs are real runs with step times x1.05 (exact effect, default); "
         "spin: B steps really spin 5%% longer (mlp only; contention makes the effect inexact)",
     )
+    p.add_argument(
+        "--sequential",
+        default=None,
+        metavar="SD,SD",
+        help="the sequential design's rates, simulated, at these spreads of one pair's log ratio "
+        "(e.g. 0.0098,0.02: the quiet and the noisy EPYC VM); runs no benchmark",
+    )
+    p.add_argument(
+        "--batch-seconds", type=float, default=40.0, help="with --sequential: one batch of pairs (default 40)"
+    )
+    p.add_argument("--sequential-parallel", type=int, default=2, help="with --sequential: pairs a batch (default 2)")
+    p.add_argument("--max-pairs", type=int, default=None, help="with --sequential: continuous's --max-pairs")
+    p.add_argument("--budget", type=float, default=None, help="with --sequential: continuous's --budget, s")
     p.add_argument("--json", default=None, help="also write the figures to this file")
     args = p.parse_args(argv)
+    if args.sequential:
+        try:
+            args.spreads = [float(x) for x in args.sequential.split(",")]
+        except ValueError:
+            p.error(f"--sequential takes spreads like 0.0098,0.02, got {args.sequential!r}")
+        return sequential_main(args)
     if args.paired:
         if args.comparisons < 1:
             p.error("--comparisons must be >= 1")

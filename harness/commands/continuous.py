@@ -5,16 +5,18 @@ per revision, started together, pinned to one CPU and, once warm, taking turns o
 (ABBA, `gembench run --pace`), so that the machine's drift hits both alike; pairs run side by
 side, one per CPU (--parallel). Each process gives one value per timing metric (--statistic), each
 pair the ratio HEAD/BASE, and a paired one-sided t-test over the pairs decides: regressed needs
-p <= --alpha and a slowdown >= --min-effect; unchanged needs the 98% interval inside +-margin; else
-inconclusive. Cost counters are compared exactly (results/thresholds.toml; default: no increase).
---sequential runs a pair's processes one after the other: for --nproc, --benchmark instructions
-and revisions older than --pace. The defaults catch a 2% slowdown on a shared 2-core machine; the
-measurements behind them are in docs/continuous.md.
+p <= alpha and a slowdown >= --min-effect; unchanged needs the (1 - 2 alpha) interval inside
++-margin; else inconclusive. The pairs are as many as the verdict needs: it is judged after each
+batch from the fourth pair on, --alpha spent over the looks (regression/sequential.py), until it
+is clear, --max-pairs or --budget; `--pairs N` is a fixed design judged once. Cost counters are
+compared exactly (results/thresholds.toml; default: no increase). --sequential runs a pair's
+processes one after the other: for --nproc, --benchmark instructions and revisions older than
+--pace. The measurements behind the defaults are in docs/continuous.md.
 
 exit status (as `gembench gate`):
   0  no regression (every metric unchanged or improved)
   1  a metric regressed (a counter beyond its threshold, or a significant slowdown)
-  4  too noisy to tell: rerun with more --pairs (on a busy runner, treat it as a warning)
+  4  too noisy to tell within --budget (or --pairs): on a busy runner, treat it as a warning
   2  an error: unknown revision, a revision that fails to run (named, with its error), bad flag
 
 examples:
@@ -32,7 +34,10 @@ from pathlib import Path
 
 from gembench.errors import UsageError
 
-DEFAULT_PAIRS = 10
+# The sequential design's cap and budget, from its simulated rates (benchmarks/harness_quality.py
+# --sequential; docs/continuous.md): enough for a noisy host's 2% pair spread at a minute a batch.
+MAX_PAIRS = 48
+DEFAULT_BUDGET = 1200.0  # s
 DEFAULT_STEPS = 480
 TURN_STEPS = 5  # steps per turn unless --bursts says otherwise: the noise is faster than a turn
 MIN_EFFECT = 0.01  # a 2% slowdown must be caught: the regression threshold sits below it
@@ -49,10 +54,25 @@ def configure(p: argparse.ArgumentParser) -> None:
         "--rounds",
         dest="pairs",
         type=int,
-        default=DEFAULT_PAIRS,
-        help=f"process pairs, one process per revision each, alive together and taking turns; the "
-        f"unit of the test (default {DEFAULT_PAIRS}: catches a 2%% slowdown on a 2-core machine, see "
-        "above; --rounds is its old name)",
+        default=None,
+        help="a fixed number of process pairs, one process per revision each, alive together and "
+        "taking turns, judged once (--rounds is its old name). Default: as many as the verdict needs, "
+        "judged after each batch (see --max-pairs, --budget)",
+    )
+    p.add_argument(
+        "--max-pairs",
+        type=int,
+        default=MAX_PAIRS,
+        metavar="N",
+        help=f"the sequential design's most pairs (default {MAX_PAIRS}); alpha is spent over the looks",
+    )
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=DEFAULT_BUDGET,
+        metavar="S",
+        help=f"seconds the pairs may take before the verdict is what it is then (default {DEFAULT_BUDGET:g}; "
+        "a batch that would overrun it is not started)",
     )
     p.add_argument(
         "--benchmark",
@@ -177,8 +197,11 @@ def check_args(args: argparse.Namespace) -> None:
     from gembench.harness.commands.compare import check_decision_args
     from gembench.harness.regression.directions import METRICS
 
-    if args.benchmark == "instructions" and args.pairs == DEFAULT_PAIRS:
-        args.pairs = 1  # exact counts: one process per revision decides
+    args.looking = args.pairs is None and args.benchmark == "run"  # the sequential design
+    if args.pairs is None:
+        args.pairs = 1 if args.benchmark == "instructions" else args.max_pairs  # exact counts: one decides
+    if args.looking and (args.max_pairs < 2 or args.budget <= 0):
+        raise UsageError(f"--max-pairs must be >= 2 and --budget > 0, got {args.max_pairs} and {args.budget:g}")
     if args.pairs < (1 if args.benchmark == "instructions" else 2):
         raise UsageError(f"--pairs must be at least 2 for an interval, got {args.pairs}")
     if args.benchmark == "instructions":
@@ -227,10 +250,47 @@ def check_args(args: argparse.Namespace) -> None:
         args.keep_results.mkdir(parents=True, exist_ok=True)
 
 
+def _plan(args: argparse.Namespace, first: dict) -> dict:
+    """How the pairs are judged, from the thresholds for the first result's config and hardware:
+    alpha, the metrics, and judge_rounds' arguments after alpha."""
+    from gembench.harness.regression import stats, thresholds
+    from gembench.harness.store.results import field
+
+    limits = None
+    if Path(args.thresholds).exists():
+        limits = thresholds.load(
+            args.thresholds, str(field(first, "config.name")), str(field(first, "env.hardware_class"))
+        )
+    elif args.thresholds != "results/thresholds.toml":
+        raise UsageError(f"no thresholds file {args.thresholds}")
+    alpha = args.alpha if args.alpha is not None else ((limits and limits.alpha) or stats.ALPHA)
+    min_effect = MIN_EFFECT if args.min_effect is None else args.min_effect
+    margin = max(MARGIN, min_effect) if args.margin is None else args.margin
+    return {
+        "alpha": alpha,
+        "metrics": args.metric or ["step_time_s"],
+        "judging": (min_effect, limits, args.statistic, margin),
+    }
+
+
+def _design(args: argparse.Namespace, looks) -> dict:
+    if looks is None:
+        return {"kind": "fixed", "pairs": args.pairs}
+    return {
+        "kind": "sequential",
+        "max_pairs": args.pairs,
+        "budget_s": args.budget,
+        "alpha_total": looks.alpha,
+        "spending": "pocock",
+        "looks": looks.history,
+    }
+
+
 def main(args: argparse.Namespace) -> int:
     from gembench.harness.continuous import worktrees
     from gembench.harness.continuous.pairs import run_pairs
-    from gembench.harness.regression import paired, stats, thresholds
+    from gembench.harness.regression import paired, stats
+    from gembench.harness.regression.sequential import Looks, decided, worth_another_batch
     from gembench.harness.report.verdicts import render_paired
     from gembench.harness.store.results import differences, field
 
@@ -260,27 +320,49 @@ def main(args: argparse.Namespace) -> int:
             f"BASE {args.base} = {co['BASE'].sha[:10]}, HEAD {args.head} = {co['HEAD'].sha[:10]}: {args.pairs} pairs "
             f"of processes (ABBA) running `{what}`, {how}"
         )
-        rounds, interleaved = run_pairs(args, co, say)
+        looks = None
+
+        def enough(rounds, elapsed, per_batch):  # the sequential design's look after a batch
+            nonlocal looks
+            plan = _plan(args, rounds[0][0])
+            looks = looks or Looks(plan["alpha"], args.pairs)
+            if not looks.due(len(rounds)):
+                return False
+            alpha = looks.alpha_at(len(rounds))
+            found = paired.judge_rounds(rounds, plan["metrics"], alpha, *plan["judging"])
+            timing = {j.metric: j.verdict for j in found if j.method == "paired"}
+            ratio = next((j.extra.get("ratio") for j in found if j.method == "paired"), None)
+            looks.record(len(rounds), alpha, timing, ratio, elapsed)
+            say(
+                f"look at {len(rounds)} pairs (alpha {alpha:.2g} of {plan['alpha']:g}): "
+                + ", ".join(f"{m} {v}" for m, v in timing.items())
+                + (f", HEAD/BASE {ratio:.4f}" if ratio else "")
+            )
+            stop = decided(timing, any(j.verdict == stats.REGRESSED for j in found if j.method != "paired"))
+            if not stop and not worth_another_batch(elapsed, per_batch, args.budget):
+                say(f"the next batch would overrun --budget {args.budget:g} s: the verdict is this look's")
+                stop = True
+            return stop
+
+        rounds, interleaved = run_pairs(args, co, say, enough if args.looking else None)
 
     first = rounds[0][0]
     config, hw = field(first, "config.name"), field(first, "env.hardware_class")
-    limits = None
-    if Path(args.thresholds).exists():
-        limits = thresholds.load(args.thresholds, str(config), str(hw))
-    elif args.thresholds != "results/thresholds.toml":
-        raise UsageError(f"no thresholds file {args.thresholds}")
-    alpha = args.alpha if args.alpha is not None else ((limits and limits.alpha) or stats.ALPHA)
-    min_effect = MIN_EFFECT if args.min_effect is None else args.min_effect
-    margin = max(MARGIN, min_effect) if args.margin is None else args.margin
-    metrics = args.metric or ["step_time_s"]
-    judgements = paired.judge_rounds(rounds, metrics, alpha, min_effect, limits, args.statistic, margin)
+    plan = _plan(args, first)
+    alpha, (min_effect, _, _, margin) = plan["alpha"], plan["judging"]
+    metrics = plan["metrics"]
+    if looks is not None and looks.history:  # the verdict is the last look's, at its alpha
+        alpha = looks.history[-1]["alpha"]
+    judgements = paired.judge_rounds(rounds, metrics, alpha, *plan["judging"])
     code = paired.exit_status(judgements)
     minutes = (time.perf_counter() - started) / 60
     notes = differences(rounds[0][0], rounds[0][1], ("config.hash", "run.global_batch", "run.dtype"))
     verdict = {
         0: "continuous: pass",
         1: "continuous: REGRESSION",
-        4: "continuous: INCONCLUSIVE (too noisy: more --pairs)",
+        4: "continuous: INCONCLUSIVE (too noisy: a larger --budget or --max-pairs, or a quieter machine)"
+        if args.looking
+        else "continuous: INCONCLUSIVE (too noisy: more --pairs)",
     }[code]
     if args.format == "json":
         print(
@@ -295,8 +377,9 @@ def main(args: argparse.Namespace) -> int:
                     "steps": args.steps,
                     "warmup": args.warmup,
                     "seed": args.seed,
-                    "pairs": args.pairs,
-                    "rounds": args.pairs,
+                    "pairs": len(rounds),
+                    "rounds": len(rounds),
+                    "design": _design(args, looks),
                     "order": "ABBA",
                     "statistic": args.statistic,
                     "interleaved": bool(interleaved),
@@ -317,7 +400,8 @@ def main(args: argparse.Namespace) -> int:
         return code
     header = [
         f"BASE {args.base} = {co['BASE'].sha[:10]}   HEAD {args.head} = {co['HEAD'].sha[:10]}",
-        f"{config} on {hw}, stack {args.stack}, seed {args.seed}: {args.pairs} process pairs ABBA x {args.steps} steps "
+        f"{config} on {hw}, stack {args.stack}, seed {args.seed}: {len(rounds)} process pairs ABBA "
+        f"x {args.steps} steps "
         f"(+{args.warmup} warm-up) per process, "
         f"{f'taking turns, {args.bursts} turns each' if interleaved else 'one process after the other'}"
         f"{f', {args.parallel} pairs at once on CPUs of their own' if interleaved and args.parallel > 1 else ''}, "
@@ -325,7 +409,15 @@ def main(args: argparse.Namespace) -> int:
         f"paired one-sided t-tests on log(HEAD/BASE) per pair at alpha={alpha:g} (Holm across "
         f"{sum(j.method == 'paired' for j in judgements)}), regression >= {100 * min_effect:g}%, unchanged within "
         f"+-{100 * margin:g}%; counters exact",
-    ] + [f"note: BASE and HEAD differ in {d}" for d in notes]
+    ]
+    if looks is not None and looks.history:
+        header.append(
+            f"sequential: {len(looks.history)} look(s) at "
+            + ", ".join(str(h["pairs"]) for h in looks.history)
+            + f" pairs (at most {args.pairs}, --budget {args.budget:g} s), alpha {plan['alpha']:g} spent over them "
+            f"(Pocock-type); the verdict is the last look's, at alpha {alpha:.2g}"
+        )
+    header += [f"note: BASE and HEAD differ in {d}" for d in notes]
     if args.benchmark == "instructions":
         header[1] = (
             f"kernel instruction counts (benchmarks/instructions.py, callgrind) on {hw}: "

@@ -22,9 +22,10 @@ from gembench.errors import UsageError
 LABELS = ("BASE", "HEAD")
 
 
-def run_pairs(args: argparse.Namespace, co: dict, say) -> tuple[list[tuple[dict, dict]], bool]:
-    """Every pair of ``args.pairs``, ``args.parallel`` at a time, progress through ``say``:
-    ([(BASE result, HEAD result)] per pair, whether they took turns)."""
+def run_pairs(args: argparse.Namespace, co: dict, say, enough=None) -> tuple[list[tuple[dict, dict]], bool]:
+    """Up to ``args.pairs`` pairs, ``args.parallel`` at a time, progress through ``say``:
+    ([(BASE result, HEAD result)] per pair, whether they took turns). ``enough(rounds, elapsed,
+    per_batch)``, asked after each batch, ends the run early when it says so."""
     from gembench.harness.regression import paired
 
     rounds: list[tuple[dict, dict]] = []
@@ -32,6 +33,7 @@ def run_pairs(args: argparse.Namespace, co: dict, say) -> tuple[list[tuple[dict,
     results_dir = co["BASE"].path.parent / "results"
     results_dir.mkdir()
     durations: list[float] = []  # per pair: its batch's time over the pairs in it
+    began = time.perf_counter()
     for start in range(0, args.pairs, args.parallel):
         t0 = time.perf_counter()
         batch = []
@@ -64,8 +66,10 @@ def run_pairs(args: argparse.Namespace, co: dict, say) -> tuple[list[tuple[dict,
             beside = f" ({len(batch)} pairs at once)" if len(batch) > 1 else ""
             say(
                 f"pair {r + 1}/{args.pairs} ({order[0]} first): {args.statistic} step {step_text}"
-                f"{seconds:.0f} s{where}{beside}, ~{eta / 60:.1f} min left"
+                f"{seconds:.0f} s{where}{beside}, ~{eta / 60:.1f} min left{' at most' if enough else ''}"
             )
+        if enough is not None and enough(rounds, time.perf_counter() - began, seconds):
+            break
     return rounds, interleaved
 
 
