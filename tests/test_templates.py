@@ -16,11 +16,11 @@ import shlex
 import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 import yaml
+from synthetic import package_pyproject
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATES = ROOT / "templates"
@@ -91,18 +91,7 @@ def test_asv_conf_runs_gembench_suite_on_a_team_model_named_in_the_conf(tmp_path
     (repo / "teammodel").mkdir(parents=True)
     shutil.copy(ROOT / "examples" / "two_tower.py", repo / "teammodel" / "workload.py")
     (repo / "teammodel" / "__init__.py").write_text("")
-    (repo / "pyproject.toml").write_text(
-        textwrap.dedent("""\
-        [build-system]
-        requires = ["setuptools"]
-        build-backend = "setuptools.build_meta"
-        [project]
-        name = "teammodel"
-        version = "0.0.1"
-        [tool.setuptools]
-        packages = ["teammodel"]
-        """)
-    )
+    (repo / "pyproject.toml").write_text(package_pyproject("teammodel"))
     conf = _read_jsonc(TEMPLATES / "asv" / "asv.conf.json")
     assert conf["matrix"]["env_nobuild"]["GEMBENCH_ASV_MODEL"].endswith(":make_workload")  # the placeholder
     assert "--no-deps" in conf["matrix"]["req"]["pip+gembench"] and conf["benchmark_dir"].endswith("asv_suite")

@@ -20,6 +20,7 @@ exit status (as `gembench gate`):
 examples:
   gembench continuous origin/main HEAD --format markdown >> $GITHUB_STEP_SUMMARY
   gembench continuous HEAD~1 HEAD --benchmark instructions --kernel wukong_fm   # callgrind counts
+  gembench continuous --python .venv/bin/python --python /tmp/venv-new/bin/python   # an upgrade, same code
 """
 
 from __future__ import annotations
