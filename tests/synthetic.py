@@ -149,3 +149,11 @@ def ctrl_c_reaches() -> None:
 
 def load_json(text: str) -> dict:
     return json.loads(text)
+
+
+def package_pyproject(name: str) -> str:
+    """pyproject.toml of a throwaway repository's one setuptools package ``name`` (version 0.0.1)."""
+    return (
+        '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
+        f'[project]\nname = "{name}"\nversion = "0.0.1"\n[tool.setuptools]\npackages = ["{name}"]\n'
+    )

@@ -18,11 +18,11 @@ import re
 import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 import tomllib
+from synthetic import package_pyproject
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -168,18 +168,7 @@ def test_asv_continuous_flags_a_planted_slowdown(tmp_path):
         pytest.skip("git is not installed")
     repo = tmp_path / "repo"
     repo.mkdir()
-    (repo / "pyproject.toml").write_text(
-        textwrap.dedent("""\
-        [build-system]
-        requires = ["setuptools"]
-        build-backend = "setuptools.build_meta"
-        [project]
-        name = "slowpkg"
-        version = "0.0.1"
-        [tool.setuptools]
-        packages = ["slowpkg"]
-        """)
-    )
+    (repo / "pyproject.toml").write_text(package_pyproject("slowpkg"))
     (repo / "asv.conf.json").write_text(json.dumps(CONF, indent=1))
     (repo / "benchmarks").mkdir()
     (repo / "benchmarks" / "__init__.py").write_text("")

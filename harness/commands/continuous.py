@@ -22,6 +22,7 @@ exit status (as `gembench gate`):
 examples:
   gembench continuous origin/main HEAD --format markdown >> $GITHUB_STEP_SUMMARY
   gembench continuous HEAD~1 HEAD --benchmark instructions --kernel wukong_fm   # callgrind counts
+  gembench continuous --python .venv/bin/python --python /tmp/venv-new/bin/python   # an upgrade, same code
 """
 
 from __future__ import annotations
@@ -47,8 +48,22 @@ MARGIN = 0.02  # "unchanged" needs the interval inside +-2%: precise enough for 
 def configure(p: argparse.ArgumentParser) -> None:
     from gembench.harness.regression.paired import STATISTICS
 
-    p.add_argument("base", metavar="BASE", help="reference revision (a commit, branch, tag, HEAD~1)")
-    p.add_argument("head", metavar="HEAD", help="revision under test")
+    p.add_argument(
+        "base",
+        metavar="BASE",
+        nargs="?",
+        help="reference revision (a commit, branch, tag, HEAD~1; with --python, default HEAD)",
+    )
+    p.add_argument("head", metavar="HEAD", nargs="?", help="revision under test (with --python, default BASE)")
+    p.add_argument(
+        "--python",
+        action="append",
+        default=None,
+        metavar="PY",
+        help="twice: BASE's interpreter, then HEAD's (virtualenvs, for a dependency upgrade; the revisions may "
+        "be the same commit); the result names both environments' versions and what differs. "
+        "scripts/env_variant.sh makes a variant of .venv that differs in one package",
+    )
     p.add_argument(
         "--pairs",
         "--rounds",
@@ -159,6 +174,14 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--format", choices=("table", "markdown", "json"), default="table", help="output (default table)")
     p.add_argument(
+        "--json-out",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="also write the JSON result to FILE, whatever --format prints (CI: the Markdown table to the job "
+        "summary, the JSON kept as an artifact)",
+    )
+    p.add_argument(
         "--thresholds",
         default="results/thresholds.toml",
         help="thresholds TOML: alpha and counter allowances (default %(default)s; "
@@ -195,8 +218,13 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 def check_args(args: argparse.Namespace) -> None:
     from gembench.harness.commands.compare import check_decision_args
+    from gembench.harness.continuous.environments import probe_both
     from gembench.harness.regression.directions import METRICS
 
+    if args.base is None and not args.python:
+        raise UsageError("give BASE and HEAD revisions (or two --python to run one revision under two environments)")
+    args.base = args.base or "HEAD"
+    args.head = args.head or args.base
     args.looking = args.pairs is None and args.benchmark == "run"  # the sequential design
     if args.pairs is None:
         args.pairs = 1 if args.benchmark == "instructions" else args.max_pairs  # exact counts: one decides
@@ -246,6 +274,9 @@ def check_args(args: argparse.Namespace) -> None:
 
         args.parallel = default_parallel(args.device)
     args.parallel = min(args.parallel, args.pairs)
+    if args.json_out is not None and not args.json_out.parent.is_dir():
+        raise UsageError(f"--json-out {args.json_out}: no folder {args.json_out.parent}; make it first")
+    args.environments = probe_both(args.python)  # before any worktree: a bad --python costs nothing
     if args.keep_results is not None:
         args.keep_results.mkdir(parents=True, exist_ok=True)
 
@@ -287,7 +318,7 @@ def _design(args: argparse.Namespace, looks) -> dict:
 
 
 def main(args: argparse.Namespace) -> int:
-    from gembench.harness.continuous import worktrees
+    from gembench.harness.continuous import environments, worktrees
     from gembench.harness.continuous.pairs import run_pairs
     from gembench.harness.regression import paired, stats
     from gembench.harness.regression.sequential import Looks, decided, worth_another_batch
@@ -345,6 +376,7 @@ def main(args: argparse.Namespace) -> int:
             return stop
 
         rounds, interleaved = run_pairs(args, co, say, enough if args.looking else None)
+    environments.check_results(args.environments, rounds)
 
     first = rounds[0][0]
     config, hw = field(first, "config.name"), field(first, "env.hardware_class")
@@ -364,39 +396,37 @@ def main(args: argparse.Namespace) -> int:
         if args.looking
         else "continuous: INCONCLUSIVE (too noisy: more --pairs)",
     }[code]
+    document = {
+        "schema": "gembench.continuous/1",
+        "base": {"revision": args.base, "sha": co["BASE"].sha},
+        "head": {"revision": args.head, "sha": co["HEAD"].sha},
+        "config": config,
+        "hardware_class": hw,
+        "stack": args.stack,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "seed": args.seed,
+        "pairs": len(rounds),
+        "rounds": len(rounds),
+        "design": _design(args, looks),
+        "order": "ABBA",
+        "statistic": args.statistic,
+        "interleaved": bool(interleaved),
+        "bursts": args.bursts if interleaved else None,
+        "parallel": args.parallel if interleaved else 1,
+        "threads": args.threads,
+        "alpha": alpha,
+        "min_effect": min_effect,
+        "margin": margin,
+        "notes": notes,
+        "minutes": minutes,
+        "rows": paired.rows(judgements),
+        "exit_status": code,
+    } | (environments.document(args.environments) if args.environments else {})
+    if args.json_out is not None:  # CI: the table for the job summary, the JSON kept as an artifact
+        args.json_out.write_text(json.dumps(document, indent=1) + "\n")
     if args.format == "json":
-        print(
-            json.dumps(
-                {
-                    "schema": "gembench.continuous/1",
-                    "base": {"revision": args.base, "sha": co["BASE"].sha},
-                    "head": {"revision": args.head, "sha": co["HEAD"].sha},
-                    "config": config,
-                    "hardware_class": hw,
-                    "stack": args.stack,
-                    "steps": args.steps,
-                    "warmup": args.warmup,
-                    "seed": args.seed,
-                    "pairs": len(rounds),
-                    "rounds": len(rounds),
-                    "design": _design(args, looks),
-                    "order": "ABBA",
-                    "statistic": args.statistic,
-                    "interleaved": bool(interleaved),
-                    "bursts": args.bursts if interleaved else None,
-                    "parallel": args.parallel if interleaved else 1,
-                    "threads": args.threads,
-                    "alpha": alpha,
-                    "min_effect": min_effect,
-                    "margin": margin,
-                    "notes": notes,
-                    "minutes": minutes,
-                    "rows": paired.rows(judgements),
-                    "exit_status": code,
-                },
-                indent=1,
-            )
-        )
+        print(json.dumps(document, indent=1))
         return code
     header = [
         f"BASE {args.base} = {co['BASE'].sha[:10]}   HEAD {args.head} = {co['HEAD'].sha[:10]}",
@@ -423,6 +453,8 @@ def main(args: argparse.Namespace) -> int:
             f"kernel instruction counts (benchmarks/instructions.py, callgrind) on {hw}: "
             f"{args.pairs} pair(s), {minutes:.1f} min"
         )
+    if args.environments:
+        header[1:1] = environments.header_lines(args.environments)
     print(render_paired(judgements, header, args.format))
     print(verdict)
     return code

@@ -145,10 +145,17 @@ def child_env(pythonpath: Path, threads: int | None = None) -> dict:
     return env
 
 
-def run_command(args: argparse.Namespace, out: Path, worktree: Path) -> list[str]:
+def interpreter(args: argparse.Namespace, label: str) -> str:
+    """The Python that runs revision ``label``'s processes: its --python, else this one."""
+    envs = getattr(args, "environments", None)
+    return envs[label].python if envs else sys.executable
+
+
+def run_command(args: argparse.Namespace, out: Path, worktree: Path, python: str | None = None) -> list[str]:
+    python = python or sys.executable
     if args.benchmark == "instructions":
         kernels = [a for k in (args.kernel or []) for a in ("--kernel", k)]
-        return [sys.executable, str(worktree / "benchmarks" / "instructions.py"), "--out", str(out), *kernels]
+        return [python, str(worktree / "benchmarks" / "instructions.py"), "--out", str(out), *kernels]
     from gembench.harness.train.runconfig import RunConfig
 
     config = args.config
@@ -167,7 +174,7 @@ def run_command(args: argparse.Namespace, out: Path, worktree: Path) -> list[str
         quiet=True,
         nproc=args.nproc,
     )
-    return [sys.executable, "-m", "gembench", "run", *run.to_argv()]
+    return [python, "-m", "gembench", "run", *run.to_argv()]
 
 
 def failure(c, label: str, code: int, stderr: str) -> UsageError:
@@ -178,7 +185,12 @@ def sequential_pair(args: argparse.Namespace, co: dict, outs: dict[str, Path], o
     """One fresh process per revision, one after the other, in ``order``."""
     for label in order:
         c = co[label]
-        code, err = run_process(run_command(args, outs[label], c.path), revision_env(args, c), c.path, args.timeout)
+        code, err = run_process(
+            run_command(args, outs[label], c.path, interpreter(args, label)),
+            revision_env(args, c),
+            c.path,
+            args.timeout,
+        )
         if code != 0 or not outs[label].exists():
             raise failure(c, label, code, err)
 
@@ -206,7 +218,7 @@ def interleaved_pairs(
             pair = []
             for label in order:  # who goes first also starts first: which core, which pid
                 c = co[label]
-                cmd, env = run_command(args, outs[label], c.path), revision_env(args, c)
+                cmd, env = run_command(args, outs[label], c.path, interpreter(args, label)), revision_env(args, c)
                 with deferred_interrupts():  # held until the worker is in `workers`, where close() finds it
                     worker = interleave.start(label, cmd, env, c.path, sub, args.burst_steps)
                     workers.append(worker)
