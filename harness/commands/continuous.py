@@ -40,8 +40,6 @@ MARGIN = 0.02  # "unchanged" needs the interval inside +-2%: precise enough for 
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    from gembench.harness.regression.paired import STATISTICS
-
     p.add_argument("base", metavar="BASE", help="reference revision (a commit, branch, tag, HEAD~1)")
     p.add_argument("head", metavar="HEAD", help="revision under test")
     p.add_argument(
@@ -54,6 +52,13 @@ def configure(p: argparse.ArgumentParser) -> None:
         f"unit of the test (default {DEFAULT_PAIRS}: catches a 2%% slowdown on a 2-core machine, see "
         "above; --rounds is its old name)",
     )
+    add_measuring_flags(p)
+
+
+def add_measuring_flags(p: argparse.ArgumentParser) -> None:
+    """What to run and how to measure it: continuous's flags, which `gembench bisect` shares."""
+    from gembench.harness.regression.paired import STATISTICS
+
     p.add_argument(
         "--benchmark",
         choices=("run", "instructions"),
@@ -161,6 +166,14 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--repo", default=".", help="git repository holding both revisions (default: the current one)")
     p.add_argument(
+        "--setup",
+        default=None,
+        metavar="CMD",
+        help="shell command run in each revision's worktree before its processes start (a build step); "
+        "what it installs into $GEMBENCH_OVERLAY comes first on that revision's path, e.g. "
+        "'python -m pip install -q --no-deps --no-build-isolation --target \"$GEMBENCH_OVERLAY\" .'",
+    )
+    p.add_argument(
         "--keep-results",
         type=Path,
         default=None,
@@ -239,7 +252,7 @@ def main(args: argparse.Namespace) -> int:
         args.config = args.config or "tiny"
     elif args.model_args is None:
         args.model_args = []
-    repo = worktrees.repo_root(args.repo)
+    repo = worktrees.repo_root(args.repo, "--repo" if args.repo != "." else None)
     started = time.perf_counter()
     say = (lambda msg: None) if args.quiet else (lambda msg: print(f"continuous: {msg}", file=sys.stderr, flush=True))
     with worktrees.temporary_checkouts(repo, {"BASE": args.base, "HEAD": args.head}) as co:
@@ -260,6 +273,11 @@ def main(args: argparse.Namespace) -> int:
             f"BASE {args.base} = {co['BASE'].sha[:10]}, HEAD {args.head} = {co['HEAD'].sha[:10]}: {args.pairs} pairs "
             f"of processes (ABBA) running `{what}`, {how}"
         )
+        if args.setup:
+            from gembench.harness.continuous.setup import run_setup
+
+            for c in co.values():
+                run_setup(args.setup, c, args.timeout, say)
         rounds, interleaved = run_pairs(args, co, say)
 
     first = rounds[0][0]
