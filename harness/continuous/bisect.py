@@ -89,7 +89,8 @@ def step_line(s: dict) -> str:
         return f"step {s['step']}: {s['sha'][:10]} {s['subject']!r}: skip ({s['why']})"
     return (
         f"step {s['step']}: {s['sha'][:10]} {s['subject']!r}: CANDIDATE/GOOD {s['ratio']:.4f} "
-        f"[{s['lo']:.4f}, {s['hi']:.4f}] over {s['pairs']} pairs, midpoint {s['midpoint']:.4f}: {s['verdict']}"
+        f"[{s['lo']:.4f}, {s['hi']:.4f}] ({s['level']:g}%) over {s['pairs']} pairs, midpoint {s['midpoint']:.4f}: "
+        f"{s['verdict']}"
     )
 
 
@@ -115,7 +116,7 @@ def predicate(state_file: Path) -> int:
     sha = worktrees.git(worktree, "rev-parse", "HEAD")
     subject = worktrees.git(worktree, "log", "-1", "--format=%s", "HEAD")
     n = 1 + (len(log.read_text().splitlines()) if log.exists() else 0)
-    candidate = worktrees.Checkout("HEAD", f"candidate {sha[:10]}", sha, worktree, Path(state["pythonpath"]))
+    candidate = worktrees.Checkout("HEAD", "candidate", sha, worktree, Path(state["pythonpath"]))
     co = {"BASE": _checkout(state["good"]), "HEAD": candidate}
     say = (lambda msg: None) if args.quiet else (lambda msg: print(f"{PROGRESS}{msg}", file=sys.stderr, flush=True))
     if args.keep_results:
@@ -136,7 +137,8 @@ def predicate(state_file: Path) -> int:
         return 130  # >= 128: git bisect run stops
     else:
         verdict, lo, hi = classify(j.extra["round_ratios"], midpoint, args.alpha)
-        record.update(verdict=verdict, ratio=j.extra["ratio"], lo=lo, hi=hi, pairs=len(rounds))
+        record.update(verdict=verdict, ratio=j.extra["ratio"], lo=lo, hi=hi, level=100 * (1 - 2 * args.alpha))
+        record.update(pairs=len(rounds))
     with log.open("a") as f:
         f.write(json.dumps(record) + "\n")
     print(f"{PROGRESS}{step_line(record)}", file=sys.stderr, flush=True)  # a step's verdict, even with --quiet
