@@ -113,6 +113,7 @@ def test_bad_input_is_one_line(team, tmp_path, capsys):
         (["bisect", "HEAD", "HEAD", "--repo", str(repo)], "are one commit"),
         (["bisect", "HEAD~1", "HEAD", "--pairs", "4", "--max-pairs", "2"], "--max-pairs (2) must be at least"),
         (["bisect", "HEAD~1", "HEAD", "--benchmark", "instructions"], "bisect times steps"),
+        (["bisect", "HEAD~1", "HEAD", "--format", "markdown"], "--format markdown: bisect prints a table"),
     ]
     for argv, message in cases:
         code, out, err = run_cli(argv, capsys)

@@ -9,7 +9,9 @@ good when wholly below, skipped when it does not run (its --setup fails, its mod
 import), and undecided when neither holds after --max-pairs: then the bisect stops and says so.
 Each look adds one batch of pairs. Each step's verdict and ratio is printed, then the culprit's sha
 and subject line. The repository is left as found: bisect reset, no worktree left, also on Ctrl-C.
-With --model, --repo is your model's repository (as for continuous). Reasons: docs/continuous.md.
+With --model, --repo is your model's repository (as for continuous). It bisects step_time_s:
+alpha, --min-effect and --margin come from the flags (--thresholds is not read), counters are not
+bisected, --format is table or json. Reasons: docs/continuous.md.
 
 exit status:
   0  the culprit found (printed), or BAD is not slower than GOOD (said: nothing to bisect)
@@ -65,6 +67,8 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(
             "--benchmark instructions: bisect times steps; bisect exact counts with `git bisect run` itself"
         )
+    if args.format == "markdown":
+        raise UsageError("--format markdown: bisect prints a table (the default) or json")
     if args.metric not in (None, ["step_time_s"]):
         raise UsageError("--metric: bisect times step_time_s (the others are its reciprocals at equal FLOPs)")
     check_args(args)
