@@ -27,6 +27,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "gembench.harness.commands.continuous",
         "run two commits side by side (ABBA), paired verdict per metric (exit 0/1/2/4)",
     ),
+    "bisect": (
+        "gembench.harness.commands.bisect",
+        "find the commit that made training slower: git bisect run with paired comparisons (exit 0/2/4)",
+    ),
     "promote": ("gembench.harness.commands.promote", "make runs the committed baseline for their config and hardware"),
     "peak": ("gembench.harness.commands.peak", "show, re-measure (--recalibrate) or forget (--clear) the CPU peaks"),
     "project": (
@@ -55,6 +59,7 @@ examples:
   gembench compare a.json b.json        # change, interval and verdict per metric
   gembench gate r.json                  # CI: exit 0 pass, 1 regression, 3 not comparable, 4 noisy
   gembench continuous HEAD~1 HEAD       # two commits in alternating processes: catches a 5% slowdown
+  gembench bisect v1.2 HEAD             # the first commit between them that got slower, and its subject
   gembench promote r.json               # make a run the baseline of its config and hardware
   gembench peak --recalibrate           # CPU peaks: best of several quiet GEMM rounds
   gembench project --config dcnv2-mlperf --cluster h200   # 8 to 4,096 GPUs: TorchRec's planner + a cost model

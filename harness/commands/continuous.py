@@ -46,7 +46,6 @@ MARGIN = 0.02  # "unchanged" needs the interval inside +-2%: precise enough for 
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    from gembench.harness.regression.paired import STATISTICS
 
     p.add_argument(
         "base",
@@ -89,6 +88,13 @@ def configure(p: argparse.ArgumentParser) -> None:
         help=f"seconds the pairs may take before the verdict is what it is then (default {DEFAULT_BUDGET:g}; "
         "a batch that would overrun it is not started)",
     )
+    add_measuring_flags(p)
+
+
+def add_measuring_flags(p: argparse.ArgumentParser) -> None:
+    """What to run and how to measure it: continuous's flags, which `gembench bisect` shares."""
+    from gembench.harness.regression.paired import STATISTICS
+
     p.add_argument(
         "--benchmark",
         choices=("run", "instructions"),
@@ -204,6 +210,14 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--repo", default=".", help="git repository holding both revisions (default: the current one)")
     p.add_argument(
+        "--setup",
+        default=None,
+        metavar="CMD",
+        help="shell command run in each revision's worktree before its processes start (a build step); "
+        "what it installs into $GEMBENCH_OVERLAY comes first on that revision's path, e.g. "
+        "'python -m pip install -q --no-deps --no-build-isolation --target \"$GEMBENCH_OVERLAY\" .'",
+    )
+    p.add_argument(
         "--keep-results",
         type=Path,
         default=None,
@@ -216,10 +230,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
 
-def check_args(args: argparse.Namespace) -> None:
-    from gembench.harness.commands.compare import check_decision_args
+def check_continuous_args(args: argparse.Namespace) -> None:
+    """continuous's own flags (the revisions, --python, the design), then the measuring flags."""
     from gembench.harness.continuous.environments import probe_both
-    from gembench.harness.regression.directions import METRICS
 
     if args.base is None and not args.python:
         raise UsageError("give BASE and HEAD revisions (or two --python to run one revision under two environments)")
@@ -230,6 +243,15 @@ def check_args(args: argparse.Namespace) -> None:
         args.pairs = 1 if args.benchmark == "instructions" else args.max_pairs  # exact counts: one decides
     if args.looking and (args.max_pairs < 2 or args.budget <= 0):
         raise UsageError(f"--max-pairs must be >= 2 and --budget > 0, got {args.max_pairs} and {args.budget:g}")
+    check_args(args)
+    args.environments = probe_both(args.python)  # before any worktree: a bad --python costs nothing
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """The measuring flags, which `gembench bisect` shares."""
+    from gembench.harness.commands.compare import check_decision_args
+    from gembench.harness.regression.directions import METRICS
+
     if args.pairs < (1 if args.benchmark == "instructions" else 2):
         raise UsageError(f"--pairs must be at least 2 for an interval, got {args.pairs}")
     if args.benchmark == "instructions":
@@ -276,7 +298,6 @@ def check_args(args: argparse.Namespace) -> None:
     args.parallel = min(args.parallel, args.pairs)
     if args.json_out is not None and not args.json_out.parent.is_dir():
         raise UsageError(f"--json-out {args.json_out}: no folder {args.json_out.parent}; make it first")
-    args.environments = probe_both(args.python)  # before any worktree: a bad --python costs nothing
     if args.keep_results is not None:
         args.keep_results.mkdir(parents=True, exist_ok=True)
 
@@ -325,12 +346,12 @@ def main(args: argparse.Namespace) -> int:
     from gembench.harness.report.verdicts import render_paired
     from gembench.harness.store.results import differences, field
 
-    check_args(args)
+    check_continuous_args(args)
     if args.model is None:
         args.config = args.config or "tiny"
     elif args.model_args is None:
         args.model_args = []
-    repo = worktrees.repo_root(args.repo)
+    repo = worktrees.repo_root(args.repo, "--repo" if args.repo != "." else None)
     started = time.perf_counter()
     say = (lambda msg: None) if args.quiet else (lambda msg: print(f"continuous: {msg}", file=sys.stderr, flush=True))
     with worktrees.temporary_checkouts(repo, {"BASE": args.base, "HEAD": args.head}) as co:
@@ -351,6 +372,11 @@ def main(args: argparse.Namespace) -> int:
             f"BASE {args.base} = {co['BASE'].sha[:10]}, HEAD {args.head} = {co['HEAD'].sha[:10]}: {args.pairs} pairs "
             f"of processes (ABBA) running `{what}`, {how}"
         )
+        if args.setup:
+            from gembench.harness.continuous.setup import run_setup
+
+            for c in co.values():
+                run_setup(args.setup, c, args.timeout, say)
         looks = None
 
         def enough(rounds, elapsed, per_batch):  # the sequential design's look after a batch

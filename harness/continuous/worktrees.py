@@ -33,6 +33,7 @@ class Checkout:
     sha: str
     path: Path  # the worktree
     pythonpath: Path  # holds the symlink gembench -> path
+    overlay: Path | None = None  # what --setup installed: first on the revision's path (setup.py)
 
 
 def git(repo: Path, *args: str, check: bool = True) -> str:
@@ -44,9 +45,12 @@ def git(repo: Path, *args: str, check: bool = True) -> str:
     return proc.stdout.strip()
 
 
-def repo_root(path: str | os.PathLike = ".") -> Path:
+def repo_root(path: str | os.PathLike = ".", flag: str | None = None) -> Path:
+    """The top of the git repository holding ``path``; ``flag`` names the option it came from."""
     proc = subprocess.run(["git", "-C", str(path), "rev-parse", "--show-toplevel"], capture_output=True, text=True)
     if proc.returncode != 0:
+        if flag is not None:
+            raise UsageError(f"{flag} {path}: not a git repository (give the folder of a clone: `git -C PATH log`)")
         raise UsageError(
             f"{Path(path).resolve()} is not inside a git repository; run from a gembench clone or pass --repo"
         )
