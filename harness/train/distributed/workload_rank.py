@@ -6,18 +6,19 @@ part, the timed steps in the one step loop, one counted step and profiled steps 
 measured lookup load, one record per rank and one result on rank 0. The step is generic.py's:
 sparse_forward is the time inside the sharded modules' forward (input dist, lookup, output dist
 waited for), dense_forward the rest, then loss, backward (DDP's all-reduce inside it), optimizer.
-Not yet for a workload: --pipeline, dense_parallel=fsdp/hsdp, --rebalance (refused before launch).
+dense_parallel=fsdp|hsdp: FSDP2 on the workload's dense blocks (generic.fsdp_units), as
+parallelize does for the zoo; --rebalance: rank.rebalanced's three runs over the workload's tables.
 """
 
 from __future__ import annotations
 
 import socket
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from gembench.errors import UsageError
 from gembench.harness.metrics import counters as C
 from gembench.harness.metrics.imbalance import hot_share
 from gembench.harness.train import generic as G
@@ -45,24 +46,37 @@ def check(args: RunConfig, nproc: int) -> Workload:
         workload.global_batch = args.batch
     per_rank_batch(workload.global_batch, nproc)
     options = on_ranks(args.options, False)
-    if options.dense_parallel != "ddp":
-        raise UsageError(f"--model: dense_parallel={options.dense_parallel} is not yet applied to a workload; use ddp")
-    if args.rebalance:
-        raise UsageError("--rebalance re-plans gembench's synthetic tables: not yet for --model")
     G.applied_switches(workload, options)
-    P.parse_sharding(args.sharding, [t.name for t in workload.tables()])
+    tables = [t.name for t in workload.tables()]
+    forced = P.parse_sharding(args.sharding, tables)
+    if args.rebalance:
+        from gembench.harness.train.distributed.rebalance import check as check_rebalance
+
+        check_rebalance(args.sharding, forced, tables, nproc, args.pipeline)
     return workload
 
 
-def shard(workload: Workload, model, env: dict, dev: torch.device, local_batch: int, sharding: str | None):
-    """TorchRec's plan for the workload's model and DMP over it (DDP over the dense part)."""
+def shard(
+    workload: Workload, model, env: dict, dev, local_batch: int, sharding, pooling, measured, ddp, sharded_only=False
+):
+    """TorchRec's plan for the workload's model (told ``pooling``; ``measured``, ``sharded_only``:
+    --rebalance's estimator and its plans) and DMP over it, with DDP over the dense part
+    (``ddp``) or the dense part plain (FSDP2 shards it next)."""
     forced = P.parse_sharding(sharding, P.table_names(model))
-    pooling = None if sharding == "untold" else workload.pooling()
     sharders = workload.sharders()
     plan, planned = P.plan_sharding(
-        model, forced, env, dev, local_batch, pooling, sharders=sharders, constraints=workload.constraints()
+        model,
+        forced,
+        env,
+        dev,
+        local_batch,
+        pooling,
+        measured,
+        sharders=sharders,
+        constraints=workload.constraints(),
+        sharded_only=sharded_only,
     )
-    return P.shard(model, plan, dev, ddp=True, sharders=sharders), planned
+    return P.shard(model, plan, dev, ddp=ddp, sharders=sharders), planned
 
 
 def load_unsharded(dmp, state: dict) -> int:
@@ -148,33 +162,53 @@ def hot_counts(workload: Workload, batches) -> dict:
     return {"lookups": lookups, "hot_1pct": hits}
 
 
-def run(args: RunConfig, env: dict, dev: torch.device, watchdog, fault) -> dict:
-    """This rank's whole job for a workload; the result on rank 0 ({} on the others)."""
-    from gembench.harness.train.distributed import rank as R
-    from gembench.harness.train.parallelize import dense_state_bytes
-    from gembench.harness.train.stack import autocast_for, dense_optimizer, on_ranks
+@dataclass
+class _Job:
+    """One build of the workload's model on this rank: DMP over it, the planner's view, the
+    dense optimizer and the generic step's state."""
 
-    rank, world = env["rank"], env["world_size"]
-    workload = check(args, world)
-    local_batch = R.per_rank_batch(workload.global_batch, world)
-    watchdog.at("peak")
-    peak, host_peak = R._peaks(dev, args, env)
-    options = on_ranks(args.options, False)
-    watchdog.at("data")
-    total = args.warmup + args.steps + R.COUNTED_STEPS + R.PROFILED_STEPS
-    batches, ident = G.prepared(workload, args.seed, world, rank, count=min(total, R.MAX_DISTINCT_BATCHES))
-    timed = timed_batches(batches, args.warmup, args.steps)
+    dmp: torch.nn.Module
+    planned: P.PlanRecorder
+    optimizer: torch.optim.Optimizer
+    state: TrainState
+    start_bytes: int  # the rank's memory floor when the build began
 
-    watchdog.at("build")
+
+@dataclass
+class _Data:
+    """What every build of one rank's job trains on: the workload, its batches and their figures."""
+
+    workload: Workload
+    batches: list
+    flops: list  # per batch {block: forward FLOPs}, from the first build's unsharded model
+    basis: str
+
+
+def _build(me, data: _Data, pooling: dict | None, measured=None) -> _Job:
+    """The workload's model from the seed, AC, TorchRec's plan (told ``pooling``; ``measured``:
+    rebalance.MeasuredLookups) and DMP, the unsharded weights written into the shards, then
+    FSDP2 over the dense part (dense_parallel=fsdp|hsdp; DDP's otherwise) and compile."""
+    from gembench.harness.train.parallelize import apply_fsdp, dense_mesh
+    from gembench.harness.train.stack import autocast_for, dense_optimizer
+
+    args, env, dev, options, workload = me.args, me.env, me.dev, me.options, data.workload
+    me.watchdog.at("build")
     start_bytes = reset_peak_memory(dev)
     model = G.seeded(workload, dev, args.seed)  # same seed on every rank: identical replicated weights
-    flops, basis = G.flops_of(workload, model, batches)  # on the unsharded model, before DMP takes it
+    if not data.flops:  # on the unsharded model, before DMP takes it
+        data.flops, data.basis = G.flops_of(workload, model, data.batches)
     G.apply_ac(workload, model, options.activation_checkpointing)
     unsharded = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    watchdog.at("plan")
-    dmp, planned = shard(workload, model, env, dev, local_batch, args.sharding)
+    me.watchdog.at("plan")
+    ddp = options.dense_parallel == "ddp"
+    dmp, planned = shard(
+        workload, model, env, dev, me.local_batch, args.sharding, pooling, measured, ddp, args.rebalance
+    )
     load_unsharded(dmp, unsharded)
     del unsharded
+    if not ddp:  # FSDP2 on the dense part DMP left plain, as parallelize does for the zoo
+        mesh = dense_mesh(options.dense_parallel, env["world_size"], env["local_world_size"], dev.type)
+        apply_fsdp(dmp.module, mesh, options.bf16, *G.fsdp_units(workload, dmp.module))
     G.apply_compile(workload, dmp.module, options)
     dense = P.dense_parameters(dmp)
     optimizer = dense_optimizer(dense, options)
@@ -188,25 +222,37 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog, fault) -> dict:
         timer=G.SparseTimer(dmp.module, dev),
         dense_params=dense,
     )
+    return _Job(dmp, planned, optimizer, state, start_bytes)
+
+
+def _measure(job: _Job, me, data: _Data) -> tuple[dict, list]:
+    """Time, count and profile this rank's steps on ``job``: its record for rank 0, and the batches."""
+    from gembench.harness.train.distributed import rank as R
+    from gembench.harness.train.parallelize import dense_shards, dense_state_bytes
+
+    args, env, dev, options, workload, batches = me.args, me.env, me.dev, me.options, data.workload, data.batches
+    rank, world, dmp, watchdog = env["rank"], env["world_size"], job.dmp, me.watchdog
+    total = args.warmup + args.steps + R.COUNTED_STEPS + R.PROFILED_STEPS
+    timed = timed_batches(batches, args.warmup, args.steps)
     watchdog.at("load count")
     loads = measure_loads(workload, dmp, timed[: R.LOAD_BATCHES], dev)
-    shape = G.described(workload, timed_batches(flops, args.warmup, args.steps), timed, options)
+    shape = G.described(workload, timed_batches(data.flops, args.warmup, args.steps), timed, options)
     since = C.fresh_compile_state()
 
     def engine_step(i: int):
         watchdog.at("step", i)
-        if fault:
-            fault.trigger(rank, i, "step")
+        if me.fault:
+            me.fault.trigger(rank, i, "step")
         clock = StageClock(dev, STAGES)
-        loss = train_step(state, batches[i % len(batches)], clock)
+        loss = train_step(job.state, batches[i % len(batches)], clock)
         return loss, clock.durations()
 
-    counted = C.StepCounter(dev, [optimizer])
+    counted = C.StepCounter(dev, [job.optimizer])
     saved = SavedForBackward(dmp.parameters())
     at_end: dict = {}
 
     def timed_end():
-        at_end.update(peak=peak_memory_bytes(dev), run=run_memory_bytes(dev, start_bytes))
+        at_end.update(peak=peak_memory_bytes(dev), run=run_memory_bytes(dev, job.start_bytes))
 
     samples, prof = R._steps(
         engine_step, STAGES, total, args, dev, counted, saved, _nothing, rank == 0 and not args.quiet, timed_end
@@ -214,10 +260,12 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog, fault) -> dict:
     watchdog.at("analysis")
     comm_stats, counts = R.profiled_costs(prof, args, rank, world, counted, since)
     loads["lookup_s"] = float(np.mean(samples.stages["sparse_forward"]))
-    storage = planned.storage
+    storage = job.planned.storage
     share = storage[rank] / sum(storage) if sum(storage) else 1.0 / world
-    estimate = G.memory_estimate(G.parameter_shapes(workload), options, dev.type, embedding_share=share)
-    me = R._Rank(args, env, dev, None, options, local_batch, watchdog, fault, peak, host_peak)
+    shards = dense_shards(options.dense_parallel, world, env["local_world_size"])
+    estimate = G.memory_estimate(
+        G.parameter_shapes(workload), options, dev.type, embedding_share=share, dense_shards=shards
+    )
     record = R.rank_record(
         me,
         samples,
@@ -228,20 +276,85 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog, fault) -> dict:
         counts,
         at_end,
         estimate,
-        dense_state_bytes(dense, optimizer),
+        dense_state_bytes(job.state.dense_params, job.optimizer),
         saved,
     )
+    return record, batches
+
+
+def run(args: RunConfig, env: dict, dev: torch.device, watchdog, fault) -> dict:
+    """This rank's whole job for a workload; the result on rank 0 ({} on the others). With
+    --rebalance, rank.rebalanced's three runs (the planner's plan, the re-planned one, the
+    planner's again), the workload's tables counted from its batches' KJTs."""
+    from gembench.harness.train.distributed import rank as R
+    from gembench.harness.train.distributed import rebalance as RB
+    from gembench.harness.train.stack import on_ranks
+
+    rank, world = env["rank"], env["world_size"]
+    workload = check(args, world)
+    local_batch = R.per_rank_batch(workload.global_batch, world)
+    watchdog.at("peak")
+    peak, host_peak = R._peaks(dev, args, env)
+    options = on_ranks(args.options, False)
+    watchdog.at("data")
+    total = args.warmup + args.steps + R.COUNTED_STEPS + R.PROFILED_STEPS
+    batches, ident = G.prepared(workload, args.seed, world, rank, count=min(total, R.MAX_DISTINCT_BATCHES))
+    data = _Data(workload, batches, [], "")
+    expected = declared_pooling(workload)
+    pooling = None if args.sharding == R.UNTOLD else workload.pooling()
+
+    def result_of(records, job, batches, peak_check: bool = False):
+        if rank != 0:
+            return None
+        if peak_check:
+            watchdog.at("peak check")
+            mine = [r for r in records if r["host"] == socket.gethostname()]
+            recheck(peak, mine, [f" of rank {r['rank']}" for r in mine])
+        sharded = Sharded(
+            job.planned, R._indices(args, batches), dist.get_backend(), args.sharding, False, args.timeout
+        )
+        result = build_result(ident, args, records, options, sharded)
+        sparse = len(P.sharded_modules(job.dmp.module))
+        result["workload"] = G.section(workload, ident, data.basis, options, batches[0], sparse)
+        return result
+
+    def build(me, pooling, measured=None):
+        return _build(me, data, pooling, measured)
+
+    def measure(job, me):
+        return _measure(job, me, data)
+
+    me = R._Rank(args, env, dev, None, options, local_batch, watchdog, fault, peak, host_peak)
+    job = build(me, pooling)
+    record, batches = measure(job, me)
     records = R._gather(record, rank, world, watchdog)
-    if rank != 0:
-        return {}
-    watchdog.at("peak check")
-    mine = [r for r in records if r["host"] == socket.gethostname()]
-    recheck(peak, mine, [f" of rank {r['rank']}" for r in mine])
-    sharded = Sharded(planned, R._indices(args, batches), dist.get_backend(), args.sharding, False, args.timeout)
-    result = build_result(ident, args, records, options, sharded)
-    sparse = len(P.sharded_modules(dmp.module))
-    result["workload"] = G.section(workload, ident, basis, options, batches[0], sparse)
-    return result
+    if not args.rebalance:
+        return result_of(records, job, batches, peak_check=True) or {}
+    rows = {t.name: t.num_embeddings for t in workload.tables()}
+    table_of = {f: t.name for t in workload.tables() for f in t.feature_names}
+
+    def counts_of(host):
+        return RB.host_counts([(local_batch, kjts(b)) for b in host], rows, table_of)
+
+    return R.rebalanced(
+        me, job, record, records, batches, counts_of, rows, pooling, expected, build, measure, result_of
+    )
+
+
+def kjts(batch) -> list:
+    """The batch's KeyedJaggedTensor fields: the IDs of the workload's tables."""
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    from gembench.workload import batch_fields
+
+    return [v for v in batch_fields(batch).values() if isinstance(v, KeyedJaggedTensor)]
+
+
+def declared_pooling(workload: Workload) -> dict[str, float]:
+    """The pooling the workload declares per table (pooling(); TorchRec's default 1 elsewhere):
+    what --rebalance's section sets the measured pooling beside."""
+    given = workload.pooling()
+    return {t.name: float(given.get(t.name, P.POOLING_DEFAULT)) for t in workload.tables()}
 
 
 def _nothing():
