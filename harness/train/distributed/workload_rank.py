@@ -7,7 +7,9 @@ measured lookup load, one record per rank and one result on rank 0. The step is 
 sparse_forward is the time inside the sharded modules' forward (input dist, lookup, output dist
 waited for), dense_forward the rest, then loss, backward (DDP's all-reduce inside it), optimizer.
 dense_parallel=fsdp|hsdp: FSDP2 on the workload's dense blocks (generic.fsdp_units), as
-parallelize does for the zoo; --rebalance: rank.rebalanced's three runs over the workload's tables.
+parallelize does for the zoo; --rebalance: rank.rebalanced's three runs over the workload's tables;
+--pipeline: TorchRec's TrainPipelineSparseDist (engines.PipelineStep) over engines.TrainModule,
+the workload's TorchRec modules lifted out, each fed the KJT field of its features.
 """
 
 from __future__ import annotations
@@ -19,11 +21,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from gembench.errors import UsageError
 from gembench.harness.metrics import counters as C
 from gembench.harness.metrics.imbalance import hot_share
 from gembench.harness.train import generic as G
+from gembench.harness.train.distributed import engines as E
 from gembench.harness.train.distributed import loads as L
 from gembench.harness.train.distributed import plan as P
+from gembench.harness.train.distributed import watchdog as W
 from gembench.harness.train.memory import (
     SavedForBackward,
     peak_memory_bytes,
@@ -45,8 +50,10 @@ def check(args: RunConfig, nproc: int) -> Workload:
     if args.batch is not None:
         workload.global_batch = args.batch
     per_rank_batch(workload.global_batch, nproc)
-    options = on_ranks(args.options, False)
+    options = on_ranks(args.options, args.pipeline)
     G.applied_switches(workload, options)
+    if args.pipeline:
+        pipeline_fields(workload, workload.build(torch.device("meta")), workload.batch(0, 0, nproc, args.seed))
     tables = [t.name for t in workload.tables()]
     forced = P.parse_sharding(args.sharding, tables)
     if args.rebalance:
@@ -198,18 +205,26 @@ def _build(me, data: _Data, pooling: dict | None, measured=None) -> _Job:
     if not data.flops:  # on the unsharded model, before DMP takes it
         data.flops, data.basis = G.flops_of(workload, model, data.batches)
     G.apply_ac(workload, model, options.activation_checkpointing)
-    unsharded = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    sharded = model
+    if args.pipeline:  # its TorchRec modules lifted out where the pipeline's tracer finds them
+        fields = pipeline_fields(workload, model, data.batches[0])
+        sharded = E.TrainModule(
+            model, lambda path, m: fields[path], lambda m, b: workload.loss(workload.forward(m, b), b)
+        )
+    unsharded = {k: v.detach().clone() for k, v in sharded.state_dict().items()}
     me.watchdog.at("plan")
     ddp = options.dense_parallel == "ddp"
     dmp, planned = shard(
-        workload, model, env, dev, me.local_batch, args.sharding, pooling, measured, ddp, args.rebalance
+        workload, sharded, env, dev, me.local_batch, args.sharding, pooling, measured, ddp, args.rebalance
     )
     load_unsharded(dmp, unsharded)
     del unsharded
     if not ddp:  # FSDP2 on the dense part DMP left plain, as parallelize does for the zoo
         mesh = dense_mesh(options.dense_parallel, env["world_size"], env["local_world_size"], dev.type)
-        apply_fsdp(dmp.module, mesh, options.bf16, *G.fsdp_units(workload, dmp.module))
-    G.apply_compile(workload, dmp.module, options)
+        apply_fsdp(model, mesh, options.bf16, *G.fsdp_units(workload, model))
+    G.apply_compile(workload, model, options)
+    if args.pipeline:  # the pipeline's engine (and its optimizer) is made in _measure
+        return _Job(dmp, planned, None, None, start_bytes)
     dense = P.dense_parameters(dmp)
     optimizer = dense_optimizer(dense, options)
     state = TrainState(
@@ -229,6 +244,7 @@ def _measure(job: _Job, me, data: _Data) -> tuple[dict, list]:
     """Time, count and profile this rank's steps on ``job``: its record for rank 0, and the batches."""
     from gembench.harness.train.distributed import rank as R
     from gembench.harness.train.parallelize import dense_shards, dense_state_bytes
+    from gembench.harness.train.stack import autocast_for
 
     args, env, dev, options, workload, batches = me.args, me.env, me.dev, me.options, data.workload, data.batches
     rank, world, dmp, watchdog = env["rank"], env["world_size"], job.dmp, me.watchdog
@@ -247,6 +263,15 @@ def _measure(job: _Job, me, data: _Data) -> tuple[dict, list]:
         loss = train_step(job.state, batches[i % len(batches)], clock)
         return loss, clock.durations()
 
+    stages, autocast = STAGES, _nothing  # the generic step's autocast is its own
+    if args.pipeline:  # after the load count: the pipeline rewrites the modules' input dist
+        engine = E.PipelineStep(dmp, dev, options)
+        job.optimizer = engine.optimizer
+        # the pipeline holds batches in flight across steps: its own batch objects, regenerated
+        feed = iter([workload.batch(i % len(batches), rank, world, args.seed) for i in range(total)])
+        engine_step, stages = R._pipelined_step(engine, feed, watchdog, me.fault, rank), E.PIPELINE_STAGES
+        autocast = autocast_for(options, dev)
+    W.STAGE_ORDER.update({s: i for i, s in enumerate(stages)})
     counted = C.StepCounter(dev, [job.optimizer])
     saved = SavedForBackward(dmp.parameters())
     at_end: dict = {}
@@ -255,11 +280,12 @@ def _measure(job: _Job, me, data: _Data) -> tuple[dict, list]:
         at_end.update(peak=peak_memory_bytes(dev), run=run_memory_bytes(dev, job.start_bytes))
 
     samples, prof = R._steps(
-        engine_step, STAGES, total, args, dev, counted, saved, _nothing, rank == 0 and not args.quiet, timed_end
+        engine_step, stages, total, args, dev, counted, saved, autocast, rank == 0 and not args.quiet, timed_end
     )
     watchdog.at("analysis")
     comm_stats, counts = R.profiled_costs(prof, args, rank, world, counted, since)
-    loads["lookup_s"] = float(np.mean(samples.stages["sparse_forward"]))
+    if not args.pipeline:
+        loads["lookup_s"] = float(np.mean(samples.stages["sparse_forward"]))
     storage = job.planned.storage
     share = storage[rank] / sum(storage) if sum(storage) else 1.0 / world
     shards = dense_shards(options.dense_parallel, world, env["local_world_size"])
@@ -276,7 +302,7 @@ def _measure(job: _Job, me, data: _Data) -> tuple[dict, list]:
         counts,
         at_end,
         estimate,
-        dense_state_bytes(job.state.dense_params, job.optimizer),
+        dense_state_bytes(P.dense_parameters(dmp), job.optimizer),
         saved,
     )
     return record, batches
@@ -295,7 +321,7 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog, fault) -> dict:
     local_batch = R.per_rank_batch(workload.global_batch, world)
     watchdog.at("peak")
     peak, host_peak = R._peaks(dev, args, env)
-    options = on_ranks(args.options, False)
+    options = on_ranks(args.options, args.pipeline)
     watchdog.at("data")
     total = args.warmup + args.steps + R.COUNTED_STEPS + R.PROFILED_STEPS
     batches, ident = G.prepared(workload, args.seed, world, rank, count=min(total, R.MAX_DISTINCT_BATCHES))
@@ -311,7 +337,7 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog, fault) -> dict:
             mine = [r for r in records if r["host"] == socket.gethostname()]
             recheck(peak, mine, [f" of rank {r['rank']}" for r in mine])
         sharded = Sharded(
-            job.planned, R._indices(args, batches), dist.get_backend(), args.sharding, False, args.timeout
+            job.planned, R._indices(args, batches), dist.get_backend(), args.sharding, args.pipeline, args.timeout
         )
         result = build_result(ident, args, records, options, sharded)
         sparse = len(P.sharded_modules(job.dmp.module))
@@ -334,20 +360,49 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog, fault) -> dict:
     table_of = {f: t.name for t in workload.tables() for f in t.feature_names}
 
     def counts_of(host):
-        return RB.host_counts([(local_batch, kjts(b)) for b in host], rows, table_of)
+        return RB.host_counts([(local_batch, list(kjt_fields(b).values())) for b in host], rows, table_of)
 
     return R.rebalanced(
         me, job, record, records, batches, counts_of, rows, pooling, expected, build, measure, result_of
     )
 
 
-def kjts(batch) -> list:
-    """The batch's KeyedJaggedTensor fields: the IDs of the workload's tables."""
+def pipeline_fields(workload: Workload, model, batch) -> dict[str, str]:
+    """--pipeline: {module path: batch field} for each TorchRec module of the model, the field the
+    KJT of exactly its features; TorchRec's pipeline needs each module called on one field of a
+    Pipelineable batch, and refuses (one line) a model that does otherwise."""
+    from torchrec import EmbeddingBagCollection
+    from torchrec.streamable import Pipelineable
+
+    spec = workload.spec
+    if not isinstance(batch, Pipelineable):
+        raise UsageError(
+            f"--model {spec}: --pipeline needs batch() to return a torchrec.streamable.Pipelineable "
+            f"(it gave a {type(batch).__name__}); subclass it, or drop --pipeline"
+        )
+    by_keys = {frozenset(v.keys()): name for name, v in kjt_fields(batch).items()}
+    out = {}
+    for path, m in model.named_modules():
+        if not isinstance(m, G.torchrec_types()):
+            continue
+        configs = m.embedding_bag_configs() if isinstance(m, EmbeddingBagCollection) else m.embedding_configs()
+        features = frozenset(f for t in configs for f in t.feature_names)
+        if features not in by_keys:
+            raise UsageError(
+                f"--model {spec}: --pipeline calls each TorchRec module on one batch field, and no KJT field of the "
+                f"batch holds exactly the features of {path} ({', '.join(sorted(features))}); drop --pipeline"
+            )
+        out[path] = by_keys[features]
+    return out
+
+
+def kjt_fields(batch) -> dict:
+    """The batch's KeyedJaggedTensor fields by name: the IDs of the workload's tables."""
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
     from gembench.workload import batch_fields
 
-    return [v for v in batch_fields(batch).values() if isinstance(v, KeyedJaggedTensor)]
+    return {k: v for k, v in batch_fields(batch).items() if isinstance(v, KeyedJaggedTensor)}
 
 
 def declared_pooling(workload: Workload) -> dict[str, float]:
