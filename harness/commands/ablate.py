@@ -92,8 +92,6 @@ def main(args: argparse.Namespace) -> int:
     from gembench.errors import UsageError
     from gembench.harness.store.reservation import Reservation
 
-    if args.model is not None and args.nproc is not None:
-        raise UsageError("ablate --model measures one process; --nproc with --model is not yet supported")
     if args.model_args and args.model is None:
         raise UsageError("--model-arg is an argument of --model's factory: add --model pkg.mod:factory")
     args.config = args.config or ("small" if args.model is None else None)
