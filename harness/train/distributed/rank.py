@@ -155,21 +155,11 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
     if args.rebalance:
         R.check(args.sharding, P.parse_sharding(args.sharding, list(rows)), list(rows), world, args.pipeline)
 
-    def result_of(records, job, batches, peak_check: bool = False):
-        """Rank 0: the job's result from every rank's records (None elsewhere); ``peak_check``:
-        the peak checked first (over this host's ranks), on the run the result is of."""
-        if rank != 0:
-            return None
-        if peak_check:
-            watchdog.at("peak check")
-            mine = [r for r in records if r["host"] == socket.gethostname()]
-            recheck(peak, mine, [f" of rank {r['rank']}" for r in mine])
-        sharded = Sharded(
-            job.planned, _indices(args, batches), dist.get_backend(), args.sharding, args.pipeline, args.timeout
-        )
-        return build_result(cfg, args, records, options, sharded)
-
     me = _Rank(args, env, dev, cfg, options, local_batch, watchdog, fault, peak, host_peak)
+
+    def result_of(records, job, batches, peak_check: bool = False):
+        return job_result(me, cfg, records, job, batches, peak_check)
+
     job = _build(me, pooling)
     record, batches = _measure(job, me)
     records = _gather(record, rank, world, watchdog)
@@ -180,6 +170,23 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
     return rebalanced(
         me, job, record, records, batches, counts_of, rows, pooling, expected, _build, _measure, result_of
     )
+
+
+def job_result(me: "_Rank", model, records, job, batches, peak_check: bool = False) -> dict | None:
+    """Rank 0: the job's result from every rank's records (None elsewhere); ``model``: the
+    config as run, or a workload's identity (generic.Identity); ``peak_check``: the peak checked
+    first (over this host's ranks), on the run the result is of."""
+    args = me.args
+    if me.env["rank"] != 0:
+        return None
+    if peak_check:
+        me.watchdog.at("peak check")
+        mine = [r for r in records if r["host"] == socket.gethostname()]
+        recheck(me.peak, mine, [f" of rank {r['rank']}" for r in mine])
+    sharded = Sharded(
+        job.planned, _indices(args, batches), dist.get_backend(), args.sharding, args.pipeline, args.timeout
+    )
+    return build_result(model, args, records, me.options, sharded)
 
 
 def rebalanced(

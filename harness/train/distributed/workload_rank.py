@@ -14,12 +14,10 @@ the workload's TorchRec modules lifted out, each fed the KJT field of its featur
 
 from __future__ import annotations
 
-import socket
 from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from gembench.errors import UsageError
 from gembench.harness.metrics import counters as C
@@ -35,7 +33,7 @@ from gembench.harness.train.memory import (
     reset_peak_memory,
     run_memory_bytes,
 )
-from gembench.harness.train.result import Sharded, build_result, recheck, timed_batches
+from gembench.harness.train.result import timed_batches
 from gembench.harness.train.runconfig import RunConfig
 from gembench.harness.train.step import STAGES, StageClock, TrainState, train_step
 from gembench.workload import Workload, load_workload
@@ -330,18 +328,10 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog, fault) -> dict:
     pooling = None if args.sharding == R.UNTOLD else workload.pooling()
 
     def result_of(records, job, batches, peak_check: bool = False):
-        if rank != 0:
-            return None
-        if peak_check:
-            watchdog.at("peak check")
-            mine = [r for r in records if r["host"] == socket.gethostname()]
-            recheck(peak, mine, [f" of rank {r['rank']}" for r in mine])
-        sharded = Sharded(
-            job.planned, R._indices(args, batches), dist.get_backend(), args.sharding, args.pipeline, args.timeout
-        )
-        result = build_result(ident, args, records, options, sharded)
-        sparse = len(P.sharded_modules(job.dmp.module))
-        result["workload"] = G.section(workload, ident, data.basis, options, batches[0], sparse)
+        result = R.job_result(me, ident, records, job, batches, peak_check)
+        if result is not None:
+            sparse = len(P.sharded_modules(job.dmp.module))
+            result["workload"] = G.section(workload, ident, data.basis, options, batches[0], sparse)
         return result
 
     def build(me, pooling, measured=None):
