@@ -18,6 +18,7 @@ exit status: 0 measured; 2 a usage error, or a variant refused before it starts 
 examples:
   gembench ablate --config small
   gembench ablate --config small --nproc 2
+  gembench ablate --model examples/torchrec_dlrm.py:dlrm --nproc 2   # a workload: the switches that act on it
   gembench ablate --config tiny --steps 5 --warmup 2 --out ablation.json   # each variant's result
   gembench ablate --config medium --device cuda --batch 256   # a batch every variant fits
 """
