@@ -5,7 +5,8 @@ boundary marked, in alternating order, on the same model and batches. The overhe
 median over rounds of (timed / untimed - 1). Goal: under 2% on `small`, and on a model gembench
 did not write (--model, or --examples: both of examples/), where timing adds the forward hooks on
 its TorchRec modules (off in the untimed steps). The cost counters run on extra steps after the
-timed ones, so they cost the timed steps nothing.
+timed ones, so they cost the timed steps nothing; what one counted step costs is printed beside,
+as % of a plain step and as % of the run (one counted step per run of --run-steps).
 
   python benchmarks/stage_timing_overhead.py                  # small, optimized stack
   python benchmarks/stage_timing_overhead.py --config tiny --stack baseline
@@ -50,7 +51,27 @@ def overhead(state, batches, rounds: int, steps: int, timer=None) -> tuple[list,
     return ratios, totals
 
 
-def report(name: str, ratios, totals, rounds: int, steps: int) -> None:
+def counter_cost(state, batches, rounds: int) -> float:
+    """A step under the cost counters (metrics/counters.StepCounter) / a plain untimed step - 1,
+    the median over ``rounds`` pairs in alternating order."""
+    from gembench.harness.metrics.counters import StepCounter
+
+    ratios = []
+    for r in range(rounds):
+        spent = {}
+        for counted in (True, False) if r % 2 else (False, True):
+            start = time.perf_counter()
+            if counted:
+                with StepCounter(state.device, state.optimizers):
+                    run_steps(state, batches[:1], 1, 0, timed=False)
+            else:
+                run_steps(state, batches[:1], 1, 0, timed=False)
+            spent[counted] = time.perf_counter() - start
+        ratios.append(spent[True] / spent[False] - 1)
+    return float(np.median(ratios))
+
+
+def report(name: str, ratios, totals, rounds: int, steps: int, counted: float, run_steps_: int) -> None:
     print(f"{name}: {rounds} rounds x {steps} steps each way")
     print(
         f"untimed {1e3 * totals[False] / (rounds * steps):.1f} ms/step, "
@@ -59,6 +80,10 @@ def report(name: str, ratios, totals, rounds: int, steps: int) -> None:
     print(
         f"stage-timing overhead: median {100 * np.median(ratios):+.2f}% "
         f"(rounds: {', '.join(f'{100 * x:+.1f}%' for x in ratios)}); goal < 2%"
+    )
+    print(
+        f"cost counters: a counted step {100 * counted:+.1f}% over a plain one; outside the timed steps, "
+        f"one per run: {100 * (1 + counted) / run_steps_:.2f}% of a {run_steps_}-step run's time"
     )
 
 
@@ -73,6 +98,7 @@ def main() -> None:
     p.add_argument("--model", default=None, help="a workload (pkg.mod:factory or file.py:factory) instead of --config")
     p.add_argument("--model-arg", dest="model_args", action="append", default=[])
     p.add_argument("--examples", action="store_true", help="both models of examples/ instead of --config")
+    p.add_argument("--run-steps", type=int, default=20, help="timed steps of the run the counted step is priced in")
     args = p.parse_args()
     device, options = torch.device(args.device), with_switches(STACKS[args.stack], args.switches)
     specs = EXAMPLE_SPECS if args.examples else [(args.model, tuple(args.model_args))] if args.model else []
@@ -82,7 +108,8 @@ def main() -> None:
         data = SyntheticData(cfg, seed=0)
         batches = [data.batch(i) for i in range(args.steps)]
         ratios, totals = overhead(state, batches, args.rounds, args.steps)
-        report(f"{args.config} ({args.stack})", ratios, totals, args.rounds, args.steps)
+        counted = counter_cost(state, batches, args.rounds)
+        report(f"{args.config} ({args.stack})", ratios, totals, args.rounds, args.steps, counted, args.run_steps)
     for spec, model_args in specs:
         from gembench.harness.train.generic import build_generic_state
         from gembench.workload import load_workload
@@ -91,7 +118,9 @@ def main() -> None:
         state = build_generic_state(workload, options, device)
         batches = [workload.batch(i) for i in range(args.steps)]
         ratios, totals = overhead(state, batches, args.rounds, args.steps, state.timer)
-        report(f"{workload.name} ({args.stack}, {options.describe()})", ratios, totals, args.rounds, args.steps)
+        counted = counter_cost(state, batches, args.rounds)
+        name = f"{workload.name} ({args.stack}, {options.describe()})"
+        report(name, ratios, totals, args.rounds, args.steps, counted, args.run_steps)
 
 
 if __name__ == "__main__":

@@ -178,3 +178,163 @@ def test_the_zoo_is_one_provider_of_the_protocol():
     lines = proc.stdout.splitlines()
     assert len(lines) == 6 and all(ln.startswith("ok") for ln in lines), proc.stdout
     assert "ZooWorkload 'tiny'" in lines[0] and "formula" in lines[3] and "(+0.00%)" in lines[3]
+
+
+# -- on the ranks: FSDP2, TorchRec's pipeline, --rebalance, ablate ----------------------------------
+
+FP32 = ["--steps", "3", "--warmup", "1", "--set", "compile=off", "--dtype", "fp32", "--quiet", "--nproc", "2"]
+RANK_RUNS = {"ddp": [], "fsdp": ["--set", "dense_parallel=fsdp"], "pipeline": ["--pipeline"]}
+
+
+@pytest.fixture(scope="module")
+def two_tower_ranks(tmp_path_factory):
+    """The two-tower on 2 gloo ranks in fp32 (exact arithmetic to compare): DDP, FSDP2, the pipeline."""
+    tmp = tmp_path_factory.mktemp("two-tower-ranks")
+    out = {}
+    for name, extra in RANK_RUNS.items():
+        path = tmp / f"{name}.json"
+        proc = gembench_cli("run", *model_flags(*TWO_TOWER), *FP32, *extra, "--out", str(path))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out[name] = json.loads(path.read_text())
+    return out
+
+
+def _loss_gap(a: dict, b: dict) -> float:
+    assert all(len(r["samples"]["loss"]) == 3 for r in a["ranks"] + b["ranks"])
+    return max(
+        abs(x - y) for p, q in zip(a["ranks"], b["ranks"]) for x, y in zip(p["samples"]["loss"], q["samples"]["loss"])
+    )
+
+
+def test_fsdp_on_a_workload_trains_like_ddp(two_tower_ranks):
+    """FSDP2 on the two towers (the blocks the workload names), the tables DMP's: the same losses
+    as DDP, half the dense state on each of 2 ranks, and the dense part's own collectives."""
+    ddp, fsdp = two_tower_ranks["ddp"], two_tower_ranks["fsdp"]
+    assert fsdp["run"]["options"]["dense_parallel"] == "fsdp"
+    assert fsdp["workload"]["switches"]["applied"]["dense_parallel"] == "fsdp"
+    assert _loss_gap(ddp, fsdp) <= 1e-4
+    assert fsdp["summary"]["dense_state_bytes"] < 0.6 * ddp["summary"]["dense_state_bytes"]
+    assert {"dense_param_all_gather", "dense_grad_reduce_scatter"} <= set(fsdp["comm"]["by_kind"])
+    # DDP's bucketed all-reduce inside the backward, which FSDP2's reduce-scatter replaces
+    assert "all_reduce" in ddp["comm"]["by_kind"] and not {"all_reduce", "dense_grad_all_reduce"} & set(
+        fsdp["comm"]["by_kind"]
+    )
+
+
+def test_the_pipeline_runs_a_workload_and_trains_like_the_plain_step(two_tower_ranks):
+    ddp, pipe = two_tower_ranks["ddp"], two_tower_ranks["pipeline"]
+    assert pipe["run"]["options"]["pipeline"] is True
+    for own in pipe["ranks"]:  # TorchRec's phases, not the generic step's stages
+        assert list(own["samples"]["stages"]) == ["data", "input_dist", "forward", "backward", "optimizer"]
+    assert _loss_gap(ddp, pipe) <= 1e-4
+    assert pipe["metrics"]["imbalance_max_mean"] >= 1.0 and pipe["plan"] == ddp["plan"]
+
+
+def test_rebalance_replans_a_workload_from_its_own_tables(tmp_path):
+    """The measured pooling of each table is what its batches hold (counted here from the
+    workload's own batch source), beside the pooling it declares; the state carried over."""
+    from gembench.workload import load_workload
+
+    spec, args = TWO_TOWER
+    path = tmp_path / "reb.json"
+    flags = ["--steps", "2", "--warmup", "1", "--set", "compile=off", "--quiet", "--nproc", "2", "--rebalance"]
+    proc = gembench_cli("run", *model_flags(spec, args), *flags, "--out", str(path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reb = json.loads(path.read_text())["rebalance"]
+    workload = load_workload(spec, args)
+    timed = [workload.batch(i, rank, 2, 0) for rank in (0, 1) for i in (1, 2)]  # --warmup 1 --steps 2
+    terms = sum(int(b.query.to_dict()["query_terms"].lengths().sum()) for b in timed)
+    assert reb["pooling"]["measured"]["table_query_terms"] == pytest.approx(terms / (len(timed) * 16))
+    assert reb["pooling"]["measured"]["table_user_id"] == pytest.approx(1.0)
+    assert reb["pooling"]["expected"]["table_query_terms"] == 6.0 and reb["pooling"]["expected"]["table_item_id"] == 1.0
+    assert reb["carried"]["tensors"] == 12 and reb["carried"]["optimizer_states"] > 0  # 8 dense + 4 tables
+    assert reb["again_same_plan"]
+    for side in ("before", "after", "again"):  # a re-plan keeps every table sharded
+        assert all(p["sharding"] != "data_parallel" for p in reb[side]["plan"].values())
+
+
+def test_the_pipeline_refuses_a_batch_that_is_not_a_pipelineable(tmp_path, capsys):
+    path = tmp_path / "plain_batch.py"
+    path.write_text(
+        BASE + "class Plain:\n    def __init__(self, b):\n        self.query, self.item = b.query, b.item\n"
+        "    def to(self, device, non_blocking=False):\n        return self\n"
+        "class W(tt.TwoTower):\n    def batch(self, i, rank=0, world=1, seed=0):\n"
+        "        return Plain(super().batch(i, rank, world, seed))\n"
+        "def make():\n    return W(batch=8, max_rows=50)\n"
+    )
+    code, _, err = run_cli(["run", "--model", f"{path}:make", "--nproc", "2", "--pipeline", "--steps", "1"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "--pipeline needs batch() to return a torchrec.streamable.Pipelineable (it gave a Plain)" in err
+
+
+def test_ablate_on_ranks_takes_only_the_switches_that_act_on_the_workload():
+    from argparse import Namespace
+
+    from gembench.harness.commands.ablate_ranks import rank_variants
+
+    spec, args = DLRM
+    chosen = [label for label, *_ in rank_variants(Namespace(config=None, model=spec, model_args=args))]
+    assert chosen == [
+        "optimized, ddp",
+        "dense_parallel=fsdp",
+        "activation_checkpointing=all",
+        "compile=off",
+        "+ pipeline",
+    ]
+    two_tower = Namespace(config=None, model=TWO_TOWER[0], model_args=["batch=8"])
+    assert "activation_checkpointing=all" in [label for label, *_ in rank_variants(two_tower)]
+
+
+def test_ablate_the_dlrm_example_on_two_ranks(monkeypatch, capsys):
+    """`ablate --model examples/torchrec_dlrm.py:dlrm --nproc 2`, each variant a real 2-rank run;
+    the variants narrowed to DDP and FSDP2 (the pipeline is run above), compile off (minutes of CPU
+    compile otherwise), plus one that does not act on a workload and must be left out."""
+    from gembench.harness.commands import ablate_ranks as AR
+
+    narrowed = [
+        (AR.REFERENCE, ("compile=off",), {}),
+        ("dense_parallel=fsdp", ("dense_parallel=fsdp", "compile=off"), {}),
+        ("activation_checkpointing=hstu", ("activation_checkpointing=hstu",), {}),
+    ]
+    monkeypatch.setattr(AR, "RANK_VARIANTS", narrowed)
+    spec, args = DLRM
+    code, out, err = run_cli(
+        ["ablate", *model_flags(spec, args), "--nproc", "2", "--steps", "2", "--warmup", "1"], capsys
+    )
+    assert code == 0, out + err
+    rows = {ln.split("  ")[0]: ln for ln in out.splitlines() if ln.startswith(("optimized", "dense_"))}
+    assert set(rows) == {AR.REFERENCE, "dense_parallel=fsdp"} and "failed" not in out, out
+    assert "torchrec-dlrm on 2 ranks" in out and "hstu" not in out
+    assert "goal FSDP: dense state per rank" in out and "(goal <= 0.60: met)" in out, out
+
+
+def test_run_ab_measures_a_workload_against_the_baseline(tmp_path, capsys):
+    spec, args = TWO_TOWER
+    path = tmp_path / "ab.json"
+    argv = ["run", *model_flags(spec, args), "--ab", "--rounds", "2", "--steps", "2", "--warmup", "1"]
+    code, _, err = run_cli([*argv, "--set", "compile=off", "--quiet", "--out", str(path)], capsys)
+    assert code == 0, err
+    r = json.loads(path.read_text())
+    assert r["run"]["stack"] == "ab" and r["ab"]["baseline"]["options"]["bf16"] is False
+    assert r["workload"]["name"] == "two-tower" and r["metrics"]["ab_mfu_ratio"] > 0
+    assert len(r["ab"]["round_ratios"]) == 2 and r["ab"]["baseline"]["summary"]["step_time_s"]["p50"] > 0
+
+
+def test_the_asv_suite_tracks_the_workload_its_variable_names(monkeypatch):
+    """GEMBENCH_ASV_MODEL (and _MODEL_ARGS) put the workload in place of the configs: the suite's
+    one parameter, and the one-process run its tracked metrics come from."""
+    import importlib.util
+
+    spec, args = TWO_TOWER
+    monkeypatch.setenv("GEMBENCH_ASV_MODEL", spec)
+    monkeypatch.setenv("GEMBENCH_ASV_MODEL_ARGS", ",".join(args))
+    monkeypatch.setenv("GEMBENCH_ASV_STEPS", "2")
+    monkeypatch.setenv("GEMBENCH_ASV_SET", "compile=off")
+    loader = importlib.util.spec_from_file_location(
+        "asv_common_model", REPO / "benchmarks" / "asv_suite" / "_common.py"
+    )
+    common = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(common)
+    assert common.CONFIGS == [spec] and common.OneProcess.params == [spec]
+    metrics = common.run_configs(1)[spec]
+    assert metrics["step_time_s"] > 0 and metrics["mfu"] > 0

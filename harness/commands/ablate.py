@@ -18,6 +18,7 @@ exit status: 0 measured; 2 a usage error, or a variant refused before it starts 
 examples:
   gembench ablate --config small
   gembench ablate --config small --nproc 2
+  gembench ablate --model examples/torchrec_dlrm.py:dlrm --nproc 2   # a workload: the switches that act on it
   gembench ablate --config tiny --steps 5 --warmup 2 --out ablation.json   # each variant's result
   gembench ablate --config medium --device cuda --batch 256   # a batch every variant fits
 """
@@ -92,8 +93,6 @@ def main(args: argparse.Namespace) -> int:
     from gembench.errors import UsageError
     from gembench.harness.store.reservation import Reservation
 
-    if args.model is not None and args.nproc is not None:
-        raise UsageError("ablate --model measures one process; --nproc with --model is not yet supported")
     if args.model_args and args.model is None:
         raise UsageError("--model-arg is an argument of --model's factory: add --model pkg.mod:factory")
     args.config = args.config or ("small" if args.model is None else None)

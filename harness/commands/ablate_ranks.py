@@ -32,7 +32,8 @@ def run_variant(args, switches, flags, out: Path) -> tuple[dict | None, str]:
     """One `gembench run --nproc N` of a variant: (its result or None, the error's last line)."""
     from gembench.harness.train.runconfig import RunConfig
 
-    run = RunConfig.from_namespace(args, config=str(args.config), switches=switches, out=out, quiet=True, **flags)
+    config = None if args.config is None else str(args.config)
+    run = RunConfig.from_namespace(args, config=config, switches=switches, out=out, quiet=True, **flags)
     cmd = [sys.executable, "-m", "gembench", "run", *run.to_argv()]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0 or not out.exists():
@@ -43,6 +44,26 @@ def run_variant(args, switches, flags, out: Path) -> tuple[dict | None, str]:
         )
         return None, lines[0]
     return json.loads(out.read_text()), ""
+
+
+def rank_variants(args) -> list:
+    """RANK_VARIANTS that act on the model: content=off for a config with a [content] section;
+    for a workload (--model) only the switches that act on it (generic.applied_switches):
+    no HSTU checkpointing, checkpointing all only over the blocks it names, compile only of the
+    submodules it names."""
+    if args.model is None:
+        from gembench.models.config import load_config
+
+        skip = set() if load_config(args.config).content is not None else {"content"}
+    else:
+        from gembench.harness.train import generic as G
+        from gembench.harness.train.stack import STACKS
+        from gembench.workload import load_workload
+
+        workload = load_workload(args.model, args.model_args)
+        skip = set(G.applied_switches(workload, STACKS["optimized"]).not_applicable)
+        skip |= {"activation_checkpointing=hstu"} | (set() if workload.blocks() else {"activation_checkpointing=all"})
+    return [v for v in RANK_VARIANTS if not any(s in skip or s.partition("=")[0] in skip for s in v[1])]
 
 
 def dense_comm_ms(result: dict) -> float:
@@ -59,10 +80,7 @@ def ablate_ranks(args) -> int:
         from gembench.errors import UsageError
 
         raise UsageError(f"--nproc must be 2 or more for the ranks' ablation, got {args.nproc}")
-    from gembench.models.config import load_config
-
-    has_content = load_config(args.config).content is not None
-    variants = [v for v in RANK_VARIANTS if has_content or "content=off" not in v[1]]
+    variants = rank_variants(args)
     load_before = "load average %.2f / %.2f / %.2f (1/5/15 min) at the start" % os.getloadavg()
     results, errors = {}, {}
     with tempfile.TemporaryDirectory(prefix="gembench-ablate-") as tmp:

@@ -187,7 +187,9 @@ def rank_check(args) -> int:
         rank, world = env["rank"], env["world_size"]
         model = G.seeded(workload, dev, args.seed)
         unsharded = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        dmp, planned = shard(workload, model, env, dev, workload.global_batch // world, None)
+        dmp, planned = shard(
+            workload, model, env, dev, workload.global_batch // world, None, workload.pooling(), None, True
+        )
         written = load_unsharded(dmp, unsharded)
         batch = workload.batch(0, rank, world, args.seed)
         loss = workload.loss(workload.forward(dmp, batch), batch)

@@ -195,6 +195,38 @@ def apply_compile(workload: Workload, model: nn.Module, options) -> None:
             named_submodule(workload, model, path, "compiled()").compile(dynamic=True)
 
 
+def dense_roots(model: nn.Module, prefix: str = "") -> list[tuple[str, nn.Module]]:
+    """The outermost submodules with parameters and no TorchRec module inside: the dense part,
+    as models/blocks.py reads it off the zoo's models (a child holding a TorchRec module is
+    looked into)."""
+    types, out = torchrec_types(), []
+    for name, child in model.named_children():
+        if isinstance(child, types) or not any(True for _ in child.parameters()):
+            continue
+        if any(isinstance(m, types) for m in child.modules()):
+            out += dense_roots(child, f"{prefix}{name}.")
+        else:
+            out.append((f"{prefix}{name}", child))
+    return out
+
+
+def fsdp_units(workload: Workload, model: nn.Module) -> tuple[list, list]:
+    """(blocks, roots) FSDP2 shards on a workload's model (parallelize.apply_fsdp): the blocks it
+    names (blocks()), else its dense roots; then the roots that hold them. A dense parameter
+    outside every root (held beside a TorchRec module) is refused: nothing would sync it."""
+    roots = dense_roots(model)
+    blocks = [(p, named_submodule(workload, model, p, "blocks()")) for p in workload.blocks()] or roots
+    covered = {id(p) for _, m in roots + blocks for p in m.parameters()}
+    tables = embedding_parameters(model)
+    loose = [n for n, p in model.named_parameters() if id(p) not in covered and id(p) not in tables]
+    if loose:
+        raise UsageError(
+            f"--model {workload.spec}: dense_parallel=fsdp shards submodules, and {loose[0]} is held beside a "
+            "TorchRec module, in no dense submodule; move it into one or use dense_parallel=ddp"
+        )
+    return blocks, roots
+
+
 def seeded(workload: Workload, device: torch.device, seed: int) -> nn.Module:
     torch.manual_seed(seed)
     model = workload.build(device)
@@ -356,14 +388,17 @@ def parameter_shapes(workload: Workload) -> dict[str, int]:
     return {"embedding_params": emb, "dense_params": dense, "total_params": emb + dense}
 
 
-def memory_estimate(counts: dict, options, device_type: str, embedding_share: float = 1.0) -> dict[str, float]:
+def memory_estimate(
+    counts: dict, options, device_type: str, embedding_share: float = 1.0, dense_shards: int = 1
+) -> dict[str, float]:
     """Training memory from parameter shapes alone (tables and dense from the meta build, the
     stack's precision): tables fp32 + Adagrad state (+ a dense gradient without fused tables),
-    dense weights, gradients, Adam m and v (+ a bf16 copy). Activations are the model's own and
-    not estimated (0): the result's peak_memory_run_bytes is the measured figure."""
+    dense weights, gradients, Adam m and v (+ a bf16 copy), split over ``dense_shards`` ranks
+    under FSDP2 (parallelize.dense_shards). Activations are the model's own and not estimated
+    (0): the result's peak_memory_run_bytes is the measured figure."""
     emb = counts["embedding_params"] * (8 if options.fused_embeddings else 12) * embedding_share
     build = emb + counts["embedding_params"] * 4 * (1 if options.fused_embeddings else 0)
-    dense = counts["dense_params"] * (16 + (2 if options.bf16 else 0))
+    dense = counts["dense_params"] * (16 + (2 if options.bf16 else 0)) / dense_shards
     runtime = CPU_RUNTIME_BYTES if device_type != "cuda" else 0.0
     return {
         "embeddings": float(emb),

@@ -93,19 +93,22 @@ def dense_shards(mode: str, world: int, local_world: int) -> int:
     return {"ddp": 1, "fsdp": world, "hsdp": local_world}[mode]
 
 
-def apply_fsdp(model: nn.Module, mesh, bf16: bool) -> int:
+def apply_fsdp(model: nn.Module, mesh, bf16: bool, blocks=None, roots=None) -> int:
     """FSDP2 ``fully_shard`` on each dense block, then on each dense root that holds blocks.
 
     Parameters are sharded over the mesh's "shard" dimension (and replicated over "replicate"
     for HSDP); with ``bf16`` they are all-gathered in bf16 and gradients reduced in fp32
     (MixedPrecisionPolicy), as GEM's bf16 training does. The roots' own forward all-gathers
-    the leftover parameters and drives the blocks' prefetch. Returns the modules sharded.
+    the leftover parameters and drives the blocks' prefetch. ``blocks``, ``roots``: (path,
+    module) pairs of a model that is not the zoo's (generic.fsdp_units); by default the zoo's,
+    read off its structure. Returns the modules sharded.
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None, reduce_dtype=torch.float32)
-    blocks = dense_blocks(model)
-    roots = [(p, r) for p, r in dense_roots(model) if all(b is not r for _, b in blocks)]
+    blocks = dense_blocks(model) if blocks is None else blocks
+    roots = dense_roots(model) if roots is None else roots
+    roots = [(p, r) for p, r in roots if all(b is not r for _, b in blocks)]
     for _, module in blocks + roots:
         fully_shard(module, mesh=mesh, mp_policy=policy)
     return len(blocks) + len(roots)

@@ -110,8 +110,6 @@ class RunConfig:
             raise UsageError("--config and --model name the model twice: give one of them")
         if self.model_args and self.model is None:
             raise UsageError("--model-arg is an argument of --model's factory: add --model pkg.mod:factory")
-        if self.model is not None and self.pipeline:
-            raise UsageError("--pipeline is TorchRec's pipeline over gembench's batch fields: not yet for --model")
         options = self.options  # an unknown stack, dtype or switch is named here
         if not distributed:
             check_one_process(options)

@@ -143,26 +143,32 @@ class Slot(nn.Module):
         return self.value
 
 
+def zoo_head(model: nn.Module, batch) -> torch.Tensor:
+    """The zoo's dense half and loss over the embedded batch (the default TrainModule head)."""
+    return multitask_loss(model.dense(batch, model.embed(batch)), batch.labels)
+
+
 class DenseHead(nn.Module):
-    """Everything but the embedding modules: the model's own embed/dense halves over Slots.
+    """Everything but the embedding modules: ``head(model, batch)`` (the model's own forward and
+    its loss) over Slots that stand in for them.
 
     It holds the model's dense submodules as its children (so DDP and the optimizer see them) and
     the model itself unregistered, so TorchRec's tracer treats this whole module as one leaf.
     """
 
-    def __init__(self, model: nn.Module, slots: list[Slot]):
+    def __init__(self, model: nn.Module, slots: list[Slot], head=zoo_head):
         super().__init__()
         self.parts = nn.ModuleList([m for m in model.children()])
         object.__setattr__(self, "_model", model)
         object.__setattr__(self, "_slots", slots)
+        object.__setattr__(self, "_head", head)
 
     def forward(self, batch, *embedded):
         for slot, value in zip(self._slots, embedded):
             slot.value = value
-        logits = self._model.dense(batch, self._model.embed(batch))
+        loss = self._head(self._model, batch)
         for slot in self._slots:
             slot.value = None
-        loss = multitask_loss(logits, batch.labels)
         return loss, loss.detach()  # progress() hands back the second: the loss, for the record
 
 
@@ -170,14 +176,18 @@ class TrainModule(nn.Module):
     """What TrainPipelineSparseDist drives: forward(batch) -> (loss, detached loss).
 
     The pipeline finds sharded modules by FX-tracing the model's forward and needs each one called
-    directly on a field of the batch; GEM's own forward is not traceable (jagged, data-dependent),
-    so the embedding modules are lifted out here and the rest runs as one untraced leaf.
+    directly on a field of the batch; a model's own forward need not be traceable (GEM's is
+    jagged and data-dependent; a workload's is its own), so the embedding modules are lifted out
+    here and the rest runs as one untraced leaf. ``field_of(path, module)``: the batch field that
+    feeds a module (the zoo's: pooled tables read batch.sparse, sequences batch.seq); ``head``:
+    DenseHead's.
     """
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, field_of=None, head=zoo_head):
         super().__init__()
         from torchrec import EmbeddingBagCollection, EmbeddingCollection
 
+        field_of = field_of or (lambda path, m: "sparse" if isinstance(m, EmbeddingBagCollection) else "seq")
         found = [
             (path, m)
             for path, m in model.named_modules()
@@ -187,13 +197,13 @@ class TrainModule(nn.Module):
         for i, (path, module) in enumerate(found):
             name = f"embedding_{i}"
             self.add_module(name, module)
-            self.fields.append((name, "sparse" if isinstance(module, EmbeddingBagCollection) else "seq"))
+            self.fields.append((name, field_of(path, module)))
             parent_path, _, leaf = path.rpartition(".")
             parent = model.get_submodule(parent_path) if parent_path else model
             slot = Slot()
             setattr(parent, leaf, slot)  # the model now reads this module's output from the slot
             slots.append(slot)
-        self.head = DenseHead(model, slots)
+        self.head = DenseHead(model, slots, head)
 
     def forward(self, batch):
         embedded = [getattr(self, name)(getattr(batch, field)) for name, field in self.fields]

@@ -114,6 +114,8 @@ def check_job(args: RunConfig, nnodes: int):
     from gembench.models.sparse import pooled_tables
     from gembench.models.zoo import sequence_table_names
 
+    if args.options.dense_parallel == "hsdp" and nnodes < 2:  # --nproc starts every rank on this one host
+        raise UsageError(HSDP_ONE_NODE)
     if args.model is not None:
         from gembench.harness.train.distributed.workload_rank import check as check_workload
 
@@ -139,8 +141,6 @@ def check_job(args: RunConfig, nnodes: int):
         from gembench.harness.train.distributed.rebalance import check as check_rebalance
 
         check_rebalance(args.sharding, forced, tables + sequences, args.nproc, args.pipeline)
-    if args.options.dense_parallel == "hsdp" and nnodes < 2:  # --nproc starts every rank on this one host
-        raise UsageError(HSDP_ONE_NODE)
     return cfg
 
 

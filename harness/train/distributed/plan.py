@@ -19,6 +19,10 @@ from gembench.harness.train.stack import ADAGRAD_EPS, EMBEDDING_LR
 POOLING_DEFAULT = 1.0  # TorchRec's own default pooling factor
 MIN_POOLING = 1e-3  # a table no example looks up still needs a positive factor
 SHARDING_TYPES = ("table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel")
+# --rebalance's plans keep every table sharded: a data_parallel table trains with the dense
+# optimizer, a sharded one with the fused row-wise Adagrad, so a re-plan between the two would
+# change the table's training and carry.py could not move its optimizer state
+SHARDED_TYPES = SHARDING_TYPES[:-1]
 
 
 def table_names(model: nn.Module) -> list[str]:
@@ -155,6 +159,7 @@ def plan_sharding(
     measured=None,
     sharders=None,
     constraints: dict | None = None,
+    sharded_only: bool = False,
 ):
     """TorchRec's plan for ``model`` on this job, honouring ``forced``; and the planner's view.
 
@@ -163,7 +168,8 @@ def plan_sharding(
     every table as if it pooled one ID, and a table pooling 100 is planned like one pooling 1.
     ``measured``: a ShardEstimator run after TorchRec's own (rebalance.MeasuredLookups): each
     shard's lookup time from the load measured on it, TorchRec's communication estimates kept.
-    ``sharders``, ``constraints``: a workload's own (gembench/workload.py), over gembench's."""
+    ``sharders``, ``constraints``: a workload's own (gembench/workload.py), over gembench's.
+    ``sharded_only`` (--rebalance): tables not forced take any type but data_parallel."""
     from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
     from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
     from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator, EmbeddingStorageEstimator
@@ -171,7 +177,10 @@ def plan_sharding(
     topology = Topology(
         world_size=env["world_size"], local_world_size=env["local_world_size"], compute_device=device.type
     )
-    constraints = {**table_constraints(pooling or {}, {t: [kind] for t, kind in forced.items()}), **(constraints or {})}
+    types = {t: [kind] for t, kind in forced.items()}
+    if sharded_only:
+        types = {t: list(SHARDED_TYPES) for t in table_names(model)} | types
+    constraints = {**table_constraints(pooling or {}, types), **(constraints or {})}
     enumerator = None
     if measured is not None:
         enumerator = EmbeddingEnumerator(

@@ -155,32 +155,57 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
     if args.rebalance:
         R.check(args.sharding, P.parse_sharding(args.sharding, list(rows)), list(rows), world, args.pipeline)
 
-    def result_of(records, job, batches, peak_check: bool = False):
-        """Rank 0: the job's result from every rank's records (None elsewhere); ``peak_check``:
-        the peak checked first (over this host's ranks), on the run the result is of."""
-        if rank != 0:
-            return None
-        if peak_check:
-            watchdog.at("peak check")
-            mine = [r for r in records if r["host"] == socket.gethostname()]
-            recheck(peak, mine, [f" of rank {r['rank']}" for r in mine])
-        sharded = Sharded(
-            job.planned, _indices(args, batches), dist.get_backend(), args.sharding, args.pipeline, args.timeout
-        )
-        return build_result(cfg, args, records, options, sharded)
-
     me = _Rank(args, env, dev, cfg, options, local_batch, watchdog, fault, peak, host_peak)
+
+    def result_of(records, job, batches, peak_check: bool = False):
+        return job_result(me, cfg, records, job, batches, peak_check)
+
     job = _build(me, pooling)
     record, batches = _measure(job, me)
     records = _gather(record, rank, world, watchdog)
     if not args.rebalance:
         return result_of(records, job, batches, peak_check=True) or {}
 
-    # --rebalance: the planner's plan (A), the re-planned one (B), then A again, each on the state
-    # the run before it trained, so that drift over the three runs cancels in B against A and A'
+    counts_of = lambda batches: R.host_counts([(b.size, (b.sparse, b.seq)) for b in batches], rows)  # noqa: E731
+    return rebalanced(
+        me, job, record, records, batches, counts_of, rows, pooling, expected, _build, _measure, result_of
+    )
+
+
+def job_result(me: "_Rank", model, records, job, batches, peak_check: bool = False) -> dict | None:
+    """Rank 0: the job's result from every rank's records (None elsewhere); ``model``: the
+    config as run, or a workload's identity (generic.Identity); ``peak_check``: the peak checked
+    first (over this host's ranks), on the run the result is of."""
+    args = me.args
+    if me.env["rank"] != 0:
+        return None
+    if peak_check:
+        me.watchdog.at("peak check")
+        mine = [r for r in records if r["host"] == socket.gethostname()]
+        recheck(me.peak, mine, [f" of rank {r['rank']}" for r in mine])
+    sharded = Sharded(
+        job.planned, _indices(args, batches), dist.get_backend(), args.sharding, args.pipeline, args.timeout
+    )
+    return build_result(model, args, records, me.options, sharded)
+
+
+def rebalanced(
+    me, job, record, records, batches, counts_of, rows, pooling, expected, build, measure, result_of
+) -> dict:
+    """--rebalance after the first run (``job``, its ``record``, rank 0's ``records``): the
+    planner's plan (A), the re-planned one (B), then A again, each on the state the run before it
+    trained, so that drift over the three runs cancels in B against A and A'. The zoo's ranks and
+    a workload's alike: ``counts_of(batches)`` is rebalance.host_counts over this rank's host
+    batches, ``rows`` {table: rows}, ``pooling`` what the first plan was told, ``expected`` the
+    pooling the model declares; ``build(me, pooling, measured)`` -> job (with .dmp, .planned,
+    .optimizer), ``measure(job, me)`` -> (record, batches), ``result_of(records, job, batches,
+    peak_check)`` the result on rank 0 (None elsewhere)."""
+    from gembench.harness.train.distributed import rebalance as R
+
+    args, rank, world, watchdog = me.args, me.env["rank"], me.env["world_size"], me.watchdog
     watchdog.at("rebalance")
     counts = [None] * world  # on the batches measure_loads counted
-    dist.all_gather_object(counts, R.host_counts(timed_batches(batches, args.warmup, args.steps)[:LOAD_BATCHES], rows))
+    dist.all_gather_object(counts, counts_of(timed_batches(batches, args.warmup, args.steps)[:LOAD_BATCHES]))
     loads = [None] * world
     dist.all_gather_object(loads, record["loads"])
     measured = R.Measured.from_ranks(counts, loads, rows)
@@ -194,15 +219,15 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
         + ", ".join(f"{t.removeprefix('table_')} {v:.1f}" for t, v in measured.pooling.items())
         + f"; lookup {measured.seconds_per_byte * 1e9:.2f} ns/byte",
     )
-    job, carried = _rebuild(job, me, measured.pooling, R.MeasuredLookups(measured))
+    job, carried = _rebuild(job, me, build, measured.pooling, R.MeasuredLookups(measured))
     gc.collect()  # the first model, now unreferenced, before the second is timed
-    record, batches = _measure(job, me)
+    record, batches = measure(job, me)
     records = _gather(record, rank, world, watchdog)
     result = result_of(records, job, batches, peak_check=True)
     _say(args, rank, "the planner's plan once more, after the rebalanced one")
-    job, _ = _rebuild(job, me, pooling)
+    job, _ = _rebuild(job, me, build, pooling)
     gc.collect()
-    record, batches = _measure(job, me)
+    record, batches = measure(job, me)
     records = _gather(record, rank, world, watchdog)
     if rank != 0:
         return {}
@@ -210,15 +235,15 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
     return result
 
 
-def _rebuild(old: "_Job", me: "_Rank", pooling: dict | None, measured=None):
-    """The model built again on a new plan, ``old``'s trained state carried into it: (job, carried).
-    torch.compile's caches of the old model are dropped (the new one compiles on its first step
-    anyway), so that nothing of it outlives the caller's last reference."""
+def _rebuild(old, me: "_Rank", build, pooling: dict | None, measured=None):
+    """The model built again (``build``) on a new plan, ``old``'s trained state carried into it:
+    (job, carried). torch.compile's caches of the old model are dropped (the new one compiles on
+    its first step anyway), so that nothing of it outlives the caller's last reference."""
     from gembench.harness.train.distributed.carry import carry_state
 
-    job = _build(me, pooling, measured)
+    job = build(me, pooling, measured)
     me.watchdog.at("carry")
-    carried = carry_state(old.dmp, job.dmp, old.engine.optimizer, job.engine.optimizer)
+    carried = carry_state(old.dmp, job.dmp, old.optimizer, job.optimizer)
     torch._dynamo.reset()
     return job, carried
 
@@ -253,6 +278,11 @@ class _Job:
     engine: E.StagedStep | None  # the pipeline's engine is made in _measure
     start_bytes: int  # the rank's memory floor when the build began
 
+    @property
+    def optimizer(self):
+        """The dense optimizer (--rebalance carries its state; it refuses the pipeline)."""
+        return self.engine.optimizer
+
 
 def _build(me: _Rank, pooling: dict | None, measured=None) -> _Job:
     """Model, plan (TorchRec's planner told ``pooling``; ``measured``: rebalance.MeasuredLookups),
@@ -269,7 +299,9 @@ def _build(me: _Rank, pooling: dict | None, measured=None) -> _Job:
         model = E.TrainModule(gem)
     watchdog.at("plan")
     forced = P.parse_sharding(args.sharding, P.table_names(model))
-    plan, planned = P.plan_sharding(model, forced, env, dev, me.local_batch, pooling, measured)
+    plan, planned = P.plan_sharding(
+        model, forced, env, dev, me.local_batch, pooling, measured, sharded_only=args.rebalance
+    )
     watchdog.at("shard")
     dmp = P.shard(model, plan, dev, ddp=args.pipeline and options.dense_parallel == "ddp")
     if options.dense_parallel != "ddp":  # FSDP2 on the dense blocks DMP left plain

@@ -50,19 +50,21 @@ def check(sharding: str | None, forced: dict[str, str], tables: list[str], world
         raise UsageError("--rebalance rebuilds the staged step; drop --pipeline")
 
 
-def host_counts(batches, rows: dict[str, int]) -> dict:
-    """This rank's IDs per table over ``batches`` (host KJTs as generated): examples, and per table
-    (``table_<feature>``) the IDs and their histogram over RESOLUTION equal row bins."""
+def host_counts(batches, rows: dict[str, int], table_of: dict[str, str] | None = None) -> dict:
+    """This rank's IDs per table over ``batches``, (examples, [KeyedJaggedTensor or None, ...])
+    per batch (host KJTs as generated): examples, and per table the IDs and their histogram over
+    RESOLUTION equal row bins. ``table_of``: feature -> table (default ``table_<feature>``, the
+    zoo's naming); a workload's come from its table configs' feature_names."""
     ids = {t: 0.0 for t in rows}
     hist = {t: np.zeros(min(RESOLUTION, r), dtype=np.float64) for t, r in rows.items()}
     examples = 0
-    for b in batches:
-        examples += b.size
-        for kjt in (b.sparse, b.seq):
+    for size, kjts in batches:
+        examples += size
+        for kjt in kjts:
             if kjt is None:
                 continue
             for feature, jt in kjt.to_dict().items():
-                table = f"table_{feature}"
+                table = table_of[feature] if table_of else f"table_{feature}"
                 v = jt.values().numpy()
                 ids[table] += v.size
                 bins = len(hist[table])
