@@ -143,6 +143,44 @@ def test_a_data_parallel_table_is_looked_up_at_home_and_all_reduced_with_the_den
     assert with_dp["imbalance"]["max_mean"] == pytest.approx(1.0) and without["imbalance"]["max_mean"] == 4.0
 
 
+def test_table_row_wise_crosses_the_nodes_in_a_group_of_one_gpu_per_node():
+    """TorchRec's intra_and_cross_node_pg: the reduce-scatter's group is a node's 8 GPUs, the
+    all-to-all after it one GPU of each node (its group size is the number of nodes, not W)."""
+    cfg = load_config("dcnv2-mlperf")
+    world, batch, dim, nodes = 32, 16, cfg.sparse.dim, 4
+    plan = {"table_t0": _twrw(cfg.sparse.rows[0], dim, node=2)}
+    v = volumes(cfg, plan, {"table_t0": 3.0}, world, batch)
+    row = _pricer(cfg, world, batch).price(plan)
+    node_rs = collective_time(H100, "reduce_scatter", float(v["rs_in"].max()), 8, kind="embedding_reduce_scatter")
+    cross = float(np.maximum(v["cross_send"], v["cross_recv"]).max())
+    over_nodes = collective_time(H100, "all_to_all", cross, nodes, per_node=1, kind="embedding_all_to_all")
+    assert row["stages"]["output_dist"]["time_s"] == pytest.approx(node_rs + over_nodes)
+    assert over_nodes < collective_time(H100, "all_to_all", cross, world, per_node=1)  # (N-1)/N, not (W-1)/W
+
+
+def test_a_data_parallel_table_has_no_all_to_all_and_its_gradient_joins_the_dense_all_reduce():
+    """DMP's data-parallel sharding: input and output dists pass through; the table's gradient
+    (dense kernel: as large as the table) is written in the backward, all-reduced with the dense
+    gradients in one buffer, and stepped by the dense optimizer."""
+    from gembench.harness.projection.cost import UPDATE_PER_LOOKUP
+
+    cfg = load_config("tiny")
+    world, batch, rows, dim = 4, 8, 5000, cfg.sparse.dim
+    dp = {"table_t1": {"sharding": "data_parallel", "ranks": list(range(world)), "shard_sizes": [[rows, dim]] * world}}
+    pricer = _pricer(cfg, world, batch)
+    row = pricer.price(dp)
+    assert row["stages"]["input_dist"]["time_s"] == 0.0 and row["stages"]["output_dist"]["time_s"] == 0.0
+    grads = (pricer.counts["dense_params"] + rows * dim) * 4
+    all_reduce = collective_time(H100, "all_reduce", grads, world, kind="dense_grad_all_reduce")
+    assert row["stages"]["grad_sync"]["time_s"] == pytest.approx(all_reduce)
+    looked = batch * expected_ids_per_example(cfg)["table_t1"] * dim * EMB_BYTES
+    rate, c = pricer.compute.lookup_s_per_byte, pricer.compute
+    dense_bwd = c.per_example["backward"] * batch
+    gradient = (UPDATE_PER_LOOKUP * looked + rows * dim * EMB_BYTES) * rate
+    assert row["stages"]["backward"]["time_s"] == pytest.approx(dense_bwd + gradient)
+    assert row["stages"]["optimizer"]["time_s"] == pytest.approx(c.optimizer_s + rows * dim * c.optimizer_s_per_param)
+
+
 def test_grid_sends_every_id_to_each_column_block():
     cfg = load_config("dcnv2-mlperf")
     world, batch, dim, rows = 16, 8, cfg.sparse.dim, 80000
