@@ -320,6 +320,28 @@ def test_the_descent_moves_a_class_of_identical_tables_together():
     assert len(set().union(*kinds)) >= 3  # the class tried several types
 
 
+def test_the_fast_search_stops_at_its_cpu_budget_whatever_the_wall_clock(monkeypatch):
+    """The budget counts this process's CPU time from the first proposal: a machine busy with other
+    jobs (the wall clock running on) rates the same plans; past the budget the row says so."""
+    from gembench.harness.projection import offline_plan as op
+
+    cfg = load_config("tiny")
+    ids = expected_ids_per_example(cfg)
+
+    def plan():
+        return op.plan_offline(cfg, 4, 16, H100, 0.0, _pricer(cfg, 4, 16), "test", ids, use_cache=False)
+
+    whole = plan()
+    monkeypatch.setattr(op, "PLAN_BUDGET_S", 0.5)
+    monkeypatch.setattr(op.ClassDescent, "clock", staticmethod(lambda: 0.0))  # no CPU time spent
+    idle = plan()
+    assert idle.proposals == whole.proposals > 3 and not [r for r in idle.restrictions if "CPU budget" in r["what"]]
+    ticks = iter(range(10**6))  # a CPU second per proposal
+    monkeypatch.setattr(op.ClassDescent, "clock", staticmethod(lambda: float(next(ticks))))
+    cut = plan()
+    assert cut.fits and cut.proposals == 1 and [r for r in cut.restrictions if "CPU budget" in r["what"]]
+
+
 def test_in_run_links_price_the_runs_calls_at_what_they_took_and_never_under_the_isolated():
     from gembench.harness.projection.calibrate import in_run_links
     from gembench.harness.projection.cluster import Link
