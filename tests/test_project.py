@@ -437,6 +437,7 @@ def test_project_prints_a_row_per_world_and_writes_a_valid_document(projection):
         # the kept plan beside the most balanced one the planner rated
         assert row["plan"]["proposals"] >= 1 and 1.0 <= row["imbalance"]["best_found"] <= row["imbalance"]["max_mean"]
         assert row["plan"]["search"] == "fast" and row["plan"]["restrictions"]
+        assert 0 < row["plan"]["cpu_seconds"] and "s of CPU)" in first.stderr  # planning's own CPU time
     assert re.search(r"\n\s+8\s.*: GPU \d+, ", first.stdout)  # the critical path column
     assert "plans rated" in first.stdout and "kept for speed" in first.stdout
     assert "critical path per stage" in first.stdout and "h100" in first.stdout
