@@ -162,12 +162,13 @@ def test_a_data_parallel_table_has_no_all_to_all_and_its_gradient_joins_the_dens
     """DMP's data-parallel sharding: input and output dists pass through; the table's gradient
     (dense kernel: as large as the table) is written in the backward, all-reduced with the dense
     gradients in one buffer, and stepped by the dense optimizer."""
-    from gembench.harness.projection.cost import UPDATE_PER_LOOKUP
+    from gembench.harness.projection.cost import ADAM_STEP_BYTES, UPDATE_PER_LOOKUP, Compute
 
     cfg = load_config("tiny")
     world, batch, rows, dim = 4, 8, 5000, cfg.sparse.dim
     dp = {"table_t1": {"sharding": "data_parallel", "ranks": list(range(world)), "shard_sizes": [[rows, dim]] * world}}
-    pricer = _pricer(cfg, world, batch)
+    streams = Compute({"dense_forward": 1e-9, "backward": 2e-9}, 1e-5, 1e-9, "test", optimizer_s_per_param=3e-10)
+    pricer = _pricer(cfg, world, batch, compute=streams)
     row = pricer.price(dp)
     assert row["stages"]["input_dist"]["time_s"] == 0.0 and row["stages"]["output_dist"]["time_s"] == 0.0
     grads = (pricer.counts["dense_params"] + rows * dim) * 4
@@ -176,7 +177,8 @@ def test_a_data_parallel_table_has_no_all_to_all_and_its_gradient_joins_the_dens
     looked = batch * expected_ids_per_example(cfg)["table_t1"] * dim * EMB_BYTES
     rate, c = pricer.compute.lookup_s_per_byte, pricer.compute
     dense_bwd = c.per_example["backward"] * batch
-    gradient = (UPDATE_PER_LOOKUP * looked + rows * dim * EMB_BYTES) * rate
+    zeroed = rows * dim * EMB_BYTES * c.optimizer_s_per_param / ADAM_STEP_BYTES  # streamed, as Adam streams
+    gradient = UPDATE_PER_LOOKUP * looked * rate + zeroed
     assert row["stages"]["backward"]["time_s"] == pytest.approx(dense_bwd + gradient)
     assert row["stages"]["optimizer"]["time_s"] == pytest.approx(c.optimizer_s + rows * dim * c.optimizer_s_per_param)
 

@@ -383,9 +383,12 @@ class Pricer:
         dense_bwd = plain_bwd + dense_fwd * self.recomputed_share  # checkpointed blocks run again
         # backward: the dense part, the embeddings' gradients back (the output collectives
         # reversed: all-to-alls, all-gathers), then the fused update of each looked-up row; a
-        # data-parallel table (dense kernel) instead writes a gradient as large as the table,
-        # zeroed, its looked-up rows added in, and leaves the update to the dense optimizer
-        dp_grad = (UPDATE_PER_LOOKUP * v["dp_lookup"] + v["dp_params"] * EMB_BYTES) * c.lookup_s_per_byte
+        # data-parallel table (dense kernel) instead adds its looked-up rows into a gradient as
+        # large as the table, zeroed first: a streaming write, at the rate the dense optimizer
+        # streams its bytes (not the lookup's, a gather of scattered rows)
+        stream_s_per_byte = c.optimizer_s_per_param / ADAM_STEP_BYTES
+        dp_grad = UPDATE_PER_LOOKUP * v["dp_lookup"] * c.lookup_s_per_byte
+        dp_grad += v["dp_params"] * EMB_BYTES * stream_s_per_byte
         update = UPDATE_PER_LOOKUP * (float(lookup_rank[heavy]) - v["dp_lookup"] * c.lookup_s_per_byte) + dp_grad
         sync, first, last = self._grad_sync(v["dp_params"])
         stages = {
