@@ -143,6 +143,46 @@ def test_a_data_parallel_table_is_looked_up_at_home_and_all_reduced_with_the_den
     assert with_dp["imbalance"]["max_mean"] == pytest.approx(1.0) and without["imbalance"]["max_mean"] == 4.0
 
 
+def test_table_row_wise_crosses_the_nodes_in_a_group_of_one_gpu_per_node():
+    """TorchRec's intra_and_cross_node_pg: the reduce-scatter's group is a node's 8 GPUs, the
+    all-to-all after it one GPU of each node (its group size is the number of nodes, not W)."""
+    cfg = load_config("dcnv2-mlperf")
+    world, batch, dim, nodes = 32, 16, cfg.sparse.dim, 4
+    plan = {"table_t0": _twrw(cfg.sparse.rows[0], dim, node=2)}
+    v = volumes(cfg, plan, {"table_t0": 3.0}, world, batch)
+    row = _pricer(cfg, world, batch).price(plan)
+    node_rs = collective_time(H100, "reduce_scatter", float(v["rs_in"].max()), 8, kind="embedding_reduce_scatter")
+    cross = float(np.maximum(v["cross_send"], v["cross_recv"]).max())
+    over_nodes = collective_time(H100, "all_to_all", cross, nodes, per_node=1, kind="embedding_all_to_all")
+    assert row["stages"]["output_dist"]["time_s"] == pytest.approx(node_rs + over_nodes)
+    assert over_nodes < collective_time(H100, "all_to_all", cross, world, per_node=1)  # (N-1)/N, not (W-1)/W
+
+
+def test_a_data_parallel_table_has_no_all_to_all_and_its_gradient_joins_the_dense_all_reduce():
+    """DMP's data-parallel sharding: input and output dists pass through; the table's gradient
+    (dense kernel: as large as the table) is written in the backward, all-reduced with the dense
+    gradients in one buffer, and stepped by the dense optimizer."""
+    from gembench.harness.projection.cost import ADAM_STEP_BYTES, UPDATE_PER_LOOKUP, Compute
+
+    cfg = load_config("tiny")
+    world, batch, rows, dim = 4, 8, 5000, cfg.sparse.dim
+    dp = {"table_t1": {"sharding": "data_parallel", "ranks": list(range(world)), "shard_sizes": [[rows, dim]] * world}}
+    streams = Compute({"dense_forward": 1e-9, "backward": 2e-9}, 1e-5, 1e-9, "test", optimizer_s_per_param=3e-10)
+    pricer = _pricer(cfg, world, batch, compute=streams)
+    row = pricer.price(dp)
+    assert row["stages"]["input_dist"]["time_s"] == 0.0 and row["stages"]["output_dist"]["time_s"] == 0.0
+    grads = (pricer.counts["dense_params"] + rows * dim) * 4
+    all_reduce = collective_time(H100, "all_reduce", grads, world, kind="dense_grad_all_reduce")
+    assert row["stages"]["grad_sync"]["time_s"] == pytest.approx(all_reduce)
+    looked = batch * expected_ids_per_example(cfg)["table_t1"] * dim * EMB_BYTES
+    rate, c = pricer.compute.lookup_s_per_byte, pricer.compute
+    dense_bwd = c.per_example["backward"] * batch
+    zeroed = rows * dim * EMB_BYTES * c.optimizer_s_per_param / ADAM_STEP_BYTES  # streamed, as Adam streams
+    gradient = UPDATE_PER_LOOKUP * looked * rate + zeroed
+    assert row["stages"]["backward"]["time_s"] == pytest.approx(dense_bwd + gradient)
+    assert row["stages"]["optimizer"]["time_s"] == pytest.approx(c.optimizer_s + rows * dim * c.optimizer_s_per_param)
+
+
 def test_grid_sends_every_id_to_each_column_block():
     cfg = load_config("dcnv2-mlperf")
     world, batch, dim, rows = 16, 8, cfg.sparse.dim, 80000
@@ -282,6 +322,28 @@ def test_the_descent_moves_a_class_of_identical_tables_together():
     assert len(set().union(*kinds)) >= 3  # the class tried several types
 
 
+def test_the_fast_search_stops_at_its_cpu_budget_whatever_the_wall_clock(monkeypatch):
+    """The budget counts this process's CPU time from the first proposal: a machine busy with other
+    jobs (the wall clock running on) rates the same plans; past the budget the row says so."""
+    from gembench.harness.projection import offline_plan as op
+
+    cfg = load_config("tiny")
+    ids = expected_ids_per_example(cfg)
+
+    def plan():
+        return op.plan_offline(cfg, 4, 16, H100, 0.0, _pricer(cfg, 4, 16), "test", ids, use_cache=False)
+
+    whole = plan()
+    monkeypatch.setattr(op, "PLAN_BUDGET_S", 0.5)
+    monkeypatch.setattr(op.ClassDescent, "clock", staticmethod(lambda: 0.0))  # no CPU time spent
+    idle = plan()
+    assert idle.proposals == whole.proposals > 3 and not [r for r in idle.restrictions if "CPU budget" in r["what"]]
+    ticks = iter(range(10**6))  # a CPU second per proposal
+    monkeypatch.setattr(op.ClassDescent, "clock", staticmethod(lambda: float(next(ticks))))
+    cut = plan()
+    assert cut.fits and cut.proposals == 1 and [r for r in cut.restrictions if "CPU budget" in r["what"]]
+
+
 def test_in_run_links_price_the_runs_calls_at_what_they_took_and_never_under_the_isolated():
     from gembench.harness.projection.calibrate import in_run_links
     from gembench.harness.projection.cluster import Link
@@ -377,6 +439,7 @@ def test_project_prints_a_row_per_world_and_writes_a_valid_document(projection):
         # the kept plan beside the most balanced one the planner rated
         assert row["plan"]["proposals"] >= 1 and 1.0 <= row["imbalance"]["best_found"] <= row["imbalance"]["max_mean"]
         assert row["plan"]["search"] == "fast" and row["plan"]["restrictions"]
+        assert 0 < row["plan"]["cpu_seconds"] and "s of CPU)" in first.stderr  # planning's own CPU time
     assert re.search(r"\n\s+8\s.*: GPU \d+, ", first.stdout)  # the critical path column
     assert "plans rated" in first.stdout and "kept for speed" in first.stdout
     assert "critical path per stage" in first.stdout and "h100" in first.stdout

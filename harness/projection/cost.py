@@ -9,7 +9,9 @@ Constants and assumptions: docs/design.md section 8 and docs/projection.md. In s
   cluster file: `Cluster.link`): the KJT all-to-all of IDs; table- and column-wise outputs by
   one all-to-all; row-wise by a world reduce-scatter; table_row_wise and grid by a reduce-scatter
   within the node, then an all-to-all of one GPU per node over the NICs; the backward mirrors
-  them. Data-parallel tables are looked up locally and all-reduced with the dense gradients.
+  them. Data-parallel tables as DMP runs them: looked up on every rank (no all-to-all: their
+  input and output dists pass through), a gradient as large as the table written in the backward
+  and all-reduced with the dense gradients, Adam-updated by the dense optimizer.
 - Compute from a measured result or the datasheet; lookups as bytes over HBM; the fused update
   reads and writes each looked-up row once more (UPDATE_PER_LOOKUP).
 - Overlap: ``staged`` (every stage on the critical path) or ``pipelined`` (TorchRec's sparse-dist
@@ -270,12 +272,13 @@ class Volumes:
         w = self.world
         keys = ("lookup", "kjt_send", "kjt_recv", "a2a_send", "a2a_recv", "rs_in", "cross_send", "cross_recv", "held")
         v: dict = {k: np.zeros(w) for k in keys}
-        v["rs_world"], v["dp_params"] = 0.0, 0.0
+        v["rs_world"], v["dp_params"], v["dp_lookup"] = 0.0, 0.0, 0.0
         groups = set()  # TorchRec sends each (module, sharding type) group in collectives of its own
         for name, t in tables.items():
             x = self._table(name, t)
             if x.kind == "data_parallel":
                 v["lookup"] += x.dp_lookup
+                v["dp_lookup"] += x.dp_lookup
                 v["held"] += x.held[0]
                 v["dp_params"] += x.dp_params
                 continue
@@ -357,8 +360,9 @@ class Pricer:
             "ag": most("all_gather", "embedding_grad_all_gather", rs_world, w),
             "node_rs": most("reduce_scatter", "embedding_reduce_scatter", v["rs_in"], g),
             "node_ag": most("all_gather", "embedding_grad_all_gather", v["rs_in"], g),
-            "cross": most("all_to_all", "embedding_all_to_all", cross, w, per_node=1),
-            "grad_cross": most("all_to_all", "embedding_grad_all_to_all", cross, w, per_node=1),
+            # TorchRec's cross_pg: one GPU of each node (the same local rank), a group of the nodes
+            "cross": most("all_to_all", "embedding_all_to_all", cross, self.volumes.nodes, per_node=1),
+            "grad_cross": most("all_to_all", "embedding_grad_all_to_all", cross, self.volumes.nodes, per_node=1),
         }
 
     def price(self, tables: dict[str, dict], rating: bool = False) -> dict:
@@ -378,8 +382,14 @@ class Pricer:
         plain_bwd = c.per_example["backward"] * batch
         dense_bwd = plain_bwd + dense_fwd * self.recomputed_share  # checkpointed blocks run again
         # backward: the dense part, the embeddings' gradients back (the output collectives
-        # reversed: all-to-alls, all-gathers), then the fused update of each looked-up row
-        update = UPDATE_PER_LOOKUP * float(lookup_rank[heavy])
+        # reversed: all-to-alls, all-gathers), then the fused update of each looked-up row; a
+        # data-parallel table (dense kernel) instead adds its looked-up rows into a gradient as
+        # large as the table, zeroed first: a streaming write, at the rate the dense optimizer
+        # streams its bytes (not the lookup's, a gather of scattered rows)
+        stream_s_per_byte = c.optimizer_s_per_param / ADAM_STEP_BYTES
+        dp_grad = UPDATE_PER_LOOKUP * v["dp_lookup"] * c.lookup_s_per_byte
+        dp_grad += v["dp_params"] * EMB_BYTES * stream_s_per_byte
+        update = UPDATE_PER_LOOKUP * (float(lookup_rank[heavy]) - v["dp_lookup"] * c.lookup_s_per_byte) + dp_grad
         sync, first, last = self._grad_sync(v["dp_params"])
         stages = {
             "input_dist": comm["kjt"][0] + over.get("input_dist", 0.0),

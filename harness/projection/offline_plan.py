@@ -13,7 +13,8 @@ Kept for speed (``search="fast"``, the default; ``"full"`` lifts them, docs/proj
 what each costs): data_parallel only for tables under DP_MAX_BYTES; row_wise, one shard per GPU,
 for the largest tables while their shards stay under ROW_WISE_SHARDS (table_row_wise and grid
 split the others within a node); the descent alone, not TorchRec's four proposers after it,
-stopped after PLAN_BUDGET_S of proposals (TorchRec's timeout). Always: TorchRec's perf estimate
+stopped after PLAN_BUDGET_S of CPU time in its proposals (not TorchRec's wall-clock timeout: a
+loaded machine would rate fewer plans and keep another). Always: TorchRec's perf estimate
 is made once per distinct shard (`OncePerShape`), and the HBM of the dense side is reserved from
 gembench's own estimate. Plans are cached by config, world, batch, cluster, search and pricing.
 """
@@ -38,8 +39,8 @@ SEARCHES = ("fast", "full")
 DP_MAX_BYTES = 32 * 2**20  # fp32 weights: a data-parallel table's gradient is all-reduced whole
 ROW_WISE_SHARDS = 2**16  # row_wise is a shard per GPU: the largest tables get it while their shards fit
 CW_BLOCK = 64  # column-wise and grid blocks: dims of 128 and 160 split in two (TorchRec's own: 128)
-PLAN_BUDGET_S = 20  # fast search: TorchRec's planner stops proposing after this long (plans rated so far)
-PLAN_VERSION = 4  # bump when what is cached changes
+PLAN_BUDGET_S = 20  # fast search: the descent stops proposing after this much CPU time (plans rated so far)
+PLAN_VERSION = 7  # bump when what is cached changes
 
 
 @dataclass
@@ -53,6 +54,7 @@ class OfflinePlan:
     proposals: int = 0  # plans the planner partitioned and the cost model rated
     best_imbalance: float | None = None  # the lowest projected imbalance among them
     restrictions: list[dict] = field(default_factory=list)  # {what, tables}: kept for speed
+    cpu_seconds: float = 0.0  # this process's CPU time planning: the wall clock less what other jobs took
 
 
 _MODULES: dict[tuple, object] = {}  # one per table layout: only read by the planner, kept for the next world
@@ -228,12 +230,15 @@ class ClassDescent:
     A pass moves the largest 2, 4, 8, ... classes at one sharding type to another, then each
     class alone to each of its other types, the rest kept; a faster plan (feedback's perf_rating:
     `ProjectedStep`) is kept at once. It stops after a pass that found nothing faster, after
-    MAX_PASSES passes, or at the planner's timeout."""
+    MAX_PASSES passes, or after ``budget_s`` of this process's CPU time since its first proposal
+    (``timed_out``): CPU time, so that a machine shared with other jobs keeps the same plan."""
 
     MAX_PASSES = 3
+    clock = staticmethod(time.process_time)
 
-    def __init__(self):
-        self.exhausted = False
+    def __init__(self, budget_s: float | None = None):
+        self.exhausted, self.timed_out = False, False
+        self.budget_s, self._start = budget_s, None
 
     def load(self, search_space, enumerator=None) -> None:
         by_fqn: dict[str, list] = {}
@@ -281,6 +286,11 @@ class ClassDescent:
     def propose(self):
         if self._candidate is None:
             self.exhausted = True
+            return None
+        now = self.clock()
+        self._start = now if self._start is None else self._start
+        if self.budget_s is not None and now - self._start > self.budget_s:
+            self.timed_out = True
             return None
         return [
             self._options[fqn][self._labels[c][self._candidate[c]]]
@@ -359,14 +369,15 @@ def _plan(cfg, world, per_rank_batch, cluster, share, pricer, ids, types, restri
     from torchrec.distributed.planner.shard_estimators import EmbeddingStorageEstimator
     from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
 
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     topo = topology(cluster, world)
     cons = constraints(cfg, ids, types)
     estimators = [
         OncePerShape(EmbeddingPerfEstimatorFactory.create(DEFAULT_PERF_ESTIMATOR, topology=topo, constraints=cons)),
         EmbeddingStorageEstimator(topology=topo, constraints=cons),
     ]
-    recorder, rating, descent = PlanRecorder(world), ProjectedStep(pricer), ClassDescent()
+    recorder, rating = PlanRecorder(world), ProjectedStep(pricer)
+    descent = ClassDescent(PLAN_BUDGET_S if search == "fast" else None)
     proposers = [descent]
     if search == "full":  # and TorchRec's own four
         proposers += [GridSearchProposer(), GreedyProposer(), GreedyProposer(use_depth=False), UniformProposer()]
@@ -375,7 +386,6 @@ def _plan(cfg, world, per_rank_batch, cluster, share, pricer, ids, types, restri
         batch_size=per_rank_batch,
         enumerator=EmbeddingEnumerator(topo, per_rank_batch, cons, estimator=estimators),
         proposer=proposers,
-        timeout_seconds=PLAN_BUDGET_S if search == "fast" else None,
         performance_model=rating,
         storage_reservation=FixedPercentageStorageReservation(share),
         constraints=cons,
@@ -388,10 +398,19 @@ def _plan(cfg, world, per_rank_batch, cluster, share, pricer, ids, types, restri
     except Exception as err:  # noqa: BLE001  the planner says which table found no room
         fits, error = False, _first_line(err)
     best = rating.best_imbalance if rating.rated else None
-    if search == "fast" and fits and not descent.exhausted:
-        restrictions = restrictions + [{"what": f"search stopped at its {PLAN_BUDGET_S} s budget", "tables": 0}]
+    if search == "fast" and fits and descent.timed_out:
+        restrictions = restrictions + [{"what": f"search stopped at its {PLAN_BUDGET_S} s CPU budget", "tables": 0}]
     result = OfflinePlan(
-        recorder.tables, time.perf_counter() - start, False, fits, error, search, rating.rated, best, restrictions
+        recorder.tables,
+        time.perf_counter() - start,
+        False,
+        fits,
+        error,
+        search,
+        rating.rated,
+        best,
+        restrictions,
+        time.process_time() - cpu,
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")

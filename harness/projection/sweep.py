@@ -59,6 +59,7 @@ def sweep(
                 "fits": plan.fits,
                 "error": plan.error,
                 "seconds": plan.seconds,
+                "cpu_seconds": plan.cpu_seconds,
                 "cached": plan.cached,
                 "shardings": sharding_counts(plan.tables),
                 "reserved_bytes": reserved,
@@ -92,7 +93,7 @@ def sweep(
         else:
             row |= {"nodes": -(-world // cluster.gpus_per_node), "per_rank_batch": batch, "global_batch": world * batch}
         progress(
-            f"gembench project: {world} GPUs: planned in {plan.seconds:.1f} s"
+            f"gembench project: {world} GPUs: planned in {plan.seconds:.1f} s ({plan.cpu_seconds:.1f} s of CPU)"
             + (" (cached)" if plan.cached else f", {plan.proposals} plans rated")
             + ("" if plan.fits else f"; no plan fits: {plan.error}")
         )
