@@ -353,13 +353,14 @@ def test_real_run_over_head_1_head_of_a_clone(clone, capsys):
         ],
         capsys,
     )
-    assert code in (0, 1, 4), err
+    assert code in (0, 1, 3, 4), err  # 3: HEAD~1 may be a commit that changed the numerics
     import json
 
     doc = json.loads(out)
     assert doc["rounds"] == 2 and doc["head"]["sha"] == _git(clone, "rev-parse", "HEAD") and doc["interleaved"] is True
     row = doc["rows"][0]
     assert row["metric"] == "step_time_s" and len(row["round_ratios"]) == 2 and row["ratio"] > 0
+    assert doc["numerics"]["steps"] == 2 and doc["numerics"]["verdict"] != "unreproducible"  # paced: bit for bit
     assert "then taking turns of 2 step(s), 1 each" in err  # both processes at once
     assert "pair 2/2 (HEAD first)" in err and "min left" in err  # progress, ABBA: pair 2 starts with HEAD
     assert len(_worktrees(clone)) == 1
@@ -469,5 +470,5 @@ def test_an_added_op_is_named_by_its_aten_name(clone, capsys):
     assert code == 1, out + err
     assert "numerics unchanged: 3 steps' losses, max |rel diff| 0.0e+00 within fp32's tolerance" in out, out
     assert re.search(
-        r"aten ops changed per step \(\d+ -> \d+\):\n  aten\.mul\.Tensor \d+ -> \d+ \((added|changed)\)", out
+        r"aten ops changed per step \([\d,]+ -> [\d,]+\):\n  aten\.mul\.Tensor \d+ -> \d+ \((added|changed)\)", out
     )

@@ -50,6 +50,7 @@ MARGIN = 0.02  # "unchanged" needs the interval inside +-2%: precise enough for 
 
 
 def configure(p: argparse.ArgumentParser) -> None:
+    from gembench.harness.regression.numerics import TOLERANCE
 
     p.add_argument(
         "base",
@@ -92,12 +93,26 @@ def configure(p: argparse.ArgumentParser) -> None:
         help=f"seconds the pairs may take before the verdict is what it is then (default {DEFAULT_BUDGET:g}; "
         "a batch that would overrun it is not started)",
     )
+    p.add_argument(
+        "--numerics",
+        choices=("fail", "report"),
+        default="fail",
+        help="fail: losses that differ make the exit status 3 unless it is 1 (default); "
+        "report: say so, and exit as the times and counters say",
+    )
+    p.add_argument(
+        "--loss-tolerance",
+        type=float,
+        default=None,
+        metavar="REL",
+        help="largest relative difference of a step's loss that counts as the same numerics (default per "
+        f"dtype: {', '.join(f'{d} {t:g}' for d, t in TOLERANCE.items())})",
+    )
     add_measuring_flags(p)
 
 
 def add_measuring_flags(p: argparse.ArgumentParser) -> None:
     """What to run and how to measure it: continuous's flags, which `gembench bisect` shares."""
-    from gembench.harness.regression.numerics import TOLERANCE
     from gembench.harness.regression.paired import STATISTICS
 
     p.add_argument(
@@ -213,21 +228,6 @@ def add_measuring_flags(p: argparse.ArgumentParser) -> None:
         help=f"unchanged needs the (1 - 2 alpha) interval of HEAD/BASE, 98%% at the default alpha, inside "
         f"+-margin (default {MARGIN:g}; at least --min-effect)",
     )
-    p.add_argument(
-        "--numerics",
-        choices=("fail", "report"),
-        default="fail",
-        help="fail: losses that differ make the exit status 3 unless it is 1 (default); "
-        "report: say so, and exit as the times and counters say",
-    )
-    p.add_argument(
-        "--loss-tolerance",
-        type=float,
-        default=None,
-        metavar="REL",
-        help="largest relative difference of a step's loss that counts as the same numerics (default per "
-        f"dtype: {', '.join(f'{d} {t:g}' for d, t in TOLERANCE.items())})",
-    )
     p.add_argument("--repo", default=".", help="git repository holding both revisions (default: the current one)")
     p.add_argument(
         "--setup",
@@ -263,6 +263,8 @@ def check_continuous_args(args: argparse.Namespace) -> None:
         args.pairs = 1 if args.benchmark == "instructions" else args.max_pairs  # exact counts: one decides
     if args.looking and (args.max_pairs < 2 or args.budget <= 0):
         raise UsageError(f"--max-pairs must be >= 2 and --budget > 0, got {args.max_pairs} and {args.budget:g}")
+    if args.loss_tolerance is not None and not 0 <= args.loss_tolerance < 1:
+        raise UsageError(f"--loss-tolerance is a relative difference (1e-3 = 0.1%), got {args.loss_tolerance}")
     check_args(args)
     args.environments = probe_both(args.python)  # before any worktree: a bad --python costs nothing
 
@@ -286,8 +288,6 @@ def check_args(args: argparse.Namespace) -> None:
     if args.steps < 1 or args.warmup < 0:
         raise UsageError(f"--steps must be >= 1 and --warmup >= 0, got {args.steps} and {args.warmup}")
     check_decision_args(args.alpha, args.min_effect)
-    if args.loss_tolerance is not None and not 0 <= args.loss_tolerance < 1:
-        raise UsageError(f"--loss-tolerance is a relative difference (1e-3 = 0.1%), got {args.loss_tolerance}")
     if args.margin is not None and not 0 < args.margin < 1:
         raise UsageError(f"--margin is a fraction (0.02 = 2%), got {args.margin}")
     if args.margin is not None and args.margin < (args.min_effect if args.min_effect is not None else MIN_EFFECT):
