@@ -3,7 +3,7 @@
 import math
 
 import pytest
-from synthetic import make_result
+from synthetic import make_result, run_cli
 
 from gembench.harness.regression import numerics, opdiff
 from gembench.harness.report.verdicts import render_changes
@@ -110,3 +110,8 @@ def test_ops_added_removed_and_changed_biggest_first_top_ten_in_the_verdict():
     assert "the top 10 of 12 (all in --format json's op_changes)" in text and len(s["changes"]) == 12
     assert "`aten.op11.default 0 -> 12 (added)`" in text and "aten.op01.default" not in text
     assert not opdiff.section([(_ops(**base), make_result())])["recorded"]  # an older result: not listed
+
+
+def test_a_loss_tolerance_that_is_not_a_relative_difference_is_refused(capsys):
+    code, _, err = run_cli(["continuous", "HEAD", "HEAD", "--loss-tolerance", "2"], capsys)
+    assert code == 2 and "--loss-tolerance is a relative difference (1e-3 = 0.1%), got 2.0" in err
