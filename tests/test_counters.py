@@ -110,7 +110,8 @@ def test_counters_of_real_steps_are_deterministic_and_see_a_planted_op(monkeypat
     a, b = _tiny_baseline(), _tiny_baseline()
     assert a["counters"] == b["counters"]  # same seed, same code: the same counts
     c = a["counters"]
-    assert set(c) == set(C.KEYS) | {"source"}
+    assert set(c) == set(C.KEYS) | {"source", "aten_op_counts"}
+    assert sum(c["aten_op_counts"].values()) == c["aten_ops"] and "aten.mm.default" in c["aten_op_counts"]
     assert c["aten_ops"] > 100 and c["kernels"] is None and c["h2d_bytes"] == 0
     assert c["host_syncs"] == 0 and c["graph_breaks"] == 0 and c["recompiles"] == 0
     assert {k: a["metrics"][k] for k in C.KEYS if k != "kernels"} == {k: c[k] for k in C.KEYS if k != "kernels"}
@@ -125,6 +126,10 @@ def test_counters_of_real_steps_are_deterministic_and_see_a_planted_op(monkeypat
 
     monkeypatch.setattr(step_module, "task_losses", planted)
     p = _tiny_baseline()["counters"]
+    from gembench.harness.regression.opdiff import op_changes
+
+    changed = {x["op"]: x["delta"] for x in op_changes(c["aten_op_counts"], p["aten_op_counts"])}
+    assert changed["aten.mul.Tensor"] == 2 and changed["aten._local_scalar_dense.default"] == 1
     # the mul, its backward's mul, the detach, the sum and the read's _local_scalar_dense
     assert p["aten_ops"] == c["aten_ops"] + 5
     assert p["host_syncs"] == c["host_syncs"] + 1

@@ -9,13 +9,17 @@ p <= alpha and a slowdown >= --min-effect; unchanged needs the (1 - 2 alpha) int
 +-margin; else inconclusive. The pairs are as many as the verdict needs: it is judged after each
 batch from the fourth pair on, --alpha spent over the looks (regression/sequential.py), until it
 is clear, --max-pairs or --budget; `--pairs N` is a fixed design judged once. Cost counters are
-compared exactly (results/thresholds.toml; default: no increase). --sequential runs a pair's
+compared exactly (results/thresholds.toml; default: no increase), and the aten ops that changed
+are named. Both train the same seed on the same batches: their per-step losses must agree within
+the dtype's tolerance (regression/numerics.py), or the numerics changed. --sequential runs a pair's
 processes one after the other: for --nproc, --benchmark instructions and revisions older than
 --pace. The measurements behind the defaults are in docs/continuous.md.
 
 exit status (as `gembench gate`):
   0  no regression (every metric unchanged or improved)
   1  a metric regressed (a counter beyond its threshold, or a significant slowdown)
+  3  numerics changed: BASE's and HEAD's per-step losses differ beyond the dtype's tolerance, or
+     one revision's own processes disagree (not `gate`'s 3; --numerics report keeps 0 or 4)
   4  too noisy to tell within --budget (or --pairs): on a busy runner, treat it as a warning
   2  an error: unknown revision, a revision that fails to run (named, with its error), bad flag
 
@@ -46,6 +50,7 @@ MARGIN = 0.02  # "unchanged" needs the interval inside +-2%: precise enough for 
 
 
 def configure(p: argparse.ArgumentParser) -> None:
+    from gembench.harness.regression.numerics import TOLERANCE
 
     p.add_argument(
         "base",
@@ -87,6 +92,21 @@ def configure(p: argparse.ArgumentParser) -> None:
         metavar="S",
         help=f"seconds the pairs may take before the verdict is what it is then (default {DEFAULT_BUDGET:g}; "
         "a batch that would overrun it is not started)",
+    )
+    p.add_argument(
+        "--numerics",
+        choices=("fail", "report"),
+        default="fail",
+        help="fail: losses that differ make the exit status 3 unless it is 1 (default); "
+        "report: say so, and exit as the times and counters say",
+    )
+    p.add_argument(
+        "--loss-tolerance",
+        type=float,
+        default=None,
+        metavar="REL",
+        help="largest relative difference of a step's loss that counts as the same numerics (default per "
+        f"dtype: {', '.join(f'{d} {t:g}' for d, t in TOLERANCE.items())})",
     )
     add_measuring_flags(p)
 
@@ -243,6 +263,8 @@ def check_continuous_args(args: argparse.Namespace) -> None:
         args.pairs = 1 if args.benchmark == "instructions" else args.max_pairs  # exact counts: one decides
     if args.looking and (args.max_pairs < 2 or args.budget <= 0):
         raise UsageError(f"--max-pairs must be >= 2 and --budget > 0, got {args.max_pairs} and {args.budget:g}")
+    if args.loss_tolerance is not None and not 0 <= args.loss_tolerance < 1:
+        raise UsageError(f"--loss-tolerance is a relative difference (1e-3 = 0.1%), got {args.loss_tolerance}")
     check_args(args)
     args.environments = probe_both(args.python)  # before any worktree: a bad --python costs nothing
 
@@ -341,9 +363,9 @@ def _design(args: argparse.Namespace, looks) -> dict:
 def main(args: argparse.Namespace) -> int:
     from gembench.harness.continuous import environments, worktrees
     from gembench.harness.continuous.pairs import run_pairs
-    from gembench.harness.regression import paired, stats
+    from gembench.harness.regression import numerics, opdiff, paired, stats
     from gembench.harness.regression.sequential import Looks, decided, worth_another_batch
-    from gembench.harness.report.verdicts import render_paired
+    from gembench.harness.report.verdicts import render_changes, render_paired
     from gembench.harness.store.results import differences, field
 
     check_continuous_args(args)
@@ -412,12 +434,14 @@ def main(args: argparse.Namespace) -> int:
     if looks is not None and looks.history:  # the verdict is the last look's, at its alpha
         alpha = looks.history[-1]["alpha"]
     judgements = paired.judge_rounds(rounds, metrics, alpha, *plan["judging"])
-    code = paired.exit_status(judgements)
+    losses, ops = numerics.judge(rounds, args.loss_tolerance), opdiff.section(rounds)
+    code = numerics.exit_status(paired.exit_status(judgements), losses, args.numerics == "fail")
     minutes = (time.perf_counter() - started) / 60
     notes = differences(rounds[0][0], rounds[0][1], ("config.hash", "run.global_batch", "run.dtype"))
     verdict = {
         0: "continuous: pass",
         1: "continuous: REGRESSION",
+        3: "continuous: NUMERICS CHANGED",
         4: "continuous: INCONCLUSIVE (too noisy: a larger --budget or --max-pairs, or a quieter machine)"
         if args.looking
         else "continuous: INCONCLUSIVE (too noisy: more --pairs)",
@@ -447,6 +471,8 @@ def main(args: argparse.Namespace) -> int:
         "notes": notes,
         "minutes": minutes,
         "rows": paired.rows(judgements),
+        "numerics": losses,
+        "op_changes": ops,
         "exit_status": code,
     } | (environments.document(args.environments) if args.environments else {})
     if args.json_out is not None:  # CI: the table for the job summary, the JSON kept as an artifact
@@ -482,5 +508,6 @@ def main(args: argparse.Namespace) -> int:
     if args.environments:
         header[1:1] = environments.header_lines(args.environments)
     print(render_paired(judgements, header, args.format))
+    print(render_changes(losses, ops, args.format))
     print(verdict)
     return code

@@ -11,6 +11,8 @@ deterministic for a seed (the same code over the same batches dispatches the sam
                 composite decompositions), not the ops an op's own kernel calls inside it. So a
                 custom op (the tiled jagged attention, fbgemm's TBE) counts as one call of its
                 own namespace and adds none, and an inductor graph counts the ops it calls out to.
+  aten_op_counts  the same ops by name and overload ({"aten.mm.default": 12, ...}): what a
+                change of aten_ops consists of (regression/opdiff.py lists the difference).
   host_syncs    CUDA: the synchronising calls ``torch.cuda.set_sync_debug_mode("warn")`` reports
                 during the step, wherever they come from (TorchRec, fbgemm, our ops).
                 CPU, where nothing synchronises: the host reads of tensor values that would
@@ -129,6 +131,8 @@ class _Dispatched(TorchDispatchMode):
             self.owner._depth -= 1
         if func.namespace == "aten":
             self.owner.aten_ops += 1
+            name = str(func)  # aten.mm.default: the op and its overload, as torch names it
+            self.owner.op_counts[name] = self.owner.op_counts.get(name, 0) + 1
             if not self.owner._in_tolist and is_host_read(func, args, kwargs, out, self.owner.exempt):
                 self.owner.host_reads += 1
         return out
@@ -146,6 +150,7 @@ class StepCounter:
         self.device = torch.device(device)
         self.optimizers = optimizers  # their CPU step counters are exempt (host_resident)
         self.aten_ops = 0
+        self.op_counts: dict[str, int] = {}  # aten_ops by op name
         self.host_reads = 0
         self.cuda_syncs: int | None = None
         self._in_tolist = False
@@ -283,6 +288,7 @@ def counters(
     dev = device_counts(events, window)
     return {
         "aten_ops": step.aten_ops,
+        "aten_op_counts": dict(sorted(step.op_counts.items())),
         "host_syncs": step.host_syncs,
         "h2d_bytes": dev["h2d_bytes"] if cuda else 0,
         "kernels": dev["kernels"] if cuda else None,

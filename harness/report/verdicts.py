@@ -88,3 +88,41 @@ def render_paired(judgements: list[stats.Judgement], header: list[str], fmt: str
     if fmt == "markdown":
         return "\n".join(["**gembench continuous**", ""] + [f"- {ln}" for ln in header] + ["", body])
     return "\n".join(header + ["", body])
+
+
+def numerics_line(n: dict) -> str:
+    """One sentence for the ``numerics`` section (regression/numerics.py)."""
+    if n["verdict"] == "not compared":
+        return f"numerics not compared: {n['reason']}"
+    tol = f"{n['dtype']}'s tolerance {n['tolerance']:.0e}"
+    if n["verdict"] == "unchanged":
+        return f"numerics unchanged: {n['steps']} steps' losses, max |rel diff| {n['max_rel_diff']:.1e} within {tol}"
+    f = n["first"]
+    a, b = ("non-finite" if v is None else f"{v:.7g}" for v in (f["base"], f["head"]))
+    where = f"first at step {f['step']} ({f['series']}, pair {f['pair']})"
+    if n["verdict"] == "unreproducible":
+        return f"numerics unreproducible: {n['reason']}, {where}: {a} vs {b} (beyond {tol})"
+    return f"numerics changed: {where}, BASE {a} vs HEAD {b} (rel diff {f['rel_diff']:.1e} > {tol})"
+
+
+def ops_lines(ops: dict, top: int = 10) -> tuple[str, list[str]] | None:
+    """The aten ops added, removed or changed in count per step: a heading and the ``top``
+    biggest changes; None where nothing changed or the counts were not recorded."""
+    changes = ops["changes"]
+    if not ops["recorded"] or not changes:
+        return None
+    more = f", the top {top} of {len(changes)} (all in --format json's op_changes)" if len(changes) > top else ""
+    head = f"aten ops changed per step ({count(ops['base_total'])} -> {count(ops['head_total'])}){more}:"
+    items = [f"{c['op']} {count(c['base'])} -> {count(c['head'])} ({c['kind']})" for c in changes[:top]]
+    return head, items
+
+
+def render_changes(numerics: dict, ops: dict, fmt: str) -> str:
+    """The lines under `continuous`'s table: its numerics, and the ops that changed."""
+    md = fmt == "markdown"
+    lines = ["", ("- " if md else "") + numerics_line(numerics)]
+    listed = ops_lines(ops)
+    if listed:
+        lines.append(("- " if md else "") + listed[0])
+        lines += [f"  - `{x}`" if md else f"  {x}" for x in listed[1]]
+    return "\n".join(lines)

@@ -21,8 +21,9 @@ Schema ``gembench.result/1`` (all times in seconds, FLOPs as floats):
              imbalance_max_mean, exposed_comm_fraction, ab_mfu_ratio, baseline_mfu)
     ab:      (run --ab only) rounds, round ratios, mfu_ratio and its ci95, the baseline's summary
     counters: {aten_ops, host_syncs, h2d_bytes, kernels (null on CPU), graph_breaks, recompiles,
-             source}: cost counters of extra steps after the timed ones (metrics/counters.py),
-             lower is better, deterministic for a seed; the numbers are copied into metrics
+             source, aten_op_counts: {op: count}}: cost counters of extra steps after the timed
+             ones (metrics/counters.py), lower is better, deterministic for a seed; the numbers
+             are copied into metrics (aten_op_counts, the aten ops by name, only in newer results)
     profile: (run --trace only) {trace: path, ranked: "CUDA kernels" | "CPU ops",
              top: [{name, calls, self_us, share}]}: the profiled step's top 10 by self time
     distributed runs add ranks, imbalance and comm: see harness/train/distributed/result.py

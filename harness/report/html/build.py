@@ -230,7 +230,7 @@ def run_details(r: dict) -> str:
     counters = r.get("counters")
     if isinstance(counters, dict):
         ordered = {k: counters[k] for k in COUNTER_ORDER if k in counters}
-        ordered.update({k: v for k, v in counters.items() if k not in ordered})
+        ordered.update({k: v for k, v in counters.items() if k not in ordered and k != "aten_op_counts"})
         counter_html = "<h3>cost counters (lower is better)</h3>" + kv_table(
             {
                 k: ("n/a" if v is None else (si(v) if isinstance(v, (int, float)) and k.endswith("bytes") else v))
