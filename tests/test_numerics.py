@@ -44,7 +44,7 @@ def test_a_change_names_its_first_step_and_both_values():
     assert n["verdict"] == "changed" and n["first"]["timed_step"] == 2 and n["first"]["step"] == 2 + 2  # warm-up 2
     assert n["first"]["base"] == 0.37 and n["first"]["head"] == 0.38
     assert n["first"]["rel_diff"] == pytest.approx(0.01 / 0.38) and n["max_rel_diff"] == pytest.approx(0.21 / 0.5)
-    assert numerics.exit_status(0, n) == 3 and numerics.exit_status(4, n) == 3
+    assert numerics.exit_status(0, n) == 5 and numerics.exit_status(4, n) == 5
     assert numerics.exit_status(1, n) == 1 and numerics.exit_status(0, n, fail=False) == 0
     line = render_changes(n, {"recorded": False, "changes": []}, "markdown").splitlines()[1]
     assert line == (
@@ -71,7 +71,7 @@ def test_a_revision_whose_own_processes_disagree_is_unreproducible():
     n = numerics.judge(rounds)
     assert n["verdict"] == "unreproducible" and n["first"]["within"] == "HEAD" and n["first"]["pair"] == 3
     assert "HEAD's processes differ among themselves (pair 1 against pair 3)" in n["reason"]
-    assert numerics.exit_status(0, n) == 3
+    assert numerics.exit_status(0, n) == 5
 
 
 def test_losses_that_cannot_be_compared_are_said_so():

@@ -15,11 +15,11 @@ the dtype's tolerance (regression/numerics.py), or the numerics changed. --seque
 processes one after the other: for --nproc, --benchmark instructions and revisions older than
 --pace. The measurements behind the defaults are in docs/continuous.md.
 
-exit status (as `gembench gate`):
+exit status (0, 1, 2, 4 as `gembench gate`):
   0  no regression (every metric unchanged or improved)
   1  a metric regressed (a counter beyond its threshold, or a significant slowdown)
-  3  numerics changed: BASE's and HEAD's per-step losses differ beyond the dtype's tolerance, or
-     one revision's own processes disagree (not `gate`'s 3; --numerics report keeps 0 or 4)
+  5  numerics changed: BASE's and HEAD's per-step losses differ beyond the dtype's tolerance, or
+     one revision's own processes disagree (--numerics report keeps 0 or 4)
   4  too noisy to tell within --budget (or --pairs): on a busy runner, treat it as a warning
   2  an error: unknown revision, a revision that fails to run (named, with its error), bad flag
 

@@ -128,9 +128,12 @@ def _where(first: dict, warmup: int, pair: int, label: str | None = None) -> dic
     }
 
 
+NUMERICS_EXIT = 5  # not 3: that is `gate`'s and `compare`'s "not comparable"
+
+
 def exit_status(code: int, numerics: dict, fail: bool = True) -> int:
     """`continuous`'s exit status with the numerics: a regression (1) or an error (2) stands; else,
-    with ``fail``, losses that changed or are not reproducible make it 3."""
+    with ``fail``, losses that changed or are not reproducible make it NUMERICS_EXIT."""
     if fail and code in (0, 4) and numerics["verdict"] in (CHANGED, UNREPRODUCIBLE):
-        return 3
+        return NUMERICS_EXIT
     return code
