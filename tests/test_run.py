@@ -34,7 +34,9 @@ def test_run_writes_an_honest_result(tiny_run):
 def test_run_counts_step_costs_and_prints_them(tiny_run):
     proc, result, _ = tiny_run
     c = result["counters"]
-    assert set(c) == {"aten_ops", "host_syncs", "h2d_bytes", "kernels", "graph_breaks", "recompiles", "source"}
+    keys = {"aten_ops", "aten_op_counts", "host_syncs", "h2d_bytes", "kernels", "graph_breaks", "recompiles"}
+    assert set(c) == keys | {"source"}
+    assert sum(c["aten_op_counts"].values()) == c["aten_ops"]  # the per-op counts add up to the total
     # the optimized step reads nothing back on the host (KJT layout carried by the batch, losses
     # read after the loop; the tiled attention's host plan is inside its op)
     assert c["host_syncs"] == 0

@@ -441,7 +441,7 @@ def main(args: argparse.Namespace) -> int:
     verdict = {
         0: "continuous: pass",
         1: "continuous: REGRESSION",
-        3: "continuous: NUMERICS CHANGED",
+        numerics.NUMERICS_EXIT: "continuous: NUMERICS CHANGED",
         4: "continuous: INCONCLUSIVE (too noisy: a larger --budget or --max-pairs, or a quieter machine)"
         if args.looking
         else "continuous: INCONCLUSIVE (too noisy: more --pairs)",
