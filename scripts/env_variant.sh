@@ -15,7 +15,7 @@ set -euo pipefail
 [ $# -ge 2 ] || { sed -n 2,13p "$0" >&2; exit 2; }
 dest=$1
 spec=$2
-base=${3:-$(cd "$(dirname "$0")/.." && pwd)/.venv}
+base=$(realpath "${3:-$(cd "$(dirname "$0")/.." && pwd)/.venv}")  # a symlinked .venv: its target, which outlives the link
 base_py=$base/bin/python
 [ -x "$base_py" ] || { echo "env_variant.sh: $base_py is not an interpreter; pass the base virtualenv" >&2; exit 2; }
 [ -e "$dest" ] && { echo "env_variant.sh: $dest exists; remove it or pick another DEST" >&2; exit 2; }
