@@ -399,11 +399,11 @@ def main(args: argparse.Namespace) -> int:
 
             for c in co.values():
                 run_setup(args.setup, c, args.timeout, say)
-        looks = None
+        looks, plan = None, None
 
         def enough(rounds, elapsed, per_batch):  # the sequential design's look after a batch
-            nonlocal looks
-            plan = _plan(args, rounds[0][0])
+            nonlocal looks, plan
+            plan = plan or _plan(args, rounds[0][0])  # the thresholds file is read once
             looks = looks or Looks(plan["alpha"], args.pairs)
             if not looks.due(len(rounds)):
                 return False
@@ -428,7 +428,7 @@ def main(args: argparse.Namespace) -> int:
 
     first = rounds[0][0]
     config, hw = field(first, "config.name"), field(first, "env.hardware_class")
-    plan = _plan(args, first)
+    plan = plan or _plan(args, first)
     alpha, (min_effect, _, _, margin) = plan["alpha"], plan["judging"]
     metrics = plan["metrics"]
     if looks is not None and looks.history:  # the verdict is the last look's, at its alpha
