@@ -162,8 +162,13 @@ def test_no_regression_is_said_and_nothing_is_bisected(team, capsys, monkeypatch
     repo, shas = team
     before = _state(repo)
 
-    def pairs(args, co, say, first=0):
-        return [(make_result(seed=2 * r), make_result(seed=2 * r + 1)) for r in range(first, args.pairs)], True
+    def pairs(args, co, say, enough=None):
+        rounds = []
+        for r in range(args.pairs):
+            rounds.append((make_result(seed=2 * r), make_result(seed=2 * r + 1)))
+            if enough is not None and enough(rounds, 0.0, 0.0):
+                break
+        return rounds, True
 
     monkeypatch.setattr("gembench.harness.continuous.pairs.run_pairs", pairs)
     code, out, err = run_cli(["bisect", "HEAD~3", "HEAD", "--repo", str(repo), *MODEL, "--pairs", "4"], capsys)

@@ -57,19 +57,20 @@ def measure(args: argparse.Namespace, co: dict, say, decided) -> tuple[list, obj
     ``decided(judgement)`` or --max-pairs. (rounds, the step_time_s judgement)."""
     from gembench.harness.continuous.pairs import run_pairs
 
-    rounds: list = []
-    want = args.pairs
-    while True:
-        look = copy.copy(args)
-        look.pairs = want
-        more, _ = run_pairs(look, co, say, first=len(rounds))
-        rounds += more
-        j = timing(rounds, args)
-        if j is None:
+    look = copy.copy(args)
+    look.pairs = args.max_pairs
+    last: dict = {}
+
+    def enough(rounds, elapsed, per_batch):  # run_pairs asks after every batch
+        if len(rounds) < args.pairs:
+            return False
+        last["j"] = timing(rounds, args)
+        if last["j"] is None:
             raise UsageError(f"the results carry no {METRIC}: nothing to bisect on")
-        if decided(j) or want >= args.max_pairs:
-            return rounds, j
-        want = min(args.max_pairs, want + args.parallel)
+        return decided(last["j"])
+
+    rounds, _ = run_pairs(look, co, say, enough)
+    return rounds, last["j"]
 
 
 def classify(ratios: list[float], midpoint: float, alpha: float) -> tuple[str, float, float]:

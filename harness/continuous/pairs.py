@@ -22,24 +22,20 @@ from gembench.errors import UsageError
 LABELS = ("BASE", "HEAD")
 
 
-def run_pairs(
-    args: argparse.Namespace, co: dict, say, enough=None, first: int = 0
-) -> tuple[list[tuple[dict, dict]], bool]:
-    """Pairs ``first`` to ``args.pairs`` (more pairs of the same checkouts after ``first`` of them),
-    ``args.parallel`` at a time, progress through ``say``: ([(BASE result, HEAD result)] per pair,
-    whether they took turns). ``enough(rounds, elapsed, per_batch)``, asked after each batch, ends
-    the run early when it says so."""
+def run_pairs(args: argparse.Namespace, co: dict, say, enough=None) -> tuple[list[tuple[dict, dict]], bool]:
+    """Up to ``args.pairs`` pairs, ``args.parallel`` at a time, progress through ``say``:
+    ([(BASE result, HEAD result)] per pair, whether they took turns). ``enough(rounds, elapsed,
+    per_batch)``, asked after each batch, ends the run early when it says so."""
     from gembench.harness.regression import paired
 
     rounds: list[tuple[dict, dict]] = []
     interleaved = not args.sequential
     results_dir = co["BASE"].path.parent / "results"
-    if first == 0:  # no earlier pair's file may pass for a new one's
-        shutil.rmtree(results_dir, ignore_errors=True)
-    results_dir.mkdir(exist_ok=True)
+    shutil.rmtree(results_dir, ignore_errors=True)  # no earlier comparison's file may pass for a new one's
+    results_dir.mkdir()
     durations: list[float] = []  # per pair: its batch's time over the pairs in it
     began = time.perf_counter()
-    for start in range(first, args.pairs, args.parallel):
+    for start in range(0, args.pairs, args.parallel):
         t0 = time.perf_counter()
         batch = []
         for r in range(start, min(start + args.parallel, args.pairs)):
@@ -64,7 +60,7 @@ def run_pairs(
                     shutil.copy(out, args.keep_results / out.name)
             rounds.append((pair["BASE"], pair["HEAD"]))
             durations.append(seconds / len(batch))
-            eta = sum(durations) / len(durations) * (args.pairs - first - len(durations))
+            eta = sum(durations) / len(durations) * (args.pairs - len(durations))
             steps = {label: paired.process_value(pair[label], "step_time_s", args.statistic) for label in LABELS}
             step_text = "".join(f"{label} {1e3 * v:.2f} ms, " for label, v in steps.items() if v)
             where = f" on cpu {cpu}" if interleaved and cpu is not None else ""
