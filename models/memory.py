@@ -56,14 +56,15 @@ SEQUENCE_INPUT_PLAIN_BYTES = 4.25
 # allocator arenas (eager fp32), those plus oneDNN's bf16 kernels and their reordered weights under
 # bf16 autocast (eager bf16), and torch.compile's FX graphs and generated code (compile, bf16).
 # Measured with `gembench run --config tiny` (torch 2.13, 2-core x86), where tensors are a few MiB:
-# eager bf16 rose 126 MiB over 17 MiB of tensors, eager fp32 34 MiB over 18. On CUDA the measured
-# peak is torch.cuda.max_memory_allocated, tensors only: no runtime term.
-CPU_RUNTIME_BYTES = {"eager fp32": 16 * 2**20, "eager bf16": 112 * 2**20, "compile": 280 * 2**20}
+# eager bf16 rose 126 MiB over 17 MiB of tensors; eager fp32 26 MiB over 24, file pages (libraries'
+# code read in as it runs) excepted. On CUDA the measured peak is torch.cuda.max_memory_allocated,
+# tensors only: no runtime term.
+CPU_RUNTIME_BYTES = {"eager fp32": 4 * 2**20, "eager bf16": 112 * 2**20, "compile": 280 * 2**20}
 # The same for one torchrun rank (1 thread, after the rank has set up its process group and its
 # peak): compile grows it less than it grows one process, measured with benchmarks/rank_memory.py
 # on tiny (2 gloo ranks: a 185-204 MiB rise around 12 MiB of tensors); eager as one process
 # (eager bf16 on ranks: 98-111 MiB on tiny, 120-160 MiB on small over the tensors' estimate).
-CPU_RUNTIME_BYTES_RANK = {"eager fp32": 16 * 2**20, "eager bf16": 112 * 2**20, "compile": 180 * 2**20}
+CPU_RUNTIME_BYTES_RANK = {"eager fp32": 4 * 2**20, "eager bf16": 112 * 2**20, "compile": 180 * 2**20}
 # Sequences per tile of the jagged attention op, at most TILE_SCORES scores per head in a tile: its
 # transient scores are per tile.
 ATTENTION_TILE = TILE_MAX

@@ -113,8 +113,8 @@ def check_fits(
 def reset_peak_memory(device: torch.device) -> int:
     """Start a new peak: several runs in one process (asv, --ab, ablate) must not inherit one.
 
-    Returns the memory in use now (CUDA: allocated by tensors; CPU: resident set), the floor
-    that run_memory_bytes subtracts on CPU.
+    Returns the memory in use now (CUDA: allocated by tensors; CPU: resident set less file pages),
+    the floor that run_memory_bytes subtracts on CPU.
     """
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -125,7 +125,7 @@ def reset_peak_memory(device: torch.device) -> int:
             fh.write("5")
     except OSError:
         pass
-    return resident_bytes()
+    return resident_bytes() - file_pages_bytes()
 
 
 def release_free_heap() -> None:
@@ -142,9 +142,23 @@ def release_free_heap() -> None:
 
 def resident_bytes() -> int:
     """The process's resident set now (0 where /proc is missing)."""
+    return _status_bytes("VmRSS")
+
+
+def file_pages_bytes() -> int:
+    """The file-backed part of the resident set (libraries' code and data), 0 where unknown.
+
+    Not the run's memory: a rank forked from the launcher holds none of the libraries' pages
+    until it touches them (fork copies no file-backed page tables), so its RSS would rise by
+    torch's code as it runs, where a fresh process had read it in at import.
+    """
+    return _status_bytes("RssFile")
+
+
+def _status_bytes(field: str) -> int:
     try:
         for line in open("/proc/self/status"):
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     except OSError:
         pass
@@ -153,13 +167,16 @@ def resident_bytes() -> int:
 
 def run_memory_bytes(device: torch.device, start: int) -> tuple[int, str]:
     """The run's measured peak, comparable with memory_estimate: CUDA, the tensors' peak
-    (max_memory_allocated); CPU, how far the resident set rose above ``start`` (the Python, torch
-    and torchrec runtime loaded before the run is not the run's: CPU_RUNTIME_BYTES models what
-    the run itself adds besides tensors)."""
+    (max_memory_allocated); CPU, how far the resident set, file pages excepted, rose above
+    ``start`` (the Python, torch and torchrec runtime loaded before the run is not the run's:
+    CPU_RUNTIME_BYTES models what the run itself adds besides tensors)."""
     peak, source = peak_memory_bytes(device)
     if device.type == "cuda":
         return peak, source
-    return max(0, peak - start), "rise of the process's peak RSS over its RSS when the run began"
+    return (
+        max(0, peak - file_pages_bytes() - start),
+        "rise of the process's peak RSS over its RSS when the run began, file pages excepted",
+    )
 
 
 class SavedForBackward:
