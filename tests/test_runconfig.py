@@ -61,7 +61,7 @@ def test_a_good_request_passes_and_creates_its_trace_folder(tmp_path):
     ],
 )
 def test_the_one_serializer_gives_back_the_same_request(argv):
-    """continuous, ablate --nproc and the launcher build `gembench run` command lines only
+    """continuous, ablate --nproc and --nsys build `gembench run` command lines only
     through RunConfig.to_argv: parsing its output must give back the config it came from, with
     the flags that name a run always written."""
     run = RunConfig.from_namespace(parsed(*argv))
@@ -70,15 +70,6 @@ def test_the_one_serializer_gives_back_the_same_request(argv):
     for flag in ("--config", "--steps", "--warmup", "--stack", "--seed", "--device"):
         assert flag in again
     assert again.count("--set") == len(run.switches)
-
-
-def test_the_ranks_command_line_is_the_run_without_nproc():
-    from gembench.harness.train.distributed.launch import rank_argv
-
-    run = RunConfig.from_namespace(parsed("--config", "tiny", "--nproc", "2", "--set", "compile=off"))
-    argv = rank_argv(run)
-    assert argv[0] == "run" and "--nproc" not in argv
-    assert RunConfig.from_namespace(parsed(*argv[1:])) == RunConfig("tiny", switches=("compile=off",))
 
 
 def test_the_run_config_carries_the_model_to_ranks_and_continuous():

@@ -35,13 +35,12 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-arg", dest="model_args", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-ranks", action="store_true", help="skip the 2-rank check (no torchrun)")
-    p.add_argument("--rank-check", type=Path, default=None, help=argparse.SUPPRESS)  # inside torchrun
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.rank_check is not None:
-        return rank_check(args)
     import torch
+
+    torch.set_num_threads(1)  # before any op: the 2-rank check forks its ranks from this process
 
     from gembench.harness.train import generic as G
     from gembench.harness.train.stack import stack_options
@@ -127,9 +126,7 @@ def _ranks(args, workload) -> tuple[bool, str, str]:
         want = sum(float(workload.loss(workload.forward(model, b), b)) for b in slices) / 2
     with tempfile.TemporaryDirectory(prefix="gembench-check-") as tmp:
         out = Path(tmp) / "ranks.json"
-        argv = ["check-model", args.spec, "--seed", str(args.seed), "--rank-check", str(out)]
-        argv += [a for pair in args.model_args for a in ("--model-arg", pair)]
-        code = relaunch(2, argv)
+        code = relaunch(2, rank_check, args, out)
         if code != 0 or not out.exists():
             return False, "2 gloo ranks (DMP)", f"the 2-rank job failed (exit {code}); its messages are above"
         got = json.loads(out.read_text())
@@ -166,8 +163,8 @@ def _same(a, b) -> bool:
     return True
 
 
-def rank_check(args) -> int:
-    """Inside torchrun: the workload sharded by TorchRec's planner and DMP, the first forward's
+def rank_check(args, out: Path) -> int:
+    """One of the 2 ranks: the workload sharded by TorchRec's planner and DMP, the first forward's
     loss on this rank's slice (fp32), then one backward and dense step; rank 0 writes the losses."""
     import torch
     import torch.distributed as dist
@@ -197,7 +194,7 @@ def rank_check(args) -> int:
         losses = [None] * world
         dist.all_gather_object(losses, float(loss.detach()))
         if rank == 0:
-            args.rank_check.write_text(json.dumps({"loss": losses, "plan": planned.tables, "copied": written}))
+            out.write_text(json.dumps({"loss": losses, "plan": planned.tables, "copied": written}))
         dist.barrier()
     except Exception as err:  # noqa: BLE001  the rank's error as one line
         print(f"gembench check-model: rank {env['rank']}: {type(err).__name__}: {err}", file=sys.stderr, flush=True)

@@ -78,8 +78,8 @@ class RunConfig:
         return cls(**values)
 
     def to_argv(self) -> list[str]:
-        """This request as `gembench run` flags: the one serializer, for the launcher's ranks,
-        `gembench continuous` and `gembench ablate --nproc`. IDENTITY always, the other fields
+        """This request as `gembench run` flags: the one serializer, for `gembench continuous`,
+        `gembench ablate --nproc` and `--nsys`. IDENTITY always, the other fields
         where they differ from their defaults; from_namespace(parse(to_argv())) == self."""
         if self.model is None and not isinstance(self.config, str | Path):
             raise TypeError("to_argv needs a config name or path, not a ModelConfig object")

@@ -2,13 +2,15 @@
 
 Outside torchrun, ``--nproc N`` checks everything a rank would refuse (config, batch split,
 sharding, backend, device count, port, output path) so mistakes cost one line and exit 2, then
-re-executes the same command line under ``python -m torch.distributed.run`` with N ranks on this
-host, a rendezvous on 127.0.0.1 and a free port (or $MASTER_PORT if set). Inside torchrun
-(RANK and WORLD_SIZE set, as for a plain multi-node
+runs torch's elastic agent (torchrun's, with torchrun's own arguments) in this process over N
+ranks on this host, a rendezvous on 127.0.0.1 and a free port (or $MASTER_PORT if set). On CPU
+the ranks are forked from this process, which has imported the stack already and kept torch on
+one thread (a forked OpenMP pool hangs); on CUDA they are spawned. Inside torchrun (RANK and
+WORLD_SIZE set, as for a plain multi-node
 ``torchrun --nnodes 2 --nproc_per_node 8 --rdzv-endpoint host:port -m gembench run ...``)
 the process runs as its rank (rank.py).
 
-A failing rank ends the job: torchrun stops the other ranks when one exits non-zero, and a hung
+A failing rank ends the job: the agent stops the other ranks when one exits non-zero, and a hung
 rank is ended by its watchdog after ``--timeout`` seconds (watchdog.py); the exit status is then
 non-zero and no result is written.
 """
@@ -16,10 +18,10 @@ non-zero and no result is written.
 from __future__ import annotations
 
 import os
+import signal
 import socket
-import subprocess
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from gembench.errors import UsageError
 
@@ -60,27 +62,22 @@ def main(args: RunConfig) -> int:
         from gembench.harness.train.distributed.rank import main as rank_main
 
         return rank_main(args, env)
+    import torch
+
+    torch.set_num_threads(1)  # before any op: the ranks are forked from this process
     check(args)
     from gembench.harness.store.reservation import HELD_ENV, OUTCOME_ENV, Reservation
 
     if args.out is None:
-        return relaunch(args.nproc, rank_argv(args))
+        return relaunch(args.nproc, main, args)
     # held for the whole job; rank 0 writes under it (HELD_ENV) and reports a failed write in
     # the outcome file, so the job exits 2 after the table rather than as a failed rank
     import tempfile
 
     with Reservation.take(args.out) as held, tempfile.NamedTemporaryFile("r", prefix="gembench-outcome-") as outcome:
         extra = {HELD_ENV: str(held.path.resolve()), OUTCOME_ENV: outcome.name}
-        code = relaunch(args.nproc, rank_argv(args), extra)
+        code = relaunch(args.nproc, main, args, extra_env=extra)
         return 2 if code == 0 and outcome.read().strip() == "write-failed" else code
-
-
-def rank_argv(args: RunConfig) -> list[str]:
-    """The ranks' command line: this run without --nproc (the ranks take the world size from
-    torchrun, whose own parser would take --nproc for a prefix of its --nproc-per-node)."""
-    from dataclasses import replace
-
-    return ["run", *replace(args, nproc=None).to_argv()]
 
 
 def check(args: RunConfig) -> None:
@@ -144,8 +141,19 @@ def check_job(args: RunConfig, nnodes: int):
     return cfg
 
 
-def relaunch(nproc: int, argv: list[str], extra_env: dict | None = None) -> int:
-    """Run ``gembench <argv>`` as ``nproc`` torchrun ranks on this host; torchrun's exit status."""
+def relaunch(nproc: int, entry: Callable[..., int], *entry_args, extra_env: dict | None = None) -> int:
+    """Run ``entry(*entry_args)`` as ``nproc`` ranks on this host (it returns the rank's exit
+    status) under torch's elastic agent in this process; 0 when every rank exited 0, else 1.
+
+    The ranks are forked when this process runs torch on one thread (callers set that before
+    their first op: a fork of a live OpenMP pool hangs) and nothing has touched CUDA, else
+    spawned."""
+    import torch
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import elastic_launch
+    from torch.distributed.run import config_from_args, get_args_parser
+
     if os.environ.get("MASTER_PORT"):
         port = int(os.environ["MASTER_PORT"])
         if not port_free(port):
@@ -155,34 +163,55 @@ def relaunch(nproc: int, argv: list[str], extra_env: dict | None = None) -> int:
             )
     else:
         port = free_port()
-    env = {**os.environ, **(extra_env or {})}
+    fork = torch.get_num_threads() == 1 and not torch.cuda.is_initialized()
+    # torchrun's own parser and config: what `torchrun --nproc-per-node N -m gembench` would run
+    torchrun = get_args_parser().parse_args(
+        [
+            *("--nnodes", "1", "--nproc-per-node", str(nproc), "--max-restarts", "0"),
+            *("--master-addr", HOST, "--master-port", str(port)),
+            *("--start-method", "fork" if fork else "spawn", "gembench"),
+        ]
+    )
+    saved = dict(os.environ)
     # Ranks share the cores: one rank per core slice, not every rank on every core.
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nnodes",
-        "1",
-        "--nproc_per_node",
-        str(nproc),
-        "--master_addr",
-        HOST,
-        "--master_port",
-        str(port),
-        "--max_restarts",
-        "0",
-        "-m",
-        "gembench",
-        *argv,
-    ]
-    proc = subprocess.run(cmd, env=env)
-    if proc.returncode != 0:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    os.environ.update(extra_env or {})
+    try:
+        config, _, _ = config_from_args(torchrun)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        elastic_launch(config, entrypoint=as_rank)(entry, *entry_args)
+    except ChildFailedError as err:
         print(
-            f"gembench run: the {nproc}-rank run failed (torchrun exit status {proc.returncode}); "
+            f"gembench: the {nproc}-rank job failed ({_failures(err)}); "
             "the rank messages above say which rank and stage; no result written",
             file=sys.stderr,
             flush=True,
         )
         return 1
+    except SignalException as err:
+        if err.sigval == signal.SIGINT:
+            raise KeyboardInterrupt from None
+        raise
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
     return 0
+
+
+def as_rank(entry: Callable[..., int], *entry_args) -> None:
+    """One rank, as a process of its own would start: the torch threads its environment asks for,
+    Ctrl-C as KeyboardInterrupt and SIGTERM's default end (a fork inherits the agent's handlers)."""
+    import torch
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    code = entry(*entry_args)
+    if code:
+        sys.exit(code)
+
+
+def _failures(err) -> str:
+    """'rank 1 exit status 2' for each failed rank of the agent's error."""
+    return ", ".join(f"rank {r} exit status {f.exitcode}" for r, f in sorted(err.failures.items()))
