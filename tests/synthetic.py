@@ -128,6 +128,30 @@ def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
     return code, out, err
 
 
+def cli_in_process(*args, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`gembench ARGS` in this process, as gembench_cli's CompletedProcess (for the commands that
+    neither fork nor change process state: a process of its own costs an import of torch and
+    TorchRec); ``env`` is set around it."""
+    import contextlib
+    import io
+
+    from gembench.harness import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    saved = dict(os.environ)
+    os.environ.update(env or {})
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = cli.main(list(args))
+            except SystemExit as done:  # argparse's own refusals
+                code = done.code if isinstance(done.code, int) else 2
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return subprocess.CompletedProcess(["gembench", *args], code, out.getvalue(), err.getvalue())
+
+
 def gembench_cli(*args, env=None, cwd=None, timeout=600, library_warnings=False):
     """`python -m gembench ARGS` as a user runs it: the CompletedProcess (text, output captured).
     Library warnings are off (PYTHONWARNINGS=ignore) unless ``library_warnings``, where they are
