@@ -1,10 +1,10 @@
 """Each rank's memory estimate against its measured rise, for ddp/fsdp x none/hstu checkpointing.
 
 The grid of the dense-side switches (tiny and small on 2 gloo ranks), one `gembench run --nproc N` per cell,
-printed with the ratio and whether it is inside 0.7-1.5. The test suite holds the same eight cells
-without compile (tests/test_parallelize.py: tiny in fp32; tests/test_rank_memory.py: small in bf16);
-this prints them for any
-stack (about 4 minutes on 2 cores with the default, compiled one).
+printed with the ratio and whether it is inside 0.7-1.5. The test suite holds these cells without
+compile (tests/test_parallelize.py: tiny in fp32, all four; tests/test_rank_memory.py: small in bf16,
+ddp and fsdp+hstu); this prints them all for any stack (about 4 minutes on 2 cores with the default,
+compiled one).
 
   python benchmarks/rank_memory.py                        # tiny and small, the optimized stack
   python benchmarks/rank_memory.py --configs small --set compile=off

@@ -28,8 +28,12 @@ def run(tmp_path, *args):
     return json.loads(out.read_text())
 
 
-@pytest.mark.parametrize("config", ["tiny", "small"])
-@pytest.mark.parametrize("stack", ["baseline", "optimized"])
+@pytest.mark.parametrize(
+    "config, stack",
+    # small optimized is left out: its cold compile costs minutes, and its parts are held apart
+    # (compile's runtime term on tiny, small's bf16 tensors on ranks in test_rank_memory.py)
+    [("tiny", "baseline"), ("tiny", "optimized"), ("small", "baseline")],
+)
 def test_estimate_is_within_0_7_to_1_5_of_the_measured_peak(request, tmp_path, config, stack):
     if (config, stack) == ("tiny", "optimized"):  # the session's shared run (conftest) is this one
         result = request.getfixturevalue("tiny_run")[1]
