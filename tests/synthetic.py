@@ -181,3 +181,19 @@ def package_pyproject(name: str) -> str:
         '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
         f'[project]\nname = "{name}"\nversion = "0.0.1"\n[tool.setuptools]\npackages = ["{name}"]\n'
     )
+
+
+def schema_and_readers_agree(out: Path, tmp_path: Path, capsys) -> None:
+    """A real result at ``out`` validates, every top-level field it has is described in the
+    schema, and the readers take it: a bundle of it validates, and it compares with itself."""
+    from gembench.harness.commands.promote import promote
+    from gembench.harness.store import results
+    from gembench.harness.store.schema import schema_dir
+
+    result = results.load_result(out)  # raises, naming the field, if the writer broke the schema
+    schema = json.loads((schema_dir() / "result-1.json").read_text())
+    undescribed = set(result) - set(schema["properties"])
+    assert not undescribed, f"describe {sorted(undescribed)} in results/schema/result-1.json"
+    target, _ = promote([result], tmp_path / "baselines", allow_dirty=True)
+    assert results.load_runs(target)[0]["id"] == result["id"]
+    assert run_cli(["compare", str(out), str(target)], capsys)[0] == 0

@@ -11,7 +11,7 @@ import socket
 import time
 
 import pytest
-from synthetic import gembench_cli, run_cli
+from synthetic import gembench_cli, run_cli, schema_and_readers_agree
 
 from gembench.errors import UsageError
 from gembench.harness.train.distributed.plan import parse_sharding
@@ -128,6 +128,10 @@ def test_library_noise_is_kept_off_the_terminal_unless_verbose(table_wise, row_w
     assert "library message(s) off the terminal" in quiet.stderr and "--verbose" in quiet.stderr
     # the planner's logging warning (not silenced by the fixtures' PYTHONWARNINGS=ignore) is back
     assert "The topology was constructed directly" in verbose.stderr
+
+
+def test_schema_and_writer_agree_on_the_distributed_result(table_wise, tmp_path, capsys):
+    schema_and_readers_agree(table_wise[2] / "r.json", tmp_path, capsys)
 
 
 def test_mfu_basis_and_coverage_say_what_they_are(table_wise):

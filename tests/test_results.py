@@ -4,14 +4,14 @@ import json
 import os
 
 import pytest
-from synthetic import gembench_cli, make_result, run_cli, save
+from synthetic import gembench_cli, make_result, run_cli, save, schema_and_readers_agree
 
 from gembench.errors import UsageError
 from gembench.harness.commands.promote import promote
 from gembench.harness.store import results
 from gembench.harness.store.schema import schema_dir
 
-pytestmark = pytest.mark.reads_shared_runs("tiny_run", "table_wise")  # by request.getfixturevalue
+pytestmark = pytest.mark.reads_shared_runs("tiny_run")  # by request.getfixturevalue
 
 
 def test_write_is_atomic_and_never_overwrites(tmp_path):
@@ -102,30 +102,19 @@ AB_RUN += ["--set", "compile=off"]
 
 @pytest.fixture
 def real_result(request, tmp_path):
-    """The path of a real result of each kind: one process and N ranks are the session's shared
-    runs (conftest), --ab is made here."""
+    """The path of a real result of each kind: one process is the session's shared run (conftest),
+    --ab is made here (N ranks: tests/test_distributed.py, beside the shared 2-rank run)."""
     if request.param == "tiny":
         return request.getfixturevalue("tiny_run")[2]
-    if request.param == "distributed":
-        return request.getfixturevalue("table_wise")[2] / "r.json"
     out = tmp_path / "ab.json"
     proc = gembench_cli("run", *AB_RUN, "--quiet", "--out", str(out), timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
 
 
-@pytest.mark.parametrize("real_result", ["tiny", "ab", "distributed"], indirect=True)
+@pytest.mark.parametrize("real_result", ["tiny", "ab"], indirect=True)
 def test_schema_and_writer_agree_on_real_results(tmp_path, capsys, real_result):
-    out = real_result
-    result = results.load_result(out)  # raises, naming the field, if the writer broke the schema
-    # every top-level field the writer emits is described in the schema (typed when present)
-    schema = json.loads((schema_dir() / "result-1.json").read_text())
-    undescribed = set(result) - set(schema["properties"])
-    assert not undescribed, f"describe {sorted(undescribed)} in results/schema/result-1.json"
-    # and the readers take it: a bundle of it validates, and it compares with itself
-    target, _ = promote([result], tmp_path / "baselines", allow_dirty=True)
-    assert results.load_runs(target)[0]["id"] == result["id"]
-    assert run_cli(["compare", str(out), str(target)], capsys)[0] == 0
+    schema_and_readers_agree(real_result, tmp_path, capsys)
 
 
 def test_committed_baselines_validate():
