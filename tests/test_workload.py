@@ -10,7 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from synthetic import gembench_cli, run_cli
+from synthetic import cli_in_process, gembench_cli, run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -99,14 +99,14 @@ def test_check_model_passes_on_the_examples(example):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Each example run on one process and on 2 gloo ranks."""
+    """Each example run on one process (in this one, as ablate's runs are) and on 2 gloo ranks."""
     tmp = tmp_path_factory.mktemp("workload-runs")
     out = {}
     for name, (spec, args) in {"dlrm": DLRM, "two_tower": TWO_TOWER}.items():
         for nproc in (1, 2):
             path = tmp / f"{name}-{nproc}.json"
-            extra = ["--nproc", "2"] if nproc == 2 else []
-            proc = gembench_cli("run", *model_flags(spec, args), *SHORT, *extra, "--out", str(path))
+            argv = ["run", *model_flags(spec, args), *SHORT, "--out", str(path)]
+            proc = gembench_cli(*argv, "--nproc", "2") if nproc == 2 else cli_in_process(*argv)
             assert proc.returncode == 0, proc.stderr[-3000:]
             out[name, nproc] = path
     return out

@@ -40,7 +40,8 @@ def configure(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     import torch
 
-    torch.set_num_threads(1)  # before any op: the 2-rank check forks its ranks from this process
+    if not args.no_ranks:
+        torch.set_num_threads(1)  # before any op: the 2-rank check forks its ranks from this process
 
     from gembench.harness.train import generic as G
     from gembench.harness.train.stack import stack_options
