@@ -24,7 +24,7 @@ from gembench.harness.continuous import bisect as B
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 SETUP = 'python -m pip install -q --no-deps --no-build-isolation --target "$GEMBENCH_OVERLAY" .'
 MODEL = ["--model", "model.py:two_tower", "--model-arg", "batch=16", "--model-arg", "max_rows=200"]
-SHORT = ["--stack", "baseline", "--steps", "40", "--warmup", "1", "--pairs", "2", "--setup", SETUP]
+SHORT = ["--stack", "baseline", "--steps", "20", "--warmup", "1", "--pairs", "2", "--setup", SETUP]
 PYPROJECT = """[build-system]
 requires = ["setuptools"]
 build-backend = "setuptools.build_meta"
