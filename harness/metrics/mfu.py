@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy import stats
 
 # Which share of the training FLOPs each stage performs: the forward pass in dense_forward,
 # its two backward GEMMs (grad input, grad weight) in backward.
@@ -51,8 +50,12 @@ def median_ci(xs, confidence: float = 0.95) -> tuple[float, float]:
     n = len(xs)
     if n < 3:
         return float(xs[0]), float(xs[-1])
-    lo = int(stats.binom.ppf((1 - confidence) / 2, n, 0.5))
-    hi = int(stats.binom.isf((1 - confidence) / 2, n, 0.5))
+    from scipy.special import bdtr  # the binomial CDF; scipy.stats costs every run most of a second to import
+
+    q = (1 - confidence) / 2
+    cdf = bdtr(np.arange(n + 1), n, 0.5)
+    lo = int(np.argmax(cdf >= q))  # binom.ppf(q): the least k with P(X <= k) >= q
+    hi = int(np.argmax(1 - cdf <= q))  # binom.isf(q): the least k with P(X > k) <= q
     return float(xs[max(lo - 1, 0)]), float(xs[min(hi, n - 1)])
 
 
