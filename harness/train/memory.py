@@ -125,7 +125,8 @@ def reset_peak_memory(device: torch.device) -> int:
             fh.write("5")
     except OSError:
         pass
-    return resident_bytes() - file_pages_bytes()
+    now = _proc_status("VmRSS", "RssFile")
+    return now["VmRSS"] - now["RssFile"]
 
 
 def release_free_heap() -> None:
@@ -140,41 +141,35 @@ def release_free_heap() -> None:
         pass
 
 
-def resident_bytes() -> int:
-    """The process's resident set now (0 where /proc is missing)."""
-    return _status_bytes("VmRSS")
-
-
-def file_pages_bytes() -> int:
-    """The file-backed part of the resident set (libraries' code and data), 0 where unknown.
-
-    Not the run's memory: a rank forked from the launcher holds none of the libraries' pages
-    until it touches them (fork copies no file-backed page tables), so its RSS would rise by
-    torch's code as it runs, where a fresh process had read it in at import.
-    """
-    return _status_bytes("RssFile")
-
-
-def _status_bytes(field: str) -> int:
+def _proc_status(*fields: str) -> dict[str, int]:
+    """These fields of /proc/self/status in bytes, read in one pass; 0 for each it lacks (no /proc)."""
+    found = dict.fromkeys(fields, 0)
     try:
-        for line in open("/proc/self/status"):
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                name, _, value = line.partition(":")
+                if name in found:
+                    found[name] = int(value.split()[0]) * 1024
     except OSError:
         pass
-    return 0
+    return found
 
 
 def run_memory_bytes(device: torch.device, start: int) -> tuple[int, str]:
     """The run's measured peak, comparable with memory_estimate: CUDA, the tensors' peak
     (max_memory_allocated); CPU, how far the resident set, file pages excepted, rose above
     ``start`` (the Python, torch and torchrec runtime loaded before the run is not the run's:
-    CPU_RUNTIME_BYTES models what the run itself adds besides tensors)."""
+    CPU_RUNTIME_BYTES models what the run itself adds besides tensors).
+
+    File pages (RssFile: the libraries' code and data) are not the run's memory either: a rank
+    forked from the launcher holds none of them until it touches them (fork copies no
+    file-backed page tables), so its RSS would rise by torch's code as it runs, where a fresh
+    process had read it in at import."""
     peak, source = peak_memory_bytes(device)
     if device.type == "cuda":
         return peak, source
     return (
-        max(0, peak - file_pages_bytes() - start),
+        max(0, peak - _proc_status("RssFile")["RssFile"] - start),
         "rise of the process's peak RSS over its RSS when the run began, file pages excepted",
     )
 
@@ -233,11 +228,8 @@ def memory_fields(estimate: dict, measured: int, source: str) -> dict:
 def peak_memory_bytes(device: torch.device) -> tuple[int, str]:
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device)), "torch.cuda.max_memory_allocated"
-    try:
-        for line in open("/proc/self/status"):
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024, "peak RSS of the process since the run began"
-    except OSError:
-        pass
+    hwm = _proc_status("VmHWM")["VmHWM"]
+    if hwm:
+        return hwm, "peak RSS of the process since the run began"
     # ru_maxrss (KiB on Linux) never resets: the peak of the whole process's life.
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "peak RSS of the process"

@@ -5,8 +5,8 @@ sharding, backend, device count, port, output path) so mistakes cost one line an
 runs torch's elastic agent (torchrun's, with torchrun's own arguments) in this process over N
 ranks on this host, a rendezvous on 127.0.0.1 and a free port (or $MASTER_PORT if set). The
 ranks are forked from this process, which has imported the stack already, kept torch on one
-thread (a forked OpenMP pool hangs) and left CUDA uninitialized; else spawned. Inside torchrun (RANK and
-WORLD_SIZE set, as for a plain multi-node
+thread (a forked OpenMP pool hangs) and left CUDA uninitialized; else spawned. Inside torchrun
+(RANK and WORLD_SIZE set, as for a plain multi-node
 ``torchrun --nnodes 2 --nproc_per_node 8 --rdzv-endpoint host:port -m gembench run ...``)
 the process runs as its rank (rank.py).
 
