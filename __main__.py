@@ -1,5 +1,3 @@
-import sys
+from gembench.harness.cli import entry
 
-from gembench.harness.cli import main
-
-sys.exit(main())
+entry()
