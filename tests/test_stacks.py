@@ -16,7 +16,7 @@ from gembench.harness.train.step import run_steps
 from gembench.models.config import load_config
 from gembench.models.data import SyntheticData
 
-STEPS = 6
+STEPS = 8  # the shared tiny run's warm-up and timed steps (tests/conftest.py)
 
 
 def losses(cfg, options):
@@ -47,9 +47,16 @@ def test_fp32_kernels_match_exactly(tiny, baseline_losses):
     assert losses(tiny, fp32) == pytest.approx(baseline_losses, rel=1e-4)
 
 
-def test_optimized_stack_tracks_baseline(tiny, baseline_losses):
-    optimized = losses(tiny, STACKS["optimized"])  # bf16 + torch.compile included
-    assert optimized == pytest.approx(baseline_losses, rel=BF16_LOSS_RTOL)
+def test_optimized_stack_tracks_baseline(tiny_run, baseline_losses):
+    """The optimized stack (bf16 + torch.compile) as `gembench run --config tiny` ran it (the
+    session's shared run, its own process) against the baseline here, batch for batch: seed 0,
+    batch i at step i, the timed steps after the warm-up."""
+    _, result, _ = tiny_run
+    run = result["run"]
+    assert (
+        run["seed"] == 0 and run["warmup"] + run["steps"] == STEPS and run["options"] == STACKS["optimized"].to_dict()
+    )
+    assert result["samples"]["loss"] == pytest.approx(baseline_losses[run["warmup"] :], rel=BF16_LOSS_RTOL)
 
 
 def test_broken_optimizer_is_caught(tiny, baseline_losses):
