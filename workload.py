@@ -5,7 +5,8 @@ pkg.mod:factory`` or ``--model path/file.py:factory`` (``--model-arg key=value``
 arguments). The harness reads only this: TorchRec table configs (the planner's input), a pure
 ``nn.Module`` whose sparse part is TorchRec modules (so DMP can shard it; it must build on the meta
 device), a seeded batch source, a loss, and optionally a FLOPs formula, block names, sharders,
-constraints and the stack switches it does not support. gembench's own configs are one provider
+constraints, the stack switches it does not support, and for `project` its FLOPs per example, ID
+skew and memory estimate. gembench's own configs are one provider
 of it (models/zoo.py). This module sits below models/ and harness/ and imports neither.
 """
 
@@ -36,6 +37,12 @@ class Workload:
     loss(output, batch) -> scalar         required; forward(model, batch) -> output: model(batch)
     forward_flops(batch) -> {block: FLOPs}   forward FLOPs of one batch (None: counted once)
     pooling() -> {table: mean IDs per example}   for the planner (default: 1 per feature)
+    row_skew() -> {table: Zipf exponent}  IDs by a power law, hottest rows first (default: uniform)
+    flops_per_example() -> {block: FLOPs}  expected forward FLOPs of one example, for `project`
+                                          (None: forward_flops of a batch, else counted)
+    memory_estimate(batch, stack, device_type, shards) -> {dense, activations, transient} bytes
+                                          of one rank, for `project`'s fit (None: the dense state
+                                          from the parameter shapes, activations not estimated)
     blocks() -> submodule paths           dense blocks: activation_checkpointing=all wraps each
     compiled() -> submodule paths         compiled under compile=on (default: none, so compile
                                           is not applied and the result says so)
@@ -67,6 +74,15 @@ class Workload:
 
     def pooling(self) -> dict[str, float]:
         return {}
+
+    def row_skew(self) -> dict[str, float]:
+        return {}
+
+    def flops_per_example(self) -> dict[str, float] | None:
+        return None
+
+    def memory_estimate(self, batch: int, stack, device_type: str, shards: int) -> dict[str, float] | None:
+        return None
 
     def blocks(self) -> tuple[str, ...]:
         return ()

@@ -14,11 +14,13 @@ from gembench.models.blocks import dense_blocks, dense_roots, largest_block_para
 from gembench.models.config import ModelConfig, load_config
 from gembench.models.content import content_input_bytes  # noqa: F401
 from gembench.models.cross import SequenceSummary, summary_flops  # noqa: F401
-from gembench.models.data import SyntheticData, expected_ids_per_example
-from gembench.models.flops import batch_forward_flops
+from gembench.models.data import SyntheticData, expected_ids_per_example, id_exponents
+from gembench.models.flops import batch_forward_flops, forward_flops_per_example
 from gembench.models.gem import build_model
 from gembench.models.heads import multitask_loss, task_losses  # noqa: F401
 from gembench.models.hstu import hstu_attention_flops  # noqa: F401
+from gembench.models.memory import memory_estimate as config_memory
+from gembench.models.memory import parameter_counts
 from gembench.models.ops.pytorch.hstu_attention import hstu_jagged_attention, hstu_padded_attention  # noqa: F401
 from gembench.models.sparse import pooled_tables, sequence_tables
 from gembench.workload import Workload
@@ -66,6 +68,17 @@ class ZooWorkload(Workload):
 
     def pooling(self):
         return expected_ids_per_example(self.cfg)
+
+    def row_skew(self):
+        return {} if self.cfg.data.id_layout == "hashed" else id_exponents(self.cfg)
+
+    def flops_per_example(self):
+        return forward_flops_per_example(self.cfg)
+
+    def memory_estimate(self, batch, stack, device_type, shards):
+        if not hasattr(self, "_counts"):
+            self._counts = parameter_counts(self.cfg)
+        return config_memory(self.cfg, batch, counts=self._counts, stack=stack, device_type=device_type, shards=shards)
 
     def blocks(self):
         return tuple(name for name, _ in dense_blocks(self.build(torch.device("meta"))))

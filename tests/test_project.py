@@ -16,11 +16,13 @@ from gembench.errors import UsageError
 from gembench.harness.metrics.comm import bus_factor
 from gembench.harness.projection.cluster import KINDS, PRESETS, load_cluster
 from gembench.harness.projection.cost import EMB_BYTES, collective_time, volumes
+from gembench.harness.projection.subject import Subject
 from gembench.harness.store.schema import validate
 from gembench.models.config import load_config
 from gembench.models.data import expected_ids_per_example
 
 H100 = PRESETS["h100"]
+of = Subject.of_config  # a config as the projection reads it
 
 
 def _gembench(*args, env=None):
@@ -68,7 +70,7 @@ def _plan(kind: str, world: int, rows: int = 1000, dim: int = 16) -> dict:
 def test_a_plans_lookup_volume_is_the_global_batchs_ids_wherever_they_land():
     cfg = load_config("tiny")
     ids = {"table_t0": 3.0}
-    tw, rw = volumes(cfg, _plan("table_wise", 4), ids, 4, 8), volumes(cfg, _plan("row_wise", 4), ids, 4, 8)
+    tw, rw = volumes(of(cfg), _plan("table_wise", 4), ids, 4, 8), volumes(of(cfg), _plan("row_wise", 4), ids, 4, 8)
     total = 4 * 8 * 3.0 * 16 * EMB_BYTES
     assert tw["lookup"].sum() == pytest.approx(total) and rw["lookup"].sum() == pytest.approx(total)
     # table-wise puts all of it on one rank (imbalance 4 on 4 ranks), row-wise spreads it
@@ -85,7 +87,10 @@ def test_sorted_ids_load_the_first_row_shard_with_the_head():
     cfg = load_config("tiny")
     ids = {"table_t0": 3.0}
     sorted_cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, id_layout="sorted"))
-    hashed, head = volumes(cfg, _plan("row_wise", 4), ids, 4, 8), volumes(sorted_cfg, _plan("row_wise", 4), ids, 4, 8)
+    hashed, head = (
+        volumes(of(cfg), _plan("row_wise", 4), ids, 4, 8),
+        volumes(of(sorted_cfg), _plan("row_wise", 4), ids, 4, 8),
+    )
     assert head["lookup"].sum() == pytest.approx(hashed["lookup"].sum())  # the same lookups, elsewhere
     assert np.allclose(hashed["lookup"], hashed["lookup"].mean())
     assert head["lookup"][0] > 2 * head["lookup"][1:].max()  # shard 0 holds the hot rows
@@ -103,7 +108,7 @@ def _pricer(cfg, world, batch, cluster=H100, compute=None, **kw):
     from gembench.harness.projection.cost import Compute, Pricer
 
     compute = compute or Compute({"dense_forward": 1e-9, "backward": 2e-9}, 1e-5, 1.0 / 1.6e12, "test")
-    return Pricer(cfg, expected_ids_per_example(cfg), world, batch, cluster, compute, **kw)
+    return Pricer(of(cfg), expected_ids_per_example(cfg), world, batch, cluster, compute, **kw)
 
 
 def _twrw(rows: int, dim: int, node: int, g: int = 8) -> dict:
@@ -121,7 +126,7 @@ def test_table_row_wise_reduce_scatters_in_its_node_then_sends_each_gpus_share_o
     GPUs, then an all-to-all of one GPU per node carries each example's row to its rank."""
     cfg = load_config("dcnv2-mlperf")
     world, batch, dim = 16, 32, cfg.sparse.dim
-    v = volumes(cfg, {"table_t0": _twrw(cfg.sparse.rows[0], dim, node=1)}, {"table_t0": 3.0}, world, batch)
+    v = volumes(of(cfg), {"table_t0": _twrw(cfg.sparse.rows[0], dim, node=1)}, {"table_t0": 3.0}, world, batch)
     gb = world * batch
     assert np.allclose(v["rs_in"][8:], gb * dim * EMB_BYTES) and not v["rs_in"][:8].any()
     assert np.allclose(v["cross_send"][8:], gb / 8 * dim * EMB_BYTES) and not v["cross_send"][:8].any()
@@ -138,7 +143,7 @@ def test_a_data_parallel_table_is_looked_up_at_home_and_all_reduced_with_the_den
     cfg = load_config("tiny")
     world, batch, rows, dim = 4, 8, 5000, cfg.sparse.dim
     dp = {"table_t1": {"sharding": "data_parallel", "ranks": list(range(world)), "shard_sizes": [[rows, dim]] * world}}
-    v = volumes(cfg, dp, {"table_t1": 2.0}, world, batch)
+    v = volumes(of(cfg), dp, {"table_t1": 2.0}, world, batch)
     assert np.allclose(v["lookup"], batch * 2.0 * dim * EMB_BYTES) and v["dp_params"] == rows * dim
     assert not (v["kjt_send"].any() or v["a2a_send"].any() or v["rs_in"].any()) and v["groups"] == 0
     with_dp = _pricer(cfg, world, batch).price(dp)
@@ -154,7 +159,7 @@ def test_table_row_wise_crosses_the_nodes_in_a_group_of_one_gpu_per_node():
     cfg = load_config("dcnv2-mlperf")
     world, batch, dim, nodes = 32, 16, cfg.sparse.dim, 4
     plan = {"table_t0": _twrw(cfg.sparse.rows[0], dim, node=2)}
-    v = volumes(cfg, plan, {"table_t0": 3.0}, world, batch)
+    v = volumes(of(cfg), plan, {"table_t0": 3.0}, world, batch)
     row = _pricer(cfg, world, batch).price(plan)
     node_rs = collective_time(H100, "reduce_scatter", float(v["rs_in"].max()), 8, kind="embedding_reduce_scatter")
     cross = float(np.maximum(v["cross_send"], v["cross_recv"]).max())
@@ -198,8 +203,8 @@ def test_grid_sends_every_id_to_each_column_block():
         "shard_sizes": [[per, half]] * 16,
         "shard_offsets": [[(i % 8) * per, (i // 8) * half] for i in range(16)],
     }
-    v = volumes(cfg, {"table_t0": grid}, {"table_t0": 3.0}, world, batch)
-    twrw = volumes(cfg, {"table_t0": _twrw(rows, dim, node=0)}, {"table_t0": 3.0}, world, batch)
+    v = volumes(of(cfg), {"table_t0": grid}, {"table_t0": 3.0}, world, batch)
+    twrw = volumes(of(cfg), {"table_t0": _twrw(rows, dim, node=0)}, {"table_t0": 3.0}, world, batch)
     assert np.allclose(v["kjt_send"], 2 * twrw["kjt_send"])  # two column blocks: the IDs twice
     assert v["lookup"].sum() == pytest.approx(twrw["lookup"].sum()) and v["lookup"].max() < twrw["lookup"].max()
 
@@ -215,11 +220,11 @@ def test_the_critical_path_names_the_stage_and_the_gpu_that_sets_it():
     slow_hbm = Compute({"dense_forward": 1e-9, "backward": 2e-9}, 1e-6, 1e-9, "test")
     from gembench.harness.projection.cost import Pricer
 
-    row = Pricer(cfg, ids, 8, 64, H100, slow_hbm).price(plan)
+    row = Pricer(of(cfg), ids, 8, 64, H100, slow_hbm).price(plan)
     assert row["critical_path"] == {**row["critical_path"], "stage": "backward", "gpu": 3, "set_by": "lookup bytes"}
     assert row["most_loaded"]["lookup_bytes"]["gpu"] == 3 and row["stages"]["embedding_lookup"]["gpu"] == 3
     heavy = Compute({"dense_forward": 1e-3, "backward": 2e-3}, 1e-6, 1e-15, "test")
-    row = Pricer(cfg, ids, 8, 64, H100, heavy).price(plan)
+    row = Pricer(of(cfg), ids, 8, 64, H100, heavy).price(plan)
     assert row["critical_path"]["stage"] == "backward" and row["critical_path"]["set_by"] == "dense compute"
 
 
@@ -227,20 +232,20 @@ def test_the_planner_is_offered_what_torchrec_has_where_it_applies():
     from gembench.harness.projection.offline_plan import DP_MAX_BYTES, candidates
 
     cfg = load_config("dcnv2-mlperf")
-    types, kept = candidates(cfg, 128, 8, "fast")
+    types, kept = candidates(of(cfg), 128, 8, "fast")
     big, small = types["table_t0"], types["table_t5"]  # 40M rows; 3 rows
     assert set(big) == {"table_wise", "column_wise", "row_wise", "table_row_wise", "grid_shard"}
     assert set(small) == {"table_wise", "data_parallel", "column_wise"}  # no split into empty shards
     assert [k["tables"] for k in kept if "data_parallel" in k["what"]] == [
         sum(r * cfg.sparse.dim * 4 > DP_MAX_BYTES for r in cfg.sparse.rows)
     ]
-    full, lifted = candidates(cfg, 128, 8, "full")
+    full, lifted = candidates(of(cfg), 128, 8, "full")
     assert "data_parallel" in full["table_t0"] and lifted == []
-    one_node, _ = candidates(cfg, 8, 8, "fast")  # within one node: no table_row_wise or grid
+    one_node, _ = candidates(of(cfg), 8, 8, "fast")  # within one node: no table_row_wise or grid
     assert not {"table_row_wise", "grid_shard"} & set(one_node["table_t0"])
-    tiny, _ = candidates(load_config("tiny"), 2, 8, "fast")  # dim 16: no column blocks
+    tiny, _ = candidates(of(load_config("tiny")), 2, 8, "fast")  # dim 16: no column blocks
     assert "column_wise" not in tiny["table_t0"] and "row_wise" in tiny["table_clicks"]
-    xl_rw = candidates(load_config("xl"), 4096, 8, "fast")[1]
+    xl_rw = candidates(of(load_config("xl")), 4096, 8, "fast")[1]
     assert any("row_wise for the largest tables" in k["what"] and k["tables"] > 600 for k in xl_rw)
 
 
@@ -258,12 +263,14 @@ def test_torchrecs_estimate_made_once_per_shape_is_the_estimate_of_every_shard()
 
     cfg = load_config("dcnv2")  # dim 128: column blocks, so grid too
     topo = make_topology(H100, 16)
-    cons = constraints(cfg, expected_ids_per_example(cfg), candidates(cfg, 16, 8, "full")[0])
+    cons = constraints(of(cfg), expected_ids_per_example(cfg), candidates(of(cfg), 16, 8, "full")[0])
 
     def options(once: bool):
         perf = EmbeddingPerfEstimatorFactory.create(DEFAULT_PERF_ESTIMATOR, topology=topo, constraints=cons)
         estimators = [OncePerShape(perf) if once else perf, EmbeddingStorageEstimator(topology=topo, constraints=cons)]
-        return EmbeddingEnumerator(topo, 32, cons, estimator=estimators).enumerate(embedding_module(cfg), sharders())
+        return EmbeddingEnumerator(topo, 32, cons, estimator=estimators).enumerate(
+            embedding_module(of(cfg)), sharders()
+        )
 
     each, once = options(False), options(True)
     assert len(each) == len(once) and {o.sharding_type for o in each} >= {"row_wise", "data_parallel", "grid_shard"}
@@ -289,17 +296,17 @@ def test_the_planner_keeps_the_plan_the_cost_model_prices_fastest(skew_config):
             steps.append(super().rate(plan))
             return steps[-1]
 
-    pricer = _pricer(cfg, world, batch, compute=datasheet_compute(cfg, H100))
+    pricer = _pricer(cfg, world, batch, compute=datasheet_compute(of(cfg), H100))
     original = op.ProjectedStep
     op.ProjectedStep = Recorded
     try:
-        plan = op.plan_offline(cfg, world, batch, H100, 0.0, pricer, "test", ids, use_cache=False)
+        plan = op.plan_offline(of(cfg), world, batch, H100, 0.0, pricer, "test", ids, use_cache=False)
     finally:
         op.ProjectedStep = original
     kept = pricer.price(plan.tables)
     assert plan.fits and plan.proposals == len(steps) > 1
     assert kept["step_time_s"] == pytest.approx(min(steps))
-    tw = op.plan_offline(cfg, world, batch, H100, 0.0, pricer, "test", ids, forced="table_wise", use_cache=False)
+    tw = op.plan_offline(of(cfg), world, batch, H100, 0.0, pricer, "test", ids, forced="table_wise", use_cache=False)
     assert kept["step_time_s"] < pricer.price(tw.tables)["step_time_s"]
     assert kept["imbalance"]["max_mean"] < pricer.price(tw.tables)["imbalance"]["max_mean"]
 
@@ -320,7 +327,7 @@ def test_the_descent_moves_a_class_of_identical_tables_together():
     original = op.ProjectedStep
     op.ProjectedStep = Recorded
     try:
-        plan = op.plan_offline(cfg, 4, 16, H100, 0.0, _pricer(cfg, 4, 16), "test", ids, use_cache=False)
+        plan = op.plan_offline(of(cfg), 4, 16, H100, 0.0, _pricer(cfg, 4, 16), "test", ids, use_cache=False)
     finally:
         op.ProjectedStep = original
     assert plan.fits and len(kinds) == plan.proposals > 3 and all(len(k) == 1 for k in kinds)
@@ -336,7 +343,7 @@ def test_the_fast_search_stops_at_its_cpu_budget_whatever_the_wall_clock(monkeyp
     ids = expected_ids_per_example(cfg)
 
     def plan():
-        return op.plan_offline(cfg, 4, 16, H100, 0.0, _pricer(cfg, 4, 16), "test", ids, use_cache=False)
+        return op.plan_offline(of(cfg), 4, 16, H100, 0.0, _pricer(cfg, 4, 16), "test", ids, use_cache=False)
 
     whole = plan()
     monkeypatch.setattr(op, "PLAN_BUDGET_S", 0.5)
@@ -407,9 +414,9 @@ def test_dcnv2_mlperf_is_held_against_the_published_system(capsys):
     assert [p.gpus for p in MLPERF_V4_DCNV2] == [8, 64, 128]
     assert published("dcnv2-mlperf", "h100", 64).global_batch == 135168 and not published("dcnv2", "h100", 64)
     cfg, stack = load_config("dcnv2-mlperf"), STACKS["optimized"]
-    compute = datasheet_compute(cfg, H100)
-    rows = sweep(cfg, [8], H100, compute, None, "pipelined", False, lambda _: None, stack, {8: 55296})
-    print_projection(projection_document(cfg, H100, rows, "pipelined", compute, stack, "t", "now"))
+    compute = datasheet_compute(of(cfg), H100)
+    rows = sweep(of(cfg), [8], H100, compute, None, "pipelined", False, lambda _: None, stack, {8: 55296})
+    print_projection(projection_document(of(cfg), H100, rows, "pipelined", compute, stack, "t", "now"))
     out = capsys.readouterr().out
     block = out.split("held against MLPerf Training v4.0")[1]
     assert re.search(r"\n\s+8\s+55,296\s+15\.63 M\s+[\d.]+ M\s+[\d.]+x\s+1x DGX H100", block), block
@@ -590,7 +597,7 @@ def test_check_prices_the_volumes_the_ranks_measured(measured):
 
     r = json.loads((measured / "two.json").read_text())
     cfg = load_config("tiny")
-    v = volumes(cfg, plan_from_result(r), expected_ids_per_example(cfg), 2, r["run"]["per_rank_batch"])
+    v = volumes(of(cfg), plan_from_result(r), expected_ids_per_example(cfg), 2, r["run"]["per_rank_batch"])
     kinds = r["comm"]["by_kind"]
     assert v["rs_world"] == kinds["embedding_reduce_scatter"]["bytes"]
     assert v["a2a_send"].mean() == pytest.approx(kinds["embedding_all_to_all"]["bytes"], rel=0.10)

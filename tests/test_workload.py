@@ -1,7 +1,7 @@
 """A model gembench did not write, through the whole harness (gembench/workload.py, docs/workload.md).
 
 The two examples (TorchRec's DLRM, a two-tower retrieval model) through check-model, run, run
---nproc 2, ablate and continuous, at small shapes; and every bad input as one line with exit 2.
+--nproc 2, ablate, project and continuous, at small shapes; and every bad input as one line with exit 2.
 """
 
 import json
@@ -135,6 +135,41 @@ def test_a_run_records_the_workload_and_its_stages(runs):
 def test_compare_refuses_two_different_workloads(runs, capsys):
     code, out, err = run_cli(["compare", str(runs["dlrm", 1]), str(runs["two_tower", 1])], capsys)
     assert code == 3 and "config.hash" in out + err, out + err
+
+
+def test_project_plans_and_prices_a_workload_from_the_protocol(runs, tmp_path):
+    """`project --model`: the workload's own tables planned, its counted FLOPs priced; `--from` its
+    result alone projects the model it measured; another model's result is refused in one line."""
+    from gembench.harness.projection.subject import Subject
+    from gembench.workload import load_workload
+
+    spec, args = TWO_TOWER
+    out = tmp_path / "p.json"
+    proc = cli_in_process(
+        "project", *model_flags(spec, args), "--gpus", "8,64", "--batch", "1024", "--quiet", "--out", str(out)
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "--model " + spec in proc.stdout and "no activation estimate" in proc.stdout, proc.stdout
+    doc, run = json.loads(out.read_text()), json.loads(runs["two_tower", 1].read_text())
+    assert (
+        doc["config"] | {"source": "workload", "flops_basis": "counted", "activations_estimated": False}
+        == doc["config"]
+    )
+    assert doc["config"]["hash"] == run["config"]["hash"]  # the model the run measured
+    tables = load_workload(spec, args).tables()
+    for row in doc["rows"]:
+        assert row["plan"]["fits"] and sum(row["plan"]["shardings"].values()) == len(tables)
+        assert row["step_time_s"] > 0 and 0 < row["mfu"] < 1
+    # FLOPs per example as the run counted them (the same FlopCounterMode over the same batch)
+    m = Subject.of_workload(load_workload(spec, args))
+    per_example = run["flops"]["forward_per_step"] / run["run"]["global_batch"]
+    assert sum(m.flops.values()) == pytest.approx(per_example, rel=1e-6)
+    proc = cli_in_process("project", "--from", str(runs["two_tower", 1]), "--gpus", "8", "--quiet")
+    assert proc.returncode == 0 and "gembench project two-tower" in proc.stdout, proc.stderr
+    assert "compute: measured: " in proc.stdout
+    proc = cli_in_process("project", *model_flags(*DLRM), "--from", str(runs["two_tower", 1]), "--gpus", "8")
+    assert proc.returncode == 2 and "not --model" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
 
 
 def test_ablate_a_workload_measures_only_the_switches_that_act_on_it(capsys):

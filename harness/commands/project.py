@@ -6,12 +6,14 @@ plan it finds rated by one cost model (harness/projection/cost.py, docs/projecti
 from a measured result (--from) or the datasheet, lookups from bytes over HBM, each collective
 as TorchRec runs it, alpha-beta over the cluster file's links, overlap as the pipeline schedules
 it. The fastest is kept; each row names the stage on the critical path and the GPU that sets it.
+A config and a --model workload are read the same way, through the workload protocol.
 
 examples:
   gembench project --config xl --gpus 8,64,512,4096 --cluster h100 \
       --set dense_parallel=fsdp --set activation_checkpointing=hstu
   gembench project --config dcnv2-mlperf --gpus 8,64,128 --batch 8=55296,64=135168,128=135168
   gembench project --config small --gpus 8,64 --from results/runs/r.json   # compute as measured
+  gembench project --model examples/two_tower.py:two_tower --gpus 8,64 --batch 4096   # your own model
   gembench project --calibrate --out here.toml           # this host's links, as a cluster file
   gembench project --calibrate --trace tr/ --cluster here.toml --out run.toml   # links as a run saw them
   gembench project --check dist.json --from one-rank.json --cluster run.toml   # vs measured
@@ -33,7 +35,7 @@ from gembench.errors import UsageError
 def configure(p: argparse.ArgumentParser) -> None:
     from gembench.harness.commands.run import add_model_flags
 
-    add_model_flags(p, "config name or .toml path (default: small)")
+    add_model_flags(p, "config name or .toml path (default: small, or the model --from measured)")
     p.add_argument(
         "--gpus", default="8,64,512,4096", metavar="W,W,...", help="world sizes to project (default: 8,64,512,4096)"
     )
@@ -47,12 +49,13 @@ def configure(p: argparse.ArgumentParser) -> None:
         "--from",
         dest="from_result",
         metavar="RESULT.json",
-        help="a measured result of this config: compute per stage as measured on its device",
+        help="a measured result of this model: compute per stage as measured on its device "
+        "(alone: project the config or --model workload it measured)",
     )
     p.add_argument(
         "--batch",
         metavar="N|W=N,...",
-        help="global batch (default: the config's), or one per world size: 8=55296,64=135168",
+        help="global batch (default: the model's), or one per world size: 8=55296,64=135168",
     )
     p.add_argument("--sharding", metavar="TYPE", help="force one sharding type on every table (default: planner's)")
     p.add_argument(
@@ -147,17 +150,10 @@ def main(args: argparse.Namespace) -> int:
 def project_command(args) -> int:
     from gembench.harness.projection.cluster import load_cluster
     from gembench.harness.projection.report import print_projection, projection_document
-    from gembench.harness.projection.sweep import counts_of, sweep
-    from gembench.harness.store.results import check_writable, write_result
+    from gembench.harness.projection.sweep import sweep
+    from gembench.harness.store.results import check_writable, load_result, write_result
     from gembench.harness.train.stack import stack_options
-    from gembench.models.config import load_config, with_global_batch
 
-    if args.model is not None or (args.from_result and _is_workload(args.from_result)):
-        raise UsageError(
-            "gembench project prices gembench's own config tables and blocks (TorchRec's planner over them, "
-            "the cost model per block); a --model workload cannot be projected yet: project a --config"
-        )
-    args.config = args.config or "small"
     cluster = load_cluster(args.cluster)
     stack = stack_options("optimized", None, tuple(args.switches))
     if args.sharding:
@@ -167,23 +163,19 @@ def project_command(args) -> int:
             raise UsageError(f"--sharding must be one of {', '.join(SHARDING_TYPES)}, got {args.sharding!r}")
     worlds = _worlds(args.gpus)
     batch, per_world = _batches(args.batch, worlds)
-    cfg = with_global_batch(load_config(args.config), batch)
+    result = load_result(args.from_result) if args.from_result else None
+    m = _subject(args, result).at_batch(batch)
+    if m.source == "workload":  # the switches as `run --model` takes them: one it does not support refused
+        from gembench.harness.train.generic import applied_switches
+
+        applied_switches(m.workload, stack)
     for w in worlds:
-        gb = per_world.get(w, cfg.data.global_batch)
+        gb = per_world.get(w, m.global_batch)
         if gb % w:
             raise UsageError(
                 f"--gpus {w} does not divide the global batch {gb}; pick world sizes that divide it or pass --batch"
             )
-    result = None
-    if args.from_result:
-        from gembench.harness.store.results import load_result
-
-        result = load_result(args.from_result)
-        if result["config"]["name"] != cfg.name:
-            raise UsageError(
-                f"--from {args.from_result} measured config {result['config']['name']!r}, "
-                f"not {cfg.name!r}: project the config it measured"
-            )
+    if result is not None:
         device = result["run"].get("device", "cpu")
         if device == "cpu" and cluster.source == "preset":
             print(
@@ -196,9 +188,9 @@ def project_command(args) -> int:
     progress = (lambda msg: print(msg, file=sys.stderr, flush=True)) if not args.quiet else (lambda msg: None)
     from gembench.harness.projection.cost import datasheet_compute, measured_compute
 
-    compute = measured_compute(result) if result else datasheet_compute(cfg, cluster, counts=counts_of(cfg))
+    compute = measured_compute(result) if result else datasheet_compute(m, cluster)
     rows = sweep(
-        cfg,
+        m,
         worlds,
         cluster,
         compute,
@@ -211,7 +203,7 @@ def project_command(args) -> int:
         args.search,
     )
     doc = projection_document(
-        cfg,
+        m,
         cluster,
         rows,
         args.schedule,
@@ -230,7 +222,26 @@ def project_command(args) -> int:
     return 0
 
 
-def _is_workload(path) -> bool:
-    from gembench.harness.store.results import load_result
+def _subject(args, result: dict | None):
+    """What is projected: --model's workload, --config's config, else the model --from measured
+    (else small); with --from, refused in one line when it measured another model."""
+    from gembench.harness.projection.subject import Subject, subject_of_result, workload_as_measured
 
-    return load_result(path).get("config", {}).get("kind") == "workload"
+    if args.model is not None:
+        from gembench.workload import load_workload
+
+        workload = load_workload(args.model, args.model_args)
+        if result is not None:
+            return workload_as_measured(workload, result, args.from_result)
+        return Subject.of_workload(workload)
+    if args.config is None and result is not None:
+        return subject_of_result(result, args.from_result)
+    from gembench.models.config import load_config
+
+    m = Subject.of_config(load_config(args.config or "small"))
+    if result is not None and result["config"]["name"] != m.name:
+        raise UsageError(
+            f"--from {args.from_result} measured {result['config']['name']!r}, "
+            f"not {m.name!r}: project the model it measured (leave out --config)"
+        )
+    return m

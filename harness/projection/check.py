@@ -1,7 +1,7 @@
 """`gembench project --check`: the cost model against a measured distributed run of the same setup.
 
-The measured run gives the setup (config, global batch, world, its own plan, its stack and
-schedule); a 1-rank result of the same config and stack gives compute per example and the
+The measured run gives the setup (config or workload, global batch, world, its own plan, its stack
+and schedule); a 1-rank result of the same model and stack gives compute per example and the
 lookup's seconds per byte; a calibrated cluster file gives the links. The projection of that
 setup is printed stage by stage beside what the ranks measured, with the error. Goals: the step
 within 15%, each stage within 25% (stages under MINOR_SHARE of the step are shown, not held).
@@ -17,24 +17,23 @@ from gembench.errors import UsageError
 from gembench.harness.projection.cluster import load_cluster
 from gembench.harness.projection.cost import STAGES, measured_compute, project
 from gembench.harness.projection.offline_plan import plan_from_result
+from gembench.harness.projection.subject import subject_of_result
 
 STEP_GOAL, STAGE_GOAL = 0.15, 0.25
 MINOR_SHARE = 0.05
 SETUP = ("dense_parallel", "activation_checkpointing", "bf16", "compile", "fused_embeddings", "jagged")
 
 
-def check(measured: dict, one_rank: dict, cluster) -> dict:
+def check(measured: dict, one_rank: dict, cluster, path: str = "the checked result") -> dict:
     from gembench.harness.train.stack import STACKS
-    from gembench.models.config import for_device, load_config, with_global_batch
-    from gembench.models.data import expected_ids_per_example
 
     run = measured["run"]
     if (run.get("nproc") or 1) < 2 or not measured.get("ranks"):
         raise UsageError("--check takes a distributed result (gembench run --nproc N, N >= 2)")
     if one_rank["config"]["name"] != measured["config"]["name"]:
         raise UsageError(
-            f"--from measured config {one_rank['config']['name']!r}, the checked run "
-            f"{measured['config']['name']!r}: give a result of the same config"
+            f"--from measured {one_rank['config']['name']!r}, the checked run "
+            f"{measured['config']['name']!r}: give a result of the same model"
         )
     mine, theirs = run.get("options") or {}, one_rank["run"].get("options") or {}
     # dense_parallel may differ: one rank holds the whole dense part whatever the run shards it over
@@ -44,16 +43,15 @@ def check(measured: dict, one_rank: dict, cluster) -> dict:
             f"--from ran another stack ({', '.join(f'{k} {theirs[k]} vs {mine[k]}' for k in differ)}): "
             "measure the 1-rank result with the checked run's switches"
         )
-    cfg = for_device(with_global_batch(load_config(measured["config"]["name"]), run["global_batch"]), run["device"])
+    model = subject_of_result(measured, path, as_run=True)
     stack = dataclasses.replace(STACKS["optimized"], **{k: mine[k] for k in SETUP if k in mine})
     world, batch = run["nproc"], run["per_rank_batch"]
     peak = measured["ranks"][0]["peak_tflops"]
     cluster = dataclasses.replace(cluster, peak_tflops=peak)
     schedule = "pipelined" if mine.get("pipeline") else "staged"
     projected = project(
-        cfg,
+        model,
         plan_from_result(measured),
-        expected_ids_per_example(cfg),
         world,
         batch,
         cluster,
@@ -90,7 +88,7 @@ def check(measured: dict, one_rank: dict, cluster) -> dict:
         "schedule": schedule,
         "links": cluster.links_used(),
         "world": world,
-        "config": cfg.name,
+        "config": model.name,
         "sharding": run.get("sharding"),
         "mfu": {"projected": projected["mfu"], "measured": measured["summary"]["mfu"]},
     }
@@ -101,12 +99,12 @@ def check_command(args) -> int:
 
     if not args.from_result:
         raise UsageError(
-            "--check needs --from ONE_RANK.json: a 1-rank result of the same config and stack "
+            "--check needs --from ONE_RANK.json: a 1-rank result of the same model and stack "
             "(gembench run --nproc 1 ...)"
         )
     if not args.cluster.endswith(".toml"):
         raise UsageError("--check needs --cluster FILE.toml measured on this host (gembench project --calibrate)")
-    out = check(load_result(args.check), load_result(args.from_result), load_cluster(args.cluster))
+    out = check(load_result(args.check), load_result(args.from_result), load_cluster(args.cluster), args.check)
     pct = lambda x: "" if x is None else f"{100 * x:+.1f}%"  # noqa: E731
     verdict = lambda r: "" if r.get("ok") is None else ("ok" if r["ok"] else "OUTSIDE")  # noqa: E731
     table = [

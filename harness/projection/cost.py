@@ -1,10 +1,11 @@
-"""The projection's one cost model: a training step of a config on W GPUs of a cluster, per stage.
+"""The projection's one cost model: a training step of a model on W GPUs of a cluster, per stage.
 
 Constants and assumptions: docs/design.md section 8 and docs/projection.md. In short:
 
-- Volumes per GPU from the plan (offline_plan.py, or a measured run's own) and the config's mean
-  IDs per example; a row-split shard serves its rows' share of the lookups (hashed IDs) or the
-  power law's mass over its rows (sorted IDs, models.data.zipf_share).
+- Volumes per GPU from the plan (offline_plan.py, or a measured run's own) and the model's mean
+  IDs per example (subject.py: the workload protocol, gembench's configs one provider of it); a
+  row-split shard serves its rows' share of the lookups (uniform IDs) or the power law's mass
+  over its rows (row_skew(): hot rows first, models.data.zipf_share).
 - Collectives as TorchRec runs them, alpha-beta per family (`collective_time`, links from the
   cluster file: `Cluster.link`): the KJT all-to-all of IDs; table- and column-wise outputs by
   one all-to-all; row-wise by a world reduce-scatter; table_row_wise and grid by a reduce-scatter
@@ -30,12 +31,11 @@ import numpy as np
 from gembench.harness.metrics.comm import bus_factor
 from gembench.harness.metrics.mfu import STAGE_FLOP_SHARE, mfu, train_flops
 from gembench.harness.projection.cluster import Cluster
+from gembench.harness.projection.subject import Subject
 from gembench.harness.train.parallelize import dense_shards as parallel_shards
 from gembench.harness.train.parallelize import recomputed_forward_flops
-from gembench.models.config import ModelConfig
-from gembench.models.data import id_exponents, zipf_share
-from gembench.models.flops import forward_flops_per_example
-from gembench.models.memory import ADAM_BYTES, memory_estimate, parameter_counts
+from gembench.models.data import zipf_share
+from gembench.models.memory import ADAM_BYTES
 
 STAGES = ("input_dist", "embedding_lookup", "output_dist", "dense_forward", "backward", "grad_sync", "optimizer")
 COMM_STAGES = ("input_dist", "output_dist", "grad_sync")
@@ -128,11 +128,11 @@ class Compute:
     optimizer_s_per_param: float = 0.0  # Adam over one more parameter (a data-parallel table's)
 
 
-def datasheet_compute(cfg: ModelConfig, cluster: Cluster, counts: dict | None = None) -> Compute:
-    fwd = sum(forward_flops_per_example(cfg).values())
+def datasheet_compute(m: Subject, cluster: Cluster) -> Compute:
+    fwd = sum(m.flops.values())
     rate = cluster.peak_tflops * 1e12 * cluster.efficiency
     per = {stage: fwd * STAGE_FLOP_SHARE[stage] / rate for stage in ("dense_forward", "backward")}
-    dense = (counts or parameter_counts(cfg))["dense_params"]
+    dense = m.counts["dense_params"]
     return Compute(
         per,
         dense * ADAM_STEP_BYTES / cluster.hbm_Bps,
@@ -179,10 +179,10 @@ def measured_compute(result: dict) -> Compute:
     )
 
 
-def _lookup_shares(sizes: list, offsets: list, rows: int, alpha: float, hashed: bool) -> np.ndarray:
+def _lookup_shares(sizes: list, offsets: list, rows: int, alpha: float) -> np.ndarray:
     """The share of a row-split table's lookups each shard serves: its share of the rows when IDs
-    are hashed over them, the power law's mass over its row range when hot rows come first."""
-    if hashed:
+    are uniform over them (hashed), the power law's mass over its row range when hot rows come first."""
+    if not alpha:
         return np.array([s[0] / rows for s in sizes], dtype=float)
     return np.array([zipf_share(o[0], o[0] + s[0], rows, alpha) for s, o in zip(sizes, offsets)])
 
@@ -208,17 +208,16 @@ class _Table:
 
 
 class Volumes:
-    """Each GPU's bytes under a plan, for one config, world and per-rank batch; each table's
+    """Each GPU's bytes under a plan, for one model, world and per-rank batch; each table's
     volumes are computed once per sharding (the planner rates many plans of the same options)."""
 
     def __init__(
-        self, cfg: ModelConfig, ids: dict[str, float], world: int, batch: int, gpus_per_node: int, sent: int = EMB_BYTES
+        self, m: Subject, ids: dict[str, float], world: int, batch: int, gpus_per_node: int, sent: int = EMB_BYTES
     ):
         self.ids, self.world, self.batch, self.sent = ids, world, batch, sent  # sent: bytes per element sent
         self.g = min(world, gpus_per_node)
         self.nodes = math.ceil(world / self.g)
-        self.sequences = {f"table_{s.name}" for s in cfg.sequences}
-        self.alphas, self.hashed = id_exponents(cfg), cfg.data.id_layout == "hashed"
+        self.sequences, self.alphas = m.sequences, m.skew
         self._cache: dict[tuple, _Table] = {}
 
     def _table(self, name: str, t: dict) -> _Table:
@@ -244,7 +243,7 @@ class Volumes:
         dim_total = float(sum(s[1] for s, o in zip(sizes, offsets) if o[0] == offsets[0][0]))
         if kind in ROW_SPLIT:
             block_rows = sum(sizes[i][0] for i in first_block)
-            share = _lookup_shares(sizes, offsets, block_rows, self.alphas.get(name, 0.0), self.hashed)
+            share = _lookup_shares(sizes, offsets, block_rows, self.alphas.get(name, 0.0))
         else:
             share = np.ones(n)
         id_bytes = n_ids * ID_BYTES + LENGTH_BYTES
@@ -309,12 +308,12 @@ def _offsets(t: dict) -> list:
 
 
 class Pricer:
-    """Prices plans of one setup (config, world, per-rank batch, cluster, compute, schedule, stack):
+    """Prices plans of one setup (model, world, per-rank batch, cluster, compute, schedule, stack):
     what does not depend on the plan is computed once."""
 
     def __init__(
         self,
-        cfg: ModelConfig,
+        m: Subject,
         ids: dict[str, float],
         world: int,
         batch: int,
@@ -322,19 +321,18 @@ class Pricer:
         compute: Compute,
         schedule: str = "pipelined",
         stack=None,
-        counts: dict | None = None,
         exchange: Exchange = Exchange(),
     ):
         self.world, self.batch, self.cluster = world, batch, cluster
         self.compute, self.schedule, self.stack, self.exchange = compute, schedule, stack, exchange
-        self.counts = counts or parameter_counts(cfg)
-        self.volumes = Volumes(cfg, ids, world, batch, cluster.gpus_per_node, exchange.emb_bytes)
+        self.counts = m.counts
+        self.volumes = Volumes(m, ids, world, batch, cluster.gpus_per_node, exchange.emb_bytes)
         self.shards = dense_shards(stack, world, cluster.gpus_per_node)
-        blocks = forward_flops_per_example(cfg)
+        blocks = m.flops
         self.fwd = sum(blocks.values())
         mode = getattr(stack, "activation_checkpointing", "none")
         self.recomputed_share = recomputed_forward_flops(blocks, mode) / self.fwd if self.fwd else 0.0
-        self.side = dense_side(cfg, batch, self.counts, stack, world, cluster.gpus_per_node)
+        self.side = dense_side(m, batch, stack, world, cluster.gpus_per_node)
 
     def _comms(self, v: dict) -> dict[str, tuple[float, int]]:
         """Each collective of the step: (seconds, the GPU whose bytes set it). A collective waits
@@ -503,10 +501,10 @@ def _most(x: np.ndarray) -> dict:
 
 
 def volumes(
-    cfg: ModelConfig, tables: dict[str, dict], ids: dict[str, float], world: int, batch: int, gpus_per_node: int = 8
+    m: Subject, tables: dict[str, dict], ids: dict[str, float], world: int, batch: int, gpus_per_node: int = 8
 ) -> dict:
     """Per rank (arrays of W): the bytes of each collective of the step; ``batch`` is per rank."""
-    return Volumes(cfg, ids, world, batch, gpus_per_node)(tables)
+    return Volumes(m, ids, world, batch, gpus_per_node)(tables)
 
 
 def dense_shards(stack, world: int, gpus_per_node: int) -> int:
@@ -515,29 +513,24 @@ def dense_shards(stack, world: int, gpus_per_node: int) -> int:
     return parallel_shards(getattr(stack, "dense_parallel", "ddp"), world, min(world, gpus_per_node))
 
 
-def dense_side(cfg: ModelConfig, batch: int, counts: dict, stack, world: int, gpus_per_node: int) -> dict[str, float]:
-    """HBM per GPU outside the embedding shards (memory_estimate): dense weights, gradients and Adam
+def dense_side(m: Subject, batch: int, stack, world: int, gpus_per_node: int) -> dict[str, float]:
+    """HBM per GPU outside the embedding shards (Subject.side): dense weights, gradients and Adam
     state (sharded under FSDP); activations saved for the backward with the largest transient."""
-    m = memory_estimate(
-        cfg, batch, counts=counts, stack=stack, device_type="cuda", shards=dense_shards(stack, world, gpus_per_node)
-    )
-    return {"dense": m["dense"], "activations": m["activations"] + m["transient"]}
+    return m.side(batch, stack, dense_shards(stack, world, gpus_per_node))
 
 
 def project(
-    cfg: ModelConfig,
+    m: Subject,
     tables: dict[str, dict],
-    ids: dict[str, float],
     world: int,
     batch: int,
     cluster: Cluster,
     compute: Compute,
     schedule: str = "pipelined",
     stack=None,
-    counts: dict | None = None,
 ) -> dict:
     """One projected step of ``tables`` (a plan): `Pricer.price`."""
-    return Pricer(cfg, ids, world, batch, cluster, compute, schedule, stack, counts).price(tables)
+    return Pricer(m, m.ids, world, batch, cluster, compute, schedule, stack).price(tables)
 
 
 def sharding_counts(tables: dict[str, dict]) -> dict[str, int]:

@@ -32,8 +32,8 @@ from pathlib import Path
 from gembench.errors import UsageError
 from gembench.harness.device.calibration import cache_dir
 from gembench.harness.projection.cluster import Cluster
+from gembench.harness.projection.subject import Subject
 from gembench.harness.train.distributed.plan import PlanRecorder, sharders, table_constraints
-from gembench.models.config import ModelConfig
 
 SEARCHES = ("fast", "full")
 DP_MAX_BYTES = 32 * 2**20  # fp32 weights: a data-parallel table's gradient is all-reduced whole
@@ -60,49 +60,43 @@ class OfflinePlan:
 _MODULES: dict[tuple, object] = {}  # one per table layout: only read by the planner, kept for the next world
 
 
-def embedding_module(cfg: ModelConfig):
-    """The config's embedding tables on the meta device, in a module the planner can walk."""
+def embedding_module(m: Subject):
+    """The model's embedding tables on the meta device, in a module the planner can walk."""
     import torch
     from torch import nn
     from torchrec import EmbeddingBagCollection, EmbeddingCollection
 
-    from gembench.models.sparse import pooled_tables, sequence_tables
-
-    key = (
-        cfg.sparse.dim,
-        tuple(cfg.sparse.rows),
-        cfg.hstu and cfg.hstu.dim,
-        tuple((s.name, s.rows) for s in cfg.sequences),
-    )
+    pooled = [t for t in m.tables if t.name not in m.sequences]
+    sequences = [t for t in m.tables if t.name in m.sequences]
+    key = tuple((t.name, t.num_embeddings, t.embedding_dim, tuple(t.feature_names)) for t in m.tables)
     if key not in _MODULES:
         meta = torch.device("meta")
         module = nn.Module()
-        module.pooled = EmbeddingBagCollection(tables=pooled_tables(cfg), device=meta)
-        if cfg.sequences:
-            module.sequence = EmbeddingCollection(tables=sequence_tables(cfg), device=meta)
+        if pooled:
+            module.pooled = EmbeddingBagCollection(tables=pooled, device=meta)
+        if sequences:
+            module.sequence = EmbeddingCollection(tables=sequences, device=meta)
         _MODULES.clear()
         _MODULES[key] = module
     return _MODULES[key]
 
 
 def candidates(
-    cfg: ModelConfig, world: int, gpus_per_node: int, search: str = "fast", dp_max_bytes: float = DP_MAX_BYTES
+    m: Subject, world: int, gpus_per_node: int, search: str = "fast", dp_max_bytes: float = DP_MAX_BYTES
 ) -> tuple[dict, list[dict]]:
     """Per table the sharding types offered, and the restrictions that left some out (fast search).
 
     A split applies where the table has a row per shard (row_wise over the world, table_row_wise
     and grid over a node's GPUs) or two column blocks (column_wise, grid); table_row_wise and grid
     across nodes only, for pooled tables (TorchRec shards sequence tables DP, TW, CW or RW)."""
-    from gembench.models.sparse import pooled_tables, sequence_tables
-
     g, multi = min(world, gpus_per_node), world > gpus_per_node
     fast = search == "fast"
     types, dropped = {}, {"dp": 0, "rw": 0}
-    sequences = sequence_tables(cfg) if cfg.sequences else []
-    tables = sorted(pooled_tables(cfg) + sequences, key=lambda t: (t in sequences, t.num_embeddings), reverse=True)
+    unpooled = m.sequences
+    tables = sorted(m.tables, key=lambda t: (t.name in unpooled, t.num_embeddings), reverse=True)
     row_wise = 0  # shards of the row_wise options so far: sequence tables (their only split) first, then the largest
     for t in tables:
-        rows, dim, pooled = t.num_embeddings, t.embedding_dim, t not in sequences
+        rows, dim, pooled = t.num_embeddings, t.embedding_dim, t.name not in unpooled
         blocks = dim >= 2 * CW_BLOCK
         offer = ["table_wise"]
         if world > 1:
@@ -122,7 +116,7 @@ def candidates(
         if pooled and multi and rows >= g:
             offer += ["table_row_wise"] + (["grid_shard"] if blocks else [])
         types[t.name] = offer
-    types = {t.name: types[t.name] for t in pooled_tables(cfg) + sequences}  # the config's order
+    types = {t.name: types[t.name] for t in m.tables}  # the model's order
     restrictions = []
     if fast and dropped["dp"]:
         restrictions.append({"what": f"data_parallel only under {dp_max_bytes / 2**20:g} MiB", "tables": dropped["dp"]})
@@ -137,7 +131,7 @@ def candidates(
     return types, restrictions
 
 
-def constraints(cfg: ModelConfig, ids: dict[str, float], types: dict[str, list[str]]) -> dict:
+def constraints(m: Subject, ids: dict[str, float], types: dict[str, list[str]]) -> dict:
     """Each table's pooling factor, its sharding types, fused kernels (dense for data_parallel)."""
     return table_constraints(ids, types, compute_kernels=["fused", "dense"], min_partition=CW_BLOCK)
 
@@ -313,13 +307,13 @@ class ClassDescent:
             self._candidate[c] = j
 
 
-def _cache_path(cfg: ModelConfig, world: int, batch: int, cluster: Cluster, key: str) -> Path:
+def _cache_path(m: Subject, world: int, batch: int, cluster: Cluster, key: str) -> Path:
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
-    return cache_dir() / "plans" / f"{cfg.name}-{cfg.hash}-w{world}-b{batch}-{cluster.hash()}-{digest}.json"
+    return cache_dir() / "plans" / f"{m.name}-{m.hash}-w{world}-b{batch}-{cluster.hash()}-{digest}.json"
 
 
 def plan_offline(
-    cfg: ModelConfig,
+    m: Subject,
     world: int,
     per_rank_batch: int,
     cluster: Cluster,
@@ -334,12 +328,12 @@ def plan_offline(
 ) -> OfflinePlan:
     """TorchRec's plan for ``world`` GPUs of ``cluster`` at ``per_rank_batch`` examples per rank,
     the one ``pricer`` (cost.Pricer of this setup; ``pricing`` names it for the cache) projects
-    fastest; ``ids``: mean IDs per example per table (models.data.expected_ids_per_example)."""
-    types, restrictions = candidates(cfg, world, cluster.gpus_per_node, search, dp_max_bytes)
+    fastest; ``ids``: mean IDs per example per table (Subject.ids)."""
+    types, restrictions = candidates(m, world, cluster.gpus_per_node, search, dp_max_bytes)
     if forced:
         types, restrictions = {t: [forced] for t in types}, []
     key = f"{forced or 'auto'}-{search}-r{int(reserved_bytes) >> 20}-{pricing}-dp{int(dp_max_bytes)}-v{PLAN_VERSION}"
-    path = _cache_path(cfg, world, per_rank_batch, cluster, key)
+    path = _cache_path(m, world, per_rank_batch, cluster, key)
     if use_cache and path.exists():
         try:
             data = json.loads(path.read_text())
@@ -354,13 +348,13 @@ def plan_offline(
     for lg, _ in quiet:  # TorchRec's advice on TopologyFactory, dry runs and data-parallel specs
         lg.setLevel(logging.ERROR)
     try:
-        return _plan(cfg, world, per_rank_batch, cluster, share, pricer, ids, types, restrictions, search, path)
+        return _plan(m, world, per_rank_batch, cluster, share, pricer, ids, types, restrictions, search, path)
     finally:
         for lg, level in quiet:
             lg.setLevel(level)
 
 
-def _plan(cfg, world, per_rank_batch, cluster, share, pricer, ids, types, restrictions, search, path) -> OfflinePlan:
+def _plan(m, world, per_rank_batch, cluster, share, pricer, ids, types, restrictions, search, path) -> OfflinePlan:
     from torchrec.distributed.planner import EmbeddingShardingPlanner
     from torchrec.distributed.planner.constants import DEFAULT_PERF_ESTIMATOR
     from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
@@ -371,7 +365,7 @@ def _plan(cfg, world, per_rank_batch, cluster, share, pricer, ids, types, restri
 
     start, cpu = time.perf_counter(), time.process_time()
     topo = topology(cluster, world)
-    cons = constraints(cfg, ids, types)
+    cons = constraints(m, ids, types)
     estimators = [
         OncePerShape(EmbeddingPerfEstimatorFactory.create(DEFAULT_PERF_ESTIMATOR, topology=topo, constraints=cons)),
         EmbeddingStorageEstimator(topology=topo, constraints=cons),
@@ -393,7 +387,7 @@ def _plan(cfg, world, per_rank_batch, cluster, share, pricer, ids, types, restri
         debug=False,
     )
     try:
-        planner.plan(embedding_module(cfg), sharders())
+        planner.plan(embedding_module(m), sharders())
         fits, error = True, ""
     except Exception as err:  # noqa: BLE001  the planner says which table found no room
         fits, error = False, _first_line(err)

@@ -9,7 +9,7 @@ from tabulate import tabulate
 from gembench.harness.device.env import git_state
 from gembench.harness.projection.cluster import Cluster
 from gembench.harness.projection.cost import STAGES, Compute
-from gembench.models.config import ModelConfig
+from gembench.harness.projection.subject import Subject
 
 SHORT = {
     "table_wise": "TW",
@@ -22,7 +22,7 @@ SHORT = {
 
 
 def projection_document(
-    cfg: ModelConfig, cluster: Cluster, rows: list[dict], schedule: str, compute: Compute, stack, id: str, created: str
+    m: Subject, cluster: Cluster, rows: list[dict], schedule: str, compute: Compute, stack, id: str, created: str
 ) -> dict:
     commit, dirty = git_state()
     c = asdict(cluster)
@@ -30,7 +30,7 @@ def projection_document(
         "schema": "gembench.projection/1",
         "id": id,
         "created": created,
-        "config": {"name": cfg.name, "hash": cfg.hash, "global_batch": cfg.data.global_batch},
+        "config": m.document(),
         "cluster": c | {"hash": cluster.hash(), "links_used": cluster.links_used()},
         "schedule": schedule,
         "options": {
@@ -63,6 +63,11 @@ def print_projection(doc: dict) -> None:
         + (" (uncommitted changes)" if doc["env"].get("git_dirty") else "")
     )
     print(f"compute: {doc['compute']['source']}")
+    model = doc["config"]
+    if model.get("source") == "workload":
+        print(f"model: --model {model['import_path']}, forward FLOPs {model['flops_basis']}")
+    if model.get("activations_estimated") is False:
+        print("memory: the tables and the dense state; the model gives no activation estimate (memory_estimate())")
     print(f"links: {c.get('links_used', c['source'])}\n")
     head = [
         "GPUs",
