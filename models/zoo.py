@@ -8,6 +8,8 @@ the import-linter contract in pyproject.toml keeps the harness off gem, hstu, cr
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from gembench.models.blocks import dense_blocks, dense_roots, largest_block_params  # noqa: F401  (the harness's entry)
@@ -24,6 +26,9 @@ from gembench.models.memory import parameter_counts
 from gembench.models.ops.pytorch.hstu_attention import hstu_jagged_attention, hstu_padded_attention  # noqa: F401
 from gembench.models.sparse import pooled_tables, sequence_tables
 from gembench.workload import Workload
+
+# a meta build per config, not per call: the projection asks once per world size and plan rating
+_counts = functools.lru_cache(maxsize=8)(parameter_counts)
 
 
 def zoo_tables(cfg: ModelConfig) -> list:
@@ -76,9 +81,8 @@ class ZooWorkload(Workload):
         return forward_flops_per_example(self.cfg)
 
     def memory_estimate(self, batch, stack, device_type, shards):
-        if not hasattr(self, "_counts"):
-            self._counts = parameter_counts(self.cfg)
-        return config_memory(self.cfg, batch, counts=self._counts, stack=stack, device_type=device_type, shards=shards)
+        counts = _counts(self.cfg)
+        return config_memory(self.cfg, batch, counts=counts, stack=stack, device_type=device_type, shards=shards)
 
     def blocks(self):
         return tuple(name for name, _ in dense_blocks(self.build(torch.device("meta"))))

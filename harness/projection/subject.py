@@ -45,12 +45,14 @@ class Subject:
         return cls(workload, ident.name, ident.hash, "workload")
 
     def at_batch(self, global_batch: int | None) -> Subject:
-        """The same model at another global batch (None: this one)."""
+        """The same model at another global batch (None: this one). Every cached figure is per
+        example or per parameter, so the copy shares them instead of deriving them again."""
         if not global_batch or global_batch == self.global_batch:
             return self
-        workload = copy.copy(self.workload)
-        workload.global_batch = global_batch
-        return Subject(workload, self.name, self.hash, self.source)
+        other = copy.copy(self)
+        other.workload = copy.copy(self.workload)
+        other.workload.global_batch = other.global_batch = global_batch
+        return other
 
     @functools.cached_property
     def tables(self) -> list:
