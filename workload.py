@@ -17,6 +17,7 @@ import hashlib
 import importlib
 import importlib.util
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -33,26 +34,49 @@ class Workload:
     tables() -> [EmbeddingBagConfig|EmbeddingConfig]   required: every TorchRec table of the model
     build(device) -> nn.Module            required: pure, seeded by the caller, meta-buildable
     batch(i, rank, world, seed)           required: batch i of rank r, a torchrec Pipelineable
-                                          (has .to(device)), identical for a seed, global_batch/world examples
-    loss(output, batch) -> scalar         required; forward(model, batch) -> output: model(batch)
+                                          (has .to(device)), identical for a seed; its KJTs hold
+                                          global_batch/world examples
+    loss(output, batch)                   required: a scalar, or a (tasks,) vector of per-task losses
+                                          whose mean is trained (each task's is recorded)
+    forward(model, batch) -> output       default model(batch)
     forward_flops(batch) -> {block: FLOPs}   forward FLOPs of one batch (None: counted once)
     pooling() -> {table: mean IDs per example}   for the planner (default: 1 per feature)
     row_skew() -> {table: Zipf exponent}  IDs by a power law, hottest rows first (default: uniform)
     flops_per_example() -> {block: FLOPs}  expected forward FLOPs of one example, for `project`
                                           (None: forward_flops of a batch, else counted)
-    memory_estimate(batch, stack, device_type, shards) -> {dense, activations, transient} bytes
-                                          of one rank, for `project`'s fit (None: the dense state
-                                          from the parameter shapes, activations not estimated)
-    blocks() -> submodule paths           dense blocks: activation_checkpointing=all wraps each
-    compiled() -> submodule paths         compiled under compile=on (default: none, so compile
-                                          is not applied and the result says so)
+    memory_estimate(batch, stack, device_type, shards, embedding_share, on_rank)
+                                          -> {dense, activations, transient[, embeddings, build,
+                                          runtime]} bytes of one rank (None: from the parameter
+                                          shapes, activations not estimated)
+    blocks() -> submodule paths           dense blocks: FSDP2's units, checkpointed under
+                                          activation_checkpointing=all
+    checkpointed(mode) -> paths | None    the blocks activation_checkpointing=mode wraps (default:
+                                          none -> (), all -> blocks(), others refused)
+    recomputed_flops(per_block, mode)     forward FLOPs the checkpointed blocks run again (default:
+                                          the per_block entries named by a checkpointed path)
+    compiled() -> paths                   submodules (or a method of the model, as "dense")
+                                          compiled under compile=on (default: none, so compile is
+                                          not applied and the result says so)
+    sparse() -> paths                     submodules whose forward is the sparse_forward stage
+                                          (default: the TorchRec embedding modules, by type)
     sharders(), constraints()             TorchRec sharders / ParameterConstraints (None: gembench's)
     unsupported                           stack switches this model cannot take (refused, exit 2)
+    switches                              model switches (jagged, content) that for_stack() applies;
+                                          for the rest the result says "not applicable"
+    on_device(device_type) -> Workload    the workload as it runs there (default: itself)
+    for_stack(options) -> Workload        the model a stack runs, same batches (default: itself)
+    kind, fingerprint()                   the result's config kind and hash (default: "workload",
+                                          a hash of tables, parameter shapes and batch spec)
+    description                           one line for `gembench describe` (default: the class's)
+    details() -> {title: {headers, rows[, note]}}   more of the model for `gembench describe`
     """
 
     name: str = ""
     global_batch: int = 0
+    kind: str = "workload"
+    description: str = ""
     unsupported: frozenset[str] = frozenset()
+    switches: frozenset[str] = frozenset()
 
     def tables(self) -> list:
         raise NotImplementedError
@@ -81,13 +105,25 @@ class Workload:
     def flops_per_example(self) -> dict[str, float] | None:
         return None
 
-    def memory_estimate(self, batch: int, stack, device_type: str, shards: int) -> dict[str, float] | None:
+    def memory_estimate(
+        self, batch: int, stack, device_type: str, shards: int, embedding_share: float = 1.0, on_rank: bool = False
+    ) -> dict[str, float] | None:
         return None
 
     def blocks(self) -> tuple[str, ...]:
         return ()
 
+    def checkpointed(self, mode: str) -> tuple[str, ...] | None:
+        return {"none": (), "all": tuple(self.blocks())}.get(mode)
+
+    def recomputed_flops(self, per_block: dict[str, float], mode: str) -> float:
+        names = {n for p in self.checkpointed(mode) or () for n in (p, p.rpartition(".")[2])}
+        return float(sum(v for k, v in per_block.items() if k in names))
+
     def compiled(self) -> tuple[str, ...]:
+        return ()
+
+    def sparse(self) -> tuple[str, ...]:
         return ()
 
     def sharders(self):
@@ -95,6 +131,34 @@ class Workload:
 
     def constraints(self):
         return None
+
+    def on_device(self, device_type: str) -> Workload:
+        return self
+
+    def for_stack(self, options) -> Workload:
+        return self
+
+    def fingerprint(self) -> str | None:
+        return None
+
+    def details(self) -> dict:
+        return {}
+
+
+def zipf_share(lo: float, hi: float, rows: int, alpha: float) -> float:
+    """What row_skew()'s exponents mean: the share of lookups of a table of ``rows`` rows whose IDs
+    follow the bounded power law p(x) ~ x^-alpha (row 0 hottest) that land in rows [lo, hi).
+    The law's CDF, F(x) = ((x + 1)^(1 - alpha) - 1) / ((rows + 1)^(1 - alpha) - 1), at hi minus at lo."""
+
+    def cdf(x: float) -> float:
+        if alpha == 0:
+            return x / rows
+        if abs(alpha - 1.0) < 1e-9:
+            return math.log(x + 1) / math.log(rows + 1)
+        e = 1.0 - alpha
+        return ((x + 1) ** e - 1) / ((rows + 1) ** e - 1)
+
+    return cdf(min(hi, rows)) - cdf(max(lo, 0))
 
 
 def parse_args(pairs) -> dict:
@@ -173,6 +237,18 @@ def load_workload(spec: str, args=()) -> Workload:
     return workload
 
 
+def check_global_batch(batch, nproc: int = 1) -> int:
+    """``--batch``: a positive number of examples that splits evenly over ``nproc`` ranks."""
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise UsageError(f"--batch must be a positive number of examples, got {batch!r}")
+    if batch % nproc:
+        raise UsageError(
+            f"--batch {batch} does not split evenly over --nproc {nproc} ranks: "
+            f"pick a multiple of {nproc}, e.g. {max(nproc, batch - batch % nproc)}"
+        )
+    return batch
+
+
 def check_tables(workload: Workload) -> list:
     """tables(): TorchRec EmbeddingBagConfig / EmbeddingConfig only, unique names."""
     from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
@@ -181,12 +257,12 @@ def check_tables(workload: Workload) -> list:
     for t in tables:
         if not isinstance(t, (EmbeddingBagConfig, EmbeddingConfig)):
             raise UsageError(
-                f"--model {spec_of(workload)}: tables() gave a {type(t).__name__}, not a TorchRec EmbeddingBagConfig "
+                f"{named(workload)}: tables() gave a {type(t).__name__}, not a TorchRec EmbeddingBagConfig "
                 "or EmbeddingConfig; return torchrec.modules.embedding_configs objects"
             )
     names = [t.name for t in tables]
     if len(set(names)) != len(names) or not names:
-        raise UsageError(f"--model {spec_of(workload)}: tables() must give at least one table, names unique: {names}")
+        raise UsageError(f"{named(workload)}: tables() must give at least one table, names unique: {names}")
     return tables
 
 
@@ -194,11 +270,16 @@ def spec_of(workload: Workload) -> str:
     return getattr(workload, "spec", None) or workload.name
 
 
+def named(workload: Workload) -> str:
+    """How a message names the workload: as the user did, --config NAME (the zoo's) or --model SPEC."""
+    return getattr(workload, "flag", None) or f"--model {spec_of(workload)}"
+
+
 def check_switches(workload: Workload, used: dict) -> None:
     """Refuse a stack switch in use (``used``: name -> value) that the workload does not support."""
     for name in sorted(set(used) & set(workload.unsupported)):
         raise UsageError(
-            f"--model {spec_of(workload)}: the workload does not support {name}={used[name]}; "
+            f"{named(workload)}: the workload does not support {name}={used[name]}; "
             f"turn it off with --set {name}=... or pick another stack"
         )
 
@@ -225,32 +306,28 @@ def batch_spec(batch) -> dict:
 
 
 def check_batch(workload: Workload, batch, rank: int = 0, world: int = 1) -> None:
-    """batch(): has .to(device); every tensor and KJT holds global_batch/world examples; every KJT
-    key is a feature of a table."""
+    """batch(): has .to(device); every KJT holds global_batch/world examples (its stride) of
+    features a table has. Tensors are the workload's own: per example, or per item of a sequence
+    (the zoo's item content), so their sizes are not checked here."""
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-    spec = spec_of(workload)
+    spec = named(workload)
     if not callable(getattr(batch, "to", None)):
-        raise UsageError(
-            f"--model {spec}: batch() gave a {type(batch).__name__} without .to(device); return a Pipelineable"
-        )
+        raise UsageError(f"{spec}: batch() gave a {type(batch).__name__} without .to(device); return a Pipelineable")
     expected = workload.global_batch // world
     features = {f for t in workload.tables() for f in t.feature_names}
-    fields = batch_fields(batch)
-    if not any(isinstance(v, KeyedJaggedTensor) for v in fields.values()):
-        raise UsageError(f"--model {spec}: batch() has no KeyedJaggedTensor field; the tables' IDs go in one")
-    for name, v in fields.items():
-        size = v.stride() if isinstance(v, KeyedJaggedTensor) else (v.shape[0] if v.dim() else None)
-        if size != expected:
+    kjts = {k: v for k, v in batch_fields(batch).items() if isinstance(v, KeyedJaggedTensor)}
+    if not kjts:
+        raise UsageError(f"{spec}: batch() has no KeyedJaggedTensor field; the tables' IDs go in one")
+    for name, v in kjts.items():
+        if v.stride() != expected:
             raise UsageError(
-                f"--model {spec}: batch field {name!r} holds {size} examples, not global_batch/world = "
+                f"{spec}: batch field {name!r} holds {v.stride()} examples, not global_batch/world = "
                 f"{workload.global_batch}/{world} = {expected}; batch(i, rank, world, seed) gives one rank's slice"
             )
-        if isinstance(v, KeyedJaggedTensor) and not set(v.keys()) <= features:
+        if not set(v.keys()) <= features:
             unknown = sorted(set(v.keys()) - features)
-            raise UsageError(
-                f"--model {spec}: batch field {name!r} has keys {unknown} that no table's feature_names hold"
-            )
+            raise UsageError(f"{spec}: batch field {name!r} has keys {unknown} that no table's feature_names hold")
 
 
 def workload_hash(workload: Workload, model: nn.Module, batch) -> str:

@@ -25,11 +25,11 @@ import torch
 from tabulate import tabulate
 from torch.utils.flop_counter import FlopCounterMode
 
-from gembench.harness.metrics.flopcheck import hstu_attention_check, summary_check
 from gembench.harness.metrics.mfu import train_flops
 from gembench.harness.report.numbers import si
 from gembench.models.config import for_device, load_config, with_global_batch
 from gembench.models.data import SyntheticData
+from gembench.models.flopcheck import hstu_attention_check, summary_check
 from gembench.models.flops import batch_forward_flops
 from gembench.models.gem import build_model
 from gembench.models.heads import multitask_loss

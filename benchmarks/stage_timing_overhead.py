@@ -3,8 +3,8 @@
 Each round runs `--steps` steps untimed (one clock read per step) and `--steps` with every stage
 boundary marked, in alternating order, on the same model and batches. The overhead is the
 median over rounds of (timed / untimed - 1). Goal: under 2% on `small`, and on a model gembench
-did not write (--model, or --examples: both of examples/), where timing adds the forward hooks on
-its TorchRec modules (off in the untimed steps). The cost counters run on extra steps after the
+did not write (--model, or --examples: both of examples/). Timing adds the forward hooks on each
+model's sparse modules (the sparse timer: off in the untimed steps). The cost counters run on extra steps after the
 timed ones, so they cost the timed steps nothing; what one counted step costs is printed beside,
 as % of a plain step and as % of the run (one counted step per run of --run-steps).
 
@@ -20,17 +20,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gembench.harness.train.model import workload_of
 from gembench.harness.train.stack import STACKS, build_train_state, with_switches
 from gembench.harness.train.step import run_steps
-from gembench.models.config import load_config
-from gembench.models.data import SyntheticData
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 EXAMPLE_SPECS = [(f"{EXAMPLES}/torchrec_dlrm.py:dlrm", ("max_rows=10000",)), (f"{EXAMPLES}/two_tower.py:two_tower", ())]
 
 
 def overhead(state, batches, rounds: int, steps: int, timer=None) -> tuple[list, dict]:
-    """Per round timed/untimed - 1, and the seconds each way; ``timer``: a workload's sparse timer,
+    """Per round timed/untimed - 1, and the seconds each way; ``timer``: the model's sparse timer,
     its hooks off in the untimed steps."""
     run_steps(state, batches, 0, warmup=3)  # compile and warm caches outside the measurement
     ratios, totals = [], {True: 0.0, False: 0.0}
@@ -101,21 +100,10 @@ def main() -> None:
     p.add_argument("--run-steps", type=int, default=20, help="timed steps of the run the counted step is priced in")
     args = p.parse_args()
     device, options = torch.device(args.device), with_switches(STACKS[args.stack], args.switches)
-    specs = EXAMPLE_SPECS if args.examples else [(args.model, tuple(args.model_args))] if args.model else []
-    if not specs:
-        cfg = load_config(args.config)
-        state = build_train_state(cfg, options, device)
-        data = SyntheticData(cfg, seed=0)
-        batches = [data.batch(i) for i in range(args.steps)]
-        ratios, totals = overhead(state, batches, args.rounds, args.steps)
-        counted = counter_cost(state, batches, args.rounds)
-        report(f"{args.config} ({args.stack})", ratios, totals, args.rounds, args.steps, counted, args.run_steps)
+    specs = EXAMPLE_SPECS if args.examples else [(args.model, tuple(args.model_args))]
     for spec, model_args in specs:
-        from gembench.harness.train.generic import build_generic_state
-        from gembench.workload import load_workload
-
-        workload = load_workload(spec, model_args)
-        state = build_generic_state(workload, options, device)
+        workload = workload_of(args.config, spec, model_args).on_device(device.type).for_stack(options)
+        state = build_train_state(workload, options, device)
         batches = [workload.batch(i) for i in range(args.steps)]
         ratios, totals = overhead(state, batches, args.rounds, args.steps, state.timer)
         counted = counter_cost(state, batches, args.rounds)

@@ -12,12 +12,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gembench.harness.train.generic import build_generic_state
+from gembench.harness.train.model import workload_of
 from gembench.harness.train.stack import STACKS, build_train_state, with_switches
 from gembench.harness.train.step import run_steps
-from gembench.models.config import load_config
-from gembench.models.data import SyntheticData
-from gembench.workload import load_workload
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "torchrec_dlrm.py"
 
@@ -29,11 +26,11 @@ def main() -> None:
     args = p.parse_args()
     opts = with_switches(STACKS["optimized"], args.switches)
     dev = torch.device("cpu")
-    cfg = load_config("dlrm")
-    zoo = build_train_state(cfg, opts, dev)
-    zb = [SyntheticData(cfg, seed=0).batch(i) for i in range(4)]
-    w = load_workload(f"{EXAMPLE}:dlrm")
-    wl = build_generic_state(w, opts, dev)
+    z = workload_of("dlrm").on_device(dev.type).for_stack(opts)
+    zoo = build_train_state(z, opts, dev)
+    zb = [z.batch(i) for i in range(4)]
+    w = workload_of(model=f"{EXAMPLE}:dlrm")
+    wl = build_train_state(w, opts, dev)
     wb = [w.batch(i) for i in range(4)]
     run_steps(zoo, zb, 0, 2)  # warm-up of each
     run_steps(wl, wb, 0, 2)

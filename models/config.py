@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gembench.errors import UsageError, read_toml
+from gembench.workload import check_global_batch
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 KINDS = ("gem", "dlrm", "dcnv2")
@@ -253,13 +254,7 @@ def with_global_batch(cfg: ModelConfig, batch: int | None, nproc: int = 1) -> Mo
     so runs at another batch never compare as the same config."""
     if batch is None:
         return cfg
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise UsageError(f"--batch must be a positive number of examples, got {batch!r}")
-    if batch % nproc:
-        raise UsageError(
-            f"--batch {batch} does not split evenly over --nproc {nproc} ranks: "
-            f"pick a multiple of {nproc}, e.g. {max(nproc, batch - batch % nproc)}"
-        )
+    check_global_batch(batch, nproc)
     return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, global_batch=batch))
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+from torchrec.streamable import Pipelineable
 
 from gembench.models.config import ModelConfig
 
@@ -27,8 +28,9 @@ EVENT_GAP_SIGMA = 2.0
 
 
 @dataclass
-class Batch:
-    """One training batch.
+class Batch(Pipelineable):
+    """One training batch: a TorchRec Pipelineable (to, record_stream, pin_memory), so that the
+    sparse-dist pipeline runs it as it is.
 
     dense:  (B, dense_features) float32 continuous features
     sparse: KeyedJaggedTensor of pooled features, keys ``t0..t{F-1}``, lengths = pooling factors
@@ -84,7 +86,7 @@ class Batch:
             seq_time=move(self.seq_time),
         )
 
-    def record_stream(self, stream) -> None:  # TorchRec's Pipelineable protocol
+    def record_stream(self, stream) -> None:
         for t in self._tensors():
             t.record_stream(stream)
         self.sparse.record_stream(stream)
@@ -131,21 +133,6 @@ def zipf_ids(
     if not hashed:
         return rank
     return (rank * _coprime_stride(rows) + zlib.crc32(salt.encode()) % rows) % rows
-
-
-def zipf_share(lo: float, hi: float, rows: int, alpha: float) -> float:
-    """Share of zipf_ids(..., hashed=False) draws that land in rows [lo, hi): the law's CDF,
-    F(x) = ((x + 1)^(1 - alpha) - 1) / ((rows + 1)^(1 - alpha) - 1), at hi minus at lo."""
-
-    def cdf(x: float) -> float:
-        if alpha == 0:
-            return x / rows
-        if abs(alpha - 1.0) < 1e-9:
-            return math.log(x + 1) / math.log(rows + 1)
-        e = 1.0 - alpha
-        return ((x + 1) ** e - 1) / ((rows + 1) ** e - 1)
-
-    return cdf(min(hi, rows)) - cdf(max(lo, 0))
 
 
 def _coprime_stride(rows: int) -> int:

@@ -32,6 +32,17 @@ MEMORY_VARIANTS = {
 }
 
 
+def zoo_state(cfg, options, device=None, seed: int = 0):
+    """A config's training state as one process builds it: the zoo's workload as the stack runs it
+    (for_stack), the stack applied (harness/train/stack.build_train_state)."""
+    import torch
+
+    from gembench.harness.train.stack import build_train_state
+    from gembench.models.zoo import ZooWorkload
+
+    return build_train_state(ZooWorkload(cfg).for_stack(options), options, device or torch.device("cpu"), seed=seed)
+
+
 def make_result(
     rid: str = "r1",
     step_s: float = 0.100,

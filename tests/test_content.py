@@ -8,7 +8,7 @@ import torch
 from synthetic import gembench_cli, run_cli
 from torch.utils.flop_counter import FlopCounterMode
 
-from gembench.harness.train.stack import STACKS, model_config, pure_model
+from gembench.harness.train.stack import STACKS
 from gembench.models.config import load_config
 from gembench.models.content import ContentArch, content_arch_flops
 from gembench.models.data import SyntheticData
@@ -16,6 +16,7 @@ from gembench.models.flops import batch_forward_flops
 from gembench.models.gem import build_model, interaction_tokens
 from gembench.models.heads import multitask_loss
 from gembench.models.memory import memory_estimate
+from gembench.models.zoo import ZooWorkload
 
 
 def tiny_with_content(tmp_path, section: str):
@@ -89,19 +90,20 @@ def test_configs_without_content_are_unchanged_and_the_switch_drops_it(tmp_path)
     assert cfg.hash != tiny.hash
     assert interaction_tokens(cfg) == interaction_tokens(tiny) + 3  # image, text, the token bag
     off = dataclasses.replace(STACKS["optimized"], content="off")
-    assert model_config(cfg, off).hash == dataclasses.replace(cfg, content=None).hash
-    model = pure_model(cfg, off, torch.device("cpu"))
+    ran = ZooWorkload(cfg).for_stack(off)  # the model content=off runs
+    assert ran.fingerprint() == dataclasses.replace(cfg, content=None).hash
+    model = ran.build(torch.device("cpu"))
     assert model.content_arch is None and model.item_content is None
-    on, without = (
-        memory_estimate(c, 64, None, STACKS["optimized"], "cuda")["activations"] for c in (cfg, model_config(cfg, off))
-    )
+    on, without = (memory_estimate(c, 64, None, STACKS["optimized"], "cuda")["activations"] for c in (cfg, ran.cfg))
     assert on > without  # the content's inputs and saved activations
 
 
 def test_describe_shows_the_content_block(capsys):
     code, out, err = run_cli(["describe", "--config", "medium"], capsys)
     assert code == 0, err
-    assert "content per candidate      image 512, text 768; per sequence item 32 (bf16)" in out
+    section = out[out.index("content (the ad's, from frozen encoders)") :].splitlines()
+    rows = {line.split()[0]: line.split()[-1] for line in section[2:] if line.strip()}
+    assert (rows["image"], rows["text"], rows["dtype"]) == ("512", "768", "bf16") and "item" in section[4]
     line = next(x for x in out.splitlines() if x.startswith("content_arch"))
     assert "787,712" in line  # its parameters: two MLPs 512->512->128 and 768->512->128
 

@@ -6,13 +6,13 @@ stack: no compile, a few seconds); `gembench run` prints them (tests/test_run.py
 
 import pytest
 import torch
+from synthetic import zoo_state
 
 from gembench.harness.metrics import counters as C
 from gembench.harness.metrics.trace import kineto_marks_dropped, self_times, top_rows
-from gembench.harness.train import step as step_module
 from gembench.harness.train.runconfig import RunConfig
 from gembench.harness.train.runner import run_benchmark
-from gembench.harness.train.stack import STACKS, build_train_state
+from gembench.harness.train.stack import STACKS
 from gembench.harness.train.step import NoClock, run_steps, train_step
 from gembench.models.config import load_config
 from gembench.models.data import SyntheticData
@@ -117,14 +117,16 @@ def test_counters_of_real_steps_are_deterministic_and_see_a_planted_op(monkeypat
     assert {k: a["metrics"][k] for k in C.KEYS if k != "kernels"} == {k: c[k] for k in C.KEYS if k != "kernels"}
     assert "kernels" not in a["metrics"]
 
-    real_losses = step_module.task_losses
+    from gembench.models.zoo import ZooWorkload
 
-    def planted(logits, labels):  # one more aten op, and one host read, in every step
-        per_task = real_losses(logits, labels) * 1.0
+    real_loss = ZooWorkload.loss
+
+    def planted(self, output, batch):  # one more aten op, and one host read, in every step
+        per_task = real_loss(self, output, batch) * 1.0
         per_task.detach().sum().item()
         return per_task
 
-    monkeypatch.setattr(step_module, "task_losses", planted)
+    monkeypatch.setattr(ZooWorkload, "loss", planted)
     p = _tiny_baseline()["counters"]
     from gembench.harness.regression.opdiff import op_changes
 
@@ -144,7 +146,7 @@ def test_batches_carry_their_kjt_layout_so_torchrec_reads_nothing_back():
         moved = kjt.to(torch.device("cpu"))
         assert moved._length_per_key == kjt._length_per_key
     # a KJT without them costs the embedding modules a host read (the counter sees it)
-    state = build_train_state(cfg, STACKS["baseline"], torch.device("cpu"))
+    state = zoo_state(cfg, STACKS["baseline"], torch.device("cpu"))
     run_steps(state, [batch], 1, 0)
     bare = SyntheticData(cfg, seed=0).batch(0)
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -163,7 +165,7 @@ def test_one_tiny_step_on_cuda_makes_no_host_sync():
     # tiled op plans its tiles on the host and syncs ~86 times per step.
     cfg = load_config("tiny")
     dev = torch.device("cuda")
-    state = build_train_state(cfg, STACKS["optimized"], dev)
+    state = zoo_state(cfg, STACKS["optimized"], dev)
     batches = [SyntheticData(cfg, seed=0).batch(i) for i in range(3)]
     run_steps(state, batches, 1, 2)  # warm-up and compile outside the checked step
     torch.cuda.synchronize()

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from gembench.models.config import load_config
-from gembench.models.data import SyntheticData, id_exponents, truncated_lognormal, zipf_ids, zipf_share
+from gembench.models.data import SyntheticData, id_exponents, truncated_lognormal, zipf_ids
+from gembench.workload import zipf_share
 
 
 def test_same_seed_same_batches_in_any_order():

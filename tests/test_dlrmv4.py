@@ -204,30 +204,35 @@ def test_capped_training_step_and_its_flops_per_example(tmp_path):
     layout's blocks, and the runner's model FLOPs per example (flops.model_per_step over
     run.global_batch) at 3 x the expected forward (every sequence max_len long, "fixed")."""
     from gembench.harness.metrics.mfu import train_flops
-    from gembench.harness.train.result import described, timed_batches
+    from gembench.harness.train.model import described
+    from gembench.harness.train.result import timed_batches
     from gembench.harness.train.runconfig import RunConfig
-    from gembench.harness.train.runner import prepare
-    from gembench.harness.train.stack import STACKS, build_train_state, model_config
+    from gembench.harness.train.runner import build_state, prepare
+    from gembench.harness.train.stack import STACKS
     from gembench.harness.train.step import run_steps
 
     options = dataclasses.replace(STACKS["optimized"], compile=False)
     run = RunConfig(str(small_copy(tmp_path)), steps=1, warmup=0, device="cpu", peak_tflops=1.0)
     setup = prepare(run, [options])
-    assert max(setup.cfg.sparse.rows) == 500  # capped on CPU
-    samples = run_steps(build_train_state(setup.cfg, options, setup.device), setup.batches, 1, 0)
+    cfg = setup.workload.cfg  # the zoo's workload as it runs on the CPU
+    assert max(cfg.sparse.rows) == 500  # capped on CPU
+    assert setup.basis == "formula"  # the zoo's formula, checked against FlopCounterMode
+    samples = run_steps(build_state(setup, options), setup.batches, 1, 0)
     assert torch.isfinite(torch.tensor(samples.loss)).all()
-    shape = described(model_config(setup.cfg, options), timed_batches(setup.batches, 0, 1), options)
+    variant = setup.variant(options)
+    shape = described(variant, setup.flops_of(variant), timed_batches(setup.batches, 0, 1), options)
     blocks = shape["per_block"]
     assert set(blocks) == {"contextual_arch", "sequence_input", "sequence_arch", "item_arch", "over_arch"}
     assert shape["forward_flops"] == [pytest.approx(sum(blocks.values()))]
-    per_example = train_flops(sum(blocks.values())) / setup.cfg.data.global_batch
-    assert per_example == pytest.approx(3 * sum(forward_flops_per_example(setup.cfg).values()), rel=1e-9)
+    per_example = train_flops(sum(blocks.values())) / cfg.data.global_batch
+    assert per_example == pytest.approx(3 * sum(forward_flops_per_example(cfg).values()), rel=1e-9)
 
 
 def test_checkpointed_hstu_layers_recompute_the_same_dropout(tmp_path):
     """DLRMv4's HSTU layers draw dropout masks: activation checkpointing must replay them, or the
     recomputed forward (and every gradient) is another one."""
     from gembench.harness.train.parallelize import apply_ac
+    from gembench.models.zoo import ZooWorkload
 
     cfg = for_device(load_config(small_copy(tmp_path)), "cpu")
     batch = SyntheticData(cfg, seed=0).batch(0)
@@ -235,7 +240,7 @@ def test_checkpointed_hstu_layers_recompute_the_same_dropout(tmp_path):
     for mode in ("none", "hstu"):
         torch.manual_seed(0)
         model = build_model(cfg)
-        assert apply_ac(model, mode) == (0 if mode == "none" else cfg.hstu.layers)
+        assert apply_ac(ZooWorkload(cfg), model, mode) == (0 if mode == "none" else cfg.hstu.layers)
         torch.manual_seed(1)
         multitask_loss(model(batch), batch.labels).backward()
         # (checkpoint_wrapper renames the parameters it wraps: compare them in order)

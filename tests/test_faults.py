@@ -377,16 +377,18 @@ def test_concurrent_promote_stops(tmp_path, capsys):
 
 
 def test_planted_nan_marks_the_run_diverged_and_gate_fails_it(tmp_path, capsys, monkeypatch):
-    real, calls = step.task_losses, []
+    from gembench.models.zoo import ZooWorkload
 
-    def nan_in_task1_at_step_2(logits, labels):
-        losses = real(logits, labels)
+    real, calls = ZooWorkload.loss, []
+
+    def nan_in_task1_at_step_2(self, output, batch):
+        losses = real(self, output, batch)
         calls.append(1)
         if len(calls) == 3:  # step 2 (counted from the first warm-up step): task1's loss is NaN
             losses = losses + torch.tensor([0.0, float("nan")])
         return losses
 
-    monkeypatch.setattr(step, "task_losses", nan_in_task1_at_step_2)
+    monkeypatch.setattr(ZooWorkload, "loss", nan_in_task1_at_step_2)
     out = tmp_path / "r.json"
     code, table, err = run_cli(
         [

@@ -78,7 +78,7 @@ def shapes(name):
 @pytest.mark.parametrize("name", ["tiny", "small"])
 @pytest.mark.parametrize("backward", [False, True], ids=["forward", "training"])
 def test_hstu_attention_full_square_is_twice_the_causal_count(name, backward):
-    from gembench.harness.metrics.flopcheck import hstu_attention_check
+    from gembench.models.flopcheck import hstu_attention_check
 
     cfg, n = shapes(name)
     r = hstu_attention_check(batch=3, length=n, dim=cfg.hstu.dim, heads=cfg.hstu.heads, backward=backward)
@@ -91,7 +91,7 @@ def test_hstu_attention_full_square_is_twice_the_causal_count(name, backward):
 @pytest.mark.parametrize("name", ["tiny", "small"])
 @pytest.mark.parametrize("backward", [False, True], ids=["forward", "training"])
 def test_pma_summary_dense_count_equals_the_analytic(name, backward):
-    from gembench.harness.metrics.flopcheck import summary_check
+    from gembench.models.flopcheck import summary_check
 
     cfg, n = shapes(name)
     x = cfg.cross
@@ -114,7 +114,7 @@ def test_pma_summary_dense_count_equals_the_analytic(name, backward):
 def test_a_count_through_a_registered_formula_is_refused_as_independent():
     import torch
 
-    from gembench.harness.metrics.flopcheck import count, equal_lengths, independent
+    from gembench.models.flopcheck import count, equal_lengths, independent
     from gembench.models.ops.pytorch.hstu_attention import hstu_jagged_attention
 
     q = k = v = torch.randn(8, 2, 4)

@@ -51,10 +51,22 @@ def test_a_planted_back_edge_breaks_them(tmp_path):
     assert "gembench.models.config -> gembench.harness.commands.run" in proc.stdout, proc.stdout[-3000:]
 
 
-def test_a_planted_zoo_block_import_breaks_the_harness_contract(tmp_path):
+def test_a_planted_zoo_import_breaks_the_harness_contract(tmp_path):
+    """The harness reads a config only through the protocol: reading the zoo's config module (or
+    any module of models/ but the provider entry, models.zoo) is a broken contract."""
     parent = _copy_package(tmp_path)
     runner = parent / "gembench" / "harness" / "train" / "runner.py"
-    runner.write_text(runner.read_text() + "\nfrom gembench.models.hstu import HSTULayer  # planted\n")
+    runner.write_text(runner.read_text() + "\nfrom gembench.models.config import load_config  # planted\n")
     proc = _lint(parent / "gembench", parent)
     assert proc.returncode != 0, proc.stdout[-3000:]
-    assert "gembench.harness.train.runner -> gembench.models.hstu" in proc.stdout, proc.stdout[-3000:]
+    assert "gembench.harness.train.runner -> gembench.models.config" in proc.stdout, proc.stdout[-3000:]
+
+
+def test_the_harness_contract_names_every_module_of_the_zoo_but_its_entry():
+    import tomllib
+
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    (zoo,) = [c for c in contracts if c.get("source_modules") == ["gembench.harness"] and c["type"] == "forbidden"]
+    modules = {f"gembench.models.{p.stem}" for p in (ROOT / "models").glob("*.py") if p.stem != "__init__"}
+    modules |= {f"gembench.models.{p.name}" for p in (ROOT / "models").iterdir() if (p / "__init__.py").exists()}
+    assert set(zoo["forbidden_modules"]) == modules - {"gembench.models.zoo"}

@@ -67,14 +67,19 @@ def test_what_does_not_fit_is_refused_naming_the_batch_that_would(monkeypatch):
     import torch
 
     import gembench.harness.train.memory as memory
+    from gembench.harness.train.model import parameter_shapes
+    from gembench.models.zoo import ZooWorkload
 
     cfg = load_config("medium")
+    workload = ZooWorkload(cfg)  # the harness reads a config through the protocol
+    counts = parameter_shapes(workload)
     monkeypatch.setattr(memory, "memory_available", lambda device: int(139.3 * 2**30))
-    check_fits(cfg, 2048, torch.device("cuda"), stacks=[STACKS["optimized"]])  # fits: no error
+    check_fits(workload, counts, 2048, torch.device("cuda"), stacks=[STACKS["optimized"]])  # fits: no error
     with pytest.raises(UsageError) as err:
-        check_fits(cfg, 2048, torch.device("cuda"), stacks=[STACKS["baseline"]])
-    best = largest_fitting_batch(cfg, [STACKS["baseline"]], "cuda", 0.9 * 139.3 * 2**30)
+        check_fits(workload, counts, 2048, torch.device("cuda"), stacks=[STACKS["baseline"]])
+    assert str(err.value).startswith("--config medium needs about")
+    best = largest_fitting_batch(workload, counts, [STACKS["baseline"]], "cuda", 0.9 * 139.3 * 2**30)
     assert 0 < best < 2048 and f"--batch {best} or smaller" in str(err.value)
     assert memory_estimate(cfg, best + 1, stack=STACKS["baseline"])["total"] > 0.9 * 139.3 * 2**30
     with pytest.raises(UsageError, match="with the baseline \\+ optimized stacks"):  # --ab holds both stacks
-        check_fits(cfg, 2048, torch.device("cuda"), stacks=[STACKS["baseline"], STACKS["optimized"]])
+        check_fits(workload, counts, 2048, torch.device("cuda"), stacks=[STACKS["baseline"], STACKS["optimized"]])

@@ -6,14 +6,14 @@ import shutil
 
 import pytest
 import torch
-from synthetic import run_cli
+from synthetic import run_cli, zoo_state
 
 from gembench.harness.train import nvtx
-from gembench.harness.train.stack import build_train_state, stack_options
-from gembench.harness.train.step import STAGES, run_steps
-from gembench.models.blocks import dense_blocks
+from gembench.harness.train.stack import stack_options
+from gembench.harness.train.step import run_steps
 from gembench.models.config import load_config
 from gembench.models.data import SyntheticData
+from gembench.models.zoo import ZooWorkload
 
 
 def tree_lines(nodes, depth: int = 0) -> list[str]:
@@ -31,7 +31,7 @@ def test_one_step_is_a_tree_of_stages_and_blocks(checkpointing):
     try:
         cfg = load_config("tiny")
         options = stack_options("optimized", "fp32", ("compile=off", f"activation_checkpointing={checkpointing}"))
-        state = build_train_state(cfg, options, torch.device("cpu"))
+        state = zoo_state(cfg, options, torch.device("cpu"))
         data = SyntheticData(cfg, seed=0, batch_size=cfg.data.global_batch)
         run_steps(state, [data.batch(0)], steps=1, warmup=0)
     finally:
@@ -39,23 +39,24 @@ def test_one_step_is_a_tree_of_stages_and_blocks(checkpointing):
     print("\n".join(tree_lines(recorder.root)))
     assert recorder.depth == 0  # every range closed
     [(step, stages)] = recorder.root
-    assert step == "step" and [name for name, _ in stages] == list(STAGES)
+    # the forward is one call of the workload's: one range, its sparse share a range inside it
+    assert step == "step" and [name for name, _ in stages] == ["data", "forward", "loss", "backward", "optimizer"]
     by_stage = dict(stages)
-    blocks = [path for path, _ in dense_blocks(state.model)]
-    # each block once in the forward, in the model's order, and once in the backward
-    assert [name for name, _ in by_stage["dense_forward"]] == blocks
+    blocks = list(ZooWorkload(cfg).blocks())
+    # the lookups first, then each block once in the forward, in the model's order, and once in the backward
+    assert [name for name, _ in by_stage["forward"]] == ["sparse_forward", *blocks]
     assert sorted(name for name, _ in by_stage["backward"]) == sorted(blocks)
-    assert all(not children for name, children in by_stage["dense_forward"])
+    assert all(not children for name, children in by_stage["forward"])
     assert by_stage["data"] == [] and by_stage["optimizer"] == []
 
 
 def test_ranges_cost_nothing_when_off():
     assert not nvtx.enabled()
-    model = build_train_state(
-        load_config("tiny"), stack_options("optimized", "fp32", ("compile=off",)), torch.device("cpu")
-    ).model
-    assert nvtx.apply_block_ranges(model) == 0
-    assert not any(m._forward_pre_hooks for m in model.modules())
+    model = zoo_state(load_config("tiny"), stack_options("optimized", "fp32", ("compile=off",))).model
+    blocks = ZooWorkload(load_config("tiny")).blocks()
+    assert nvtx.apply_block_ranges(model, blocks) == 0
+    hooked = [m for p in blocks for m in model.get_submodule(p).modules() if m._forward_pre_hooks]
+    assert not hooked  # (the sparse timer's hooks are on the sparse arch, never on a dense block)
 
 
 def test_nsys_says_what_to_install_or_that_it_needs_cuda(capsys, monkeypatch):

@@ -15,19 +15,20 @@ import sys
 import numpy as np
 import pytest
 import torch
-from synthetic import BF16_LOSS_RTOL, MEMORY_VARIANTS, gembench_cli, run_cli
+from synthetic import BF16_LOSS_RTOL, MEMORY_VARIANTS, gembench_cli, run_cli, zoo_state
 from torch.utils.flop_counter import FlopCounterMode
 
 from gembench.errors import UsageError
 from gembench.harness.metrics.mfu import summarize, train_flops
-from gembench.harness.train.parallelize import apply_ac, checkpointed, dense_blocks, recomputed_forward_flops
+from gembench.harness.train.parallelize import apply_ac
 from gembench.harness.train.runconfig import RunConfig
-from gembench.harness.train.stack import build_train_state, stack_options
+from gembench.harness.train.stack import stack_options
 from gembench.harness.train.step import run_steps
 from gembench.models.config import load_config
 from gembench.models.data import SyntheticData
 from gembench.models.flops import batch_forward_flops
 from gembench.models.heads import multitask_loss
+from gembench.models.zoo import ZooWorkload
 
 CPU = torch.device("cpu")
 FP32 = ("compile=off",)  # with --dtype fp32: exact arithmetic to compare, no compile to wait for
@@ -39,21 +40,24 @@ def _fp32(*switches):
 
 def _losses(options, steps: int = 5) -> list[float]:
     cfg = load_config("tiny")
-    state = build_train_state(cfg, options, CPU)
+    state = zoo_state(cfg, options, CPU)
     data = SyntheticData(cfg, seed=0, batch_size=cfg.data.global_batch)
     return run_steps(state, [data.batch(i) for i in range(steps)], steps, 0).loss
 
 
 def test_blocks_are_read_off_the_model():
     cfg = load_config("tiny")
-    model = build_train_state(cfg, _fp32(), CPU).model
-    names = [p for p, _ in dense_blocks(model)]
+    workload = ZooWorkload(cfg)  # the zoo names its blocks off its model's structure (models/blocks.py)
+    names = list(workload.blocks())
+    model = zoo_state(cfg, _fp32(), CPU).model
+    assert all(isinstance(model.get_submodule(n), torch.nn.Module) for n in names)
     layers = cfg.hstu.layers * len(cfg.sequences)
     assert len([n for n in names if n.startswith("sequence_arch.")]) == layers
     assert len([n for n in names if n.startswith("interaction_arch.layers.")]) == cfg.wukong.layers
     assert {"dense_arch", "nonseq_summary", "over_arch"} <= set(names)
     assert not any("sparse" in n for n in names)
-    assert len(checkpointed(model, "hstu")) == layers and checkpointed(model, "none") == []
+    assert len(workload.checkpointed("hstu")) == layers and workload.checkpointed("none") == ()
+    assert workload.checkpointed("all") == workload.blocks()
 
 
 @pytest.mark.parametrize("mode", ["hstu", "all"])
@@ -70,8 +74,8 @@ def test_executed_flops_exceed_the_model_by_the_checkpointed_forward():
 
     def counted(mode: str, backward: bool = True) -> FlopCounterMode:
         torch.manual_seed(0)
-        model = build_train_state(cfg, _fp32(), CPU).model
-        apply_ac(model, mode)
+        model = zoo_state(cfg, _fp32(), CPU).model
+        apply_ac(ZooWorkload(cfg), model, mode)
         with FlopCounterMode(display=False) as counter:
             loss = multitask_loss(model(batch), batch.labels)
             if backward:
@@ -86,7 +90,7 @@ def test_executed_flops_exceed_the_model_by_the_checkpointed_forward():
     assert hstu_forward > 0 and checkpointing - plain == hstu_forward
     # the analytic side: the recomputed share is the sequence arch's forward, and HFU follows it
     per_block = batch_forward_flops(cfg, batch)
-    recomputed = recomputed_forward_flops(per_block, "hstu")
+    recomputed = ZooWorkload(cfg).recomputed_flops(per_block, "hstu")
     assert recomputed == per_block["sequence_arch"] > 0
     forward = sum(per_block.values())
     s = summarize([0.1], {"backward": [0.05]}, [forward], 64, 1.0, recomputed_flops=[recomputed])

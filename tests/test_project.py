@@ -20,9 +20,14 @@ from gembench.harness.projection.subject import Subject
 from gembench.harness.store.schema import validate
 from gembench.models.config import load_config
 from gembench.models.data import expected_ids_per_example
+from gembench.models.zoo import ZooWorkload
 
 H100 = PRESETS["h100"]
-of = Subject.of_config  # a config as the projection reads it
+
+
+def of(cfg):
+    """A config as the projection reads it: the zoo's workload."""
+    return Subject.of(ZooWorkload(cfg))
 
 
 def _gembench(*args, env=None):

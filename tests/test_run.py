@@ -7,6 +7,7 @@ from synthetic import gembench_cli, run_cli
 
 from gembench.harness.commands.describe import describe
 from gembench.models.config import known_configs, load_config
+from gembench.models.zoo import ZooWorkload
 
 # tiny_run: conftest's session fixture (tests/test_results.py and test_memory_estimate.py read it too)
 
@@ -106,7 +107,7 @@ def test_run_bf16_with_peak_override(tmp_path):
         (["--config", "nope"], "unknown config 'nope': known configs are"),
         (["--config", "tiny", "--steps", "0"], "--steps must be at least 1"),
         (["--config", "tiny", "--warmup", "-1"], "--warmup must be 0 or more"),
-        (["--config", "xl"], "config 'xl' needs about"),
+        (["--config", "xl"], "--config xl needs about"),
         (["--config", "tiny", "--device", "tpu"], "--device must be auto, cpu or cuda"),
         (["--config", "tiny", "--peak-tflops", "-3"], "--peak-tflops must be positive"),
     ],
@@ -145,8 +146,8 @@ def test_out_is_never_overwritten_or_unwritable(tmp_path, capsys):
 
 @pytest.mark.parametrize("name", known_configs())
 def test_describe_every_tier(name):
-    d = describe(load_config(name))
-    assert d["embedding_rows"] > 0 and d["dense_params"] > 0
+    d = describe(ZooWorkload(load_config(name)))
+    assert d["embedding_rows"] > 0 and d["dense_params"] > 0 and d["flops_basis"] == "formula"
     assert d["forward_gflop_per_example"] > 0
     assert d["memory_estimate_bytes"]["total"] > d["embedding_bytes_fp32"]
 

@@ -7,11 +7,11 @@ from dataclasses import replace
 
 import pytest
 import torch
-from synthetic import BF16_LOSS_RTOL, run_cli
+from synthetic import BF16_LOSS_RTOL, run_cli, zoo_state
 
 from gembench.harness.train.runconfig import RunConfig
 from gembench.harness.train.runner import run_ab
-from gembench.harness.train.stack import STACKS, build_train_state
+from gembench.harness.train.stack import STACKS
 from gembench.harness.train.step import run_steps
 from gembench.models.config import load_config
 from gembench.models.data import SyntheticData
@@ -20,7 +20,7 @@ STEPS = 8  # the shared tiny run's warm-up and timed steps (tests/conftest.py)
 
 
 def losses(cfg, options):
-    state = build_train_state(cfg, options, torch.device("cpu"), seed=0)
+    state = zoo_state(cfg, options, torch.device("cpu"), seed=0)
     data = SyntheticData(cfg, seed=0)
     batches = [data.batch(i) for i in range(STEPS)]
     return run_steps(state, batches, STEPS, warmup=0, timed=False).loss
@@ -61,7 +61,7 @@ def test_optimized_stack_tracks_baseline(tiny_run, baseline_losses):
 
 def test_broken_optimizer_is_caught(tiny, baseline_losses):
     # the parity check can fail: a stack that skips the embedding update drifts away
-    state = build_train_state(tiny, STACKS["baseline"], torch.device("cpu"), seed=0)
+    state = zoo_state(tiny, STACKS["baseline"], torch.device("cpu"), seed=0)
     state.optimizers = state.optimizers[1:]  # drop the embedding Adagrad
     data = SyntheticData(tiny, seed=0)
     broken = run_steps(state, [data.batch(i) for i in range(STEPS)], STEPS, 0, timed=False).loss

@@ -61,7 +61,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 def variants(single_process: bool, skip=()):
     """(label, options) pairs: cumulative additions from the baseline, then single removals
-    (``skip``: switches that do not act on the model, e.g. a workload's, generic.applied_switches)."""
+    (``skip``: switches that do not act on the model, skipped_switches)."""
     from gembench.harness.train.stack import OPTIMIZATIONS, STACKS
 
     names = [n for n in OPTIMIZATIONS if not (single_process and n == "pipeline") and n not in skip]
@@ -73,13 +73,13 @@ def variants(single_process: bool, skip=()):
     return added, removed
 
 
-def choices(single_process: bool, has_content: bool = True, excluded=()):
+def choices(single_process: bool, excluded=()):
     """(label, options): the optimized stack with each other value of a choice switch (one process:
-    no dense_parallel, which needs ranks; content only for a config that has some)."""
+    no dense_parallel, which needs ranks; ``excluded``: the switches or values that do not act on
+    the model, skipped_switches)."""
     from gembench.harness.train.stack import CHOICES, STACKS
 
     skip = {"dense_parallel"} if single_process else set()
-    skip |= set() if has_content else {"content"}
     return [
         (f"{name}={value}", replace(STACKS["optimized"], **{name: value}))
         for name, values in CHOICES.items()
@@ -87,6 +87,20 @@ def choices(single_process: bool, has_content: bool = True, excluded=()):
         for value in values[1:]
         if f"{name}={value}" not in excluded and name not in excluded
     ]
+
+
+def skipped_switches(workload) -> set[str]:
+    """The switches that do not act on the workload: those not applicable to it (the zoo's
+    attention kernel and content where it has none; compile where it names nothing to compile),
+    and each checkpointing mode that wraps none of its blocks (``activation_checkpointing=hstu``)."""
+    from gembench.harness.train.model import applied_switches
+    from gembench.harness.train.stack import CHOICES, STACKS
+
+    skip = set(applied_switches(workload, STACKS["baseline"]).not_applicable)
+    for mode in CHOICES["activation_checkpointing"][1:]:
+        if not workload.checkpointed(mode):
+            skip.add(f"activation_checkpointing={mode}")
+    return skip
 
 
 def main(args: argparse.Namespace) -> int:
@@ -116,32 +130,22 @@ def _ablate(args: argparse.Namespace) -> int:
     from gembench.harness.device.hardware import resolve_device
     from gembench.harness.report.numbers import pct
     from gembench.harness.store.reservation import write_or_fallback
+    from gembench.harness.train import model as M
     from gembench.harness.train.runconfig import RunConfig
     from gembench.harness.train.runner import measure_stack, prepare, summarized
-    from gembench.models.config import load_config, with_global_batch
-    from gembench.models.memory import memory_estimate, parameter_counts
 
-    if args.model is not None:  # a workload: only the switches that act on it (generic.applied_switches)
-        from gembench.harness.train import generic as G
-        from gembench.harness.train.stack import STACKS
-        from gembench.workload import load_workload
-
-        workload = load_workload(args.model, args.model_args)
-        skip = set(G.applied_switches(workload, STACKS["baseline"]).not_applicable) | {"activation_checkpointing=hstu"}
-        skip |= set() if workload.blocks() else {"activation_checkpointing=all"}
-        added, removed = variants(single_process=True, skip=skip)
-        chosen = choices(single_process=True, has_content=False, excluded=skip)
-        hungriest = added[-1][1]  # the estimate is from parameter shapes: every variant's is alike
-    else:
-        added, removed = variants(single_process=True)
-        chosen = choices(single_process=True, has_content=load_config(args.config).content is not None)
-        # Variants run one at a time, and each must fit: the memory check takes the hungriest.
-        cfg = with_global_batch(load_config(args.config), args.batch)
-        counts, device_type = parameter_counts(cfg), resolve_device(args.device).type
-        hungriest = max(
-            (options for _, options in added + removed),
-            key=lambda o: memory_estimate(cfg, cfg.data.global_batch, counts, o, device_type)["total"],
-        )
+    workload = M.workload_of(args.config, args.model, args.model_args, args.batch)
+    device_type = resolve_device(args.device).type
+    workload = workload.on_device(device_type)
+    skip = skipped_switches(workload)  # only the switches that act on the model
+    added, removed = variants(single_process=True, skip=skip)
+    chosen = choices(single_process=True, excluded=skip)
+    # Variants run one at a time, and each must fit: the memory check takes the hungriest.
+    counts = M.parameter_shapes(workload)
+    hungriest = max(
+        (options for _, options in added + removed),
+        key=lambda o: M.memory_estimate(workload.for_stack(o), counts, workload.global_batch, o, device_type)["total"],
+    )
     # ablate's --out is its own table
     run = RunConfig.from_namespace(args, out=None, nproc=None, model_args=tuple(args.model_args or ()))
     setup = prepare(run, [hungriest])
@@ -167,7 +171,7 @@ def _ablate(args: argparse.Namespace) -> int:
     rows = [row(added[0][0], added[0][0])]
     rows += [row(label, added[i][0]) for i, (label, _) in enumerate(added[1:])]
     print(
-        f"gembench ablate {setup.cfg.name}: {args.steps} timed steps per variant, "
+        f"gembench ablate {setup.workload.name}: {args.steps} timed steps per variant, "
         f"peak {setup.peak.tflops_per_device:.4g} TFLOP/s ({setup.peak.source})\n"
     )
     print(
@@ -225,8 +229,8 @@ def _ablate(args: argparse.Namespace) -> int:
     if args.out is not None:
         doc = {
             "schema": "gembench.ablation/1",
-            "config": setup.cfg.name,
-            "config_hash": setup.cfg.hash,
+            "config": setup.workload.name,
+            "config_hash": setup.ident.hash,
             "peak": {"tflops_per_device": setup.peak.tflops_per_device, "source": setup.peak.source},
             "variants": {
                 label: {k: measured[label][k] for k in ("options", "summary", "counters")}

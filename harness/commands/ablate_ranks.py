@@ -47,22 +47,13 @@ def run_variant(args, switches, flags, out: Path) -> tuple[dict | None, str]:
 
 
 def rank_variants(args) -> list:
-    """RANK_VARIANTS that act on the model: content=off for a config with a [content] section;
-    for a workload (--model) only the switches that act on it (generic.applied_switches):
-    no HSTU checkpointing, checkpointing all only over the blocks it names, compile only of the
-    submodules it names."""
-    if args.model is None:
-        from gembench.models.config import load_config
+    """RANK_VARIANTS that act on the model (ablate.skipped_switches): content=off for a config with
+    a [content] section, HSTU checkpointing where it has HSTU layers, checkpointing all where it
+    names blocks, compile where it names what to compile."""
+    from gembench.harness.commands.ablate import skipped_switches
+    from gembench.harness.train.model import workload_of
 
-        skip = set() if load_config(args.config).content is not None else {"content"}
-    else:
-        from gembench.harness.train import generic as G
-        from gembench.harness.train.stack import STACKS
-        from gembench.workload import load_workload
-
-        workload = load_workload(args.model, args.model_args)
-        skip = set(G.applied_switches(workload, STACKS["optimized"]).not_applicable)
-        skip |= {"activation_checkpointing=hstu"} | (set() if workload.blocks() else {"activation_checkpointing=all"})
+    skip = skipped_switches(workload_of(args.config, args.model, args.model_args))
     return [v for v in RANK_VARIANTS if not any(s in skip or s.partition("=")[0] in skip for s in v[1])]
 
 

@@ -43,9 +43,11 @@ def main(args: argparse.Namespace) -> int:
     if not args.no_ranks:
         torch.set_num_threads(1)  # before any op: the 2-rank check forks its ranks from this process
 
-    from gembench.harness.train import generic as G
-    from gembench.harness.train.stack import stack_options
-    from gembench.workload import load_workload
+    from gembench.harness.train import model as M
+    from gembench.harness.train.parallelize import sparse_modules
+    from gembench.harness.train.stack import build_train_state, stack_options
+    from gembench.harness.train.step import losses
+    from gembench.workload import check_batch, load_workload
 
     failed = False
 
@@ -58,9 +60,9 @@ def main(args: argparse.Namespace) -> int:
     tables = workload.tables()
     line(True, "imports", f"{args.spec} -> {type(workload).__name__} {workload.name!r}, {len(tables)} TorchRec tables")
     meta = workload.build(torch.device("meta"))
-    sparse = G.sparse_modules(meta) if isinstance(meta, torch.nn.Module) else []
+    sparse = sparse_modules(meta) if isinstance(meta, torch.nn.Module) else []
     on_meta = isinstance(meta, torch.nn.Module) and all(p.is_meta for p in meta.parameters())
-    counts = G.parameter_shapes(workload) if on_meta else {}
+    counts = M.parameter_shapes(workload, meta) if on_meta else {}
     line(
         on_meta and bool(sparse),
         "builds on meta",
@@ -69,20 +71,20 @@ def main(args: argparse.Namespace) -> int:
         if on_meta
         else "build(meta) must return an nn.Module whose parameters are all on the meta device",
     )
-    batches, ident = G.prepared(workload, args.seed, count=2)  # shapes checked (exit 2)
+    batches, ident = M.prepared(workload, args.seed, count=2)  # shapes checked (exit 2)
     for r in (0, 1):
-        G.check_batch(workload, workload.batch(0, r, 2, args.seed), r, 2)
+        check_batch(workload, workload.batch(0, r, 2, args.seed), r, 2)
     same = _same(workload.batch(0, 0, 1, args.seed), batches[0]) and _same(
         workload.batch(1, 0, 1, args.seed), batches[1]
     )
     line(same, "seeded batches", f"batch 0 and 1 drawn twice {'equal' if same else 'DIFFER'}; hash {ident.hash}")
 
     torch.manual_seed(args.seed)
-    model = G.seeded(workload, torch.device("cpu"), args.seed)
-    per_block, basis = G.flops_of(workload, model, batches[:1])  # a contradicting formula: exit 2
+    model = M.seeded(workload, torch.device("cpu"), args.seed)
+    per_block, basis = M.flops_of(workload, model, batches[:1])  # a contradicting formula: exit 2
     total = sum(per_block[0].values())
     if basis == "formula":
-        counted = sum(G.counted_flops(workload, model, batches[0]).values())
+        counted = sum(M.counted_flops(workload, model, batches[0]).values())
         line(
             True,
             "FLOPs",
@@ -91,13 +93,13 @@ def main(args: argparse.Namespace) -> int:
     else:
         line(True, "FLOPs", f"counted by FlopCounterMode: {total:,.0f} per batch (no formula given)")
     with torch.no_grad():
-        first = float(workload.loss(workload.forward(model, batches[0]), batches[0]))
+        first = float(losses(workload, workload.forward(model, batches[0]), batches[0])[0])
     del model
 
     from gembench.harness.train.step import run_steps
 
     options = stack_options("optimized", "fp32", ("compile=off",))
-    state = G.build_generic_state(workload, options, torch.device("cpu"), args.seed)
+    state = build_train_state(workload.for_stack(options), options, torch.device("cpu"), args.seed)
     samples = run_steps(state, batches, 2, 1)
     finite = all(math.isfinite(v) for v in samples.loss)
     line(finite, "one step (cpu)", f"loss {samples.loss[0]:.6g} after one step (first forward {first:.6g})")
@@ -118,13 +120,14 @@ def _ranks(args, workload) -> tuple[bool, str, str]:
     slices (mean over the ranks' slices: each rank's loss is over its own examples)."""
     import torch
 
-    from gembench.harness.train import generic as G
+    from gembench.harness.train import model as M
     from gembench.harness.train.distributed.launch import relaunch
+    from gembench.harness.train.step import losses
 
-    model = G.seeded(workload, torch.device("cpu"), args.seed)
+    model = M.seeded(workload, torch.device("cpu"), args.seed)
     with torch.no_grad():
         slices = [workload.batch(0, r, 2, args.seed) for r in (0, 1)]
-        want = sum(float(workload.loss(workload.forward(model, b), b)) for b in slices) / 2
+        want = sum(float(losses(workload, workload.forward(model, b), b)[0]) for b in slices) / 2
     with tempfile.TemporaryDirectory(prefix="gembench-check-") as tmp:
         out = Path(tmp) / "ranks.json"
         code = relaunch(2, rank_check, args, out)
@@ -170,10 +173,11 @@ def rank_check(args, out: Path) -> int:
     import torch
     import torch.distributed as dist
 
-    from gembench.harness.train import generic as G
+    from gembench.harness.train import model as M
     from gembench.harness.train.distributed import library_logs
     from gembench.harness.train.distributed.process_group import init_process_group, torchrun_env
-    from gembench.harness.train.distributed.workload_rank import load_unsharded, shard
+    from gembench.harness.train.distributed.rank import load_unsharded, shard
+    from gembench.harness.train.step import losses
     from gembench.workload import load_workload
 
     library_logs.install(False)
@@ -183,14 +187,14 @@ def rank_check(args, out: Path) -> int:
     try:
         workload = load_workload(args.spec, args.model_args)
         rank, world = env["rank"], env["world_size"]
-        model = G.seeded(workload, dev, args.seed)
-        unsharded = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        model = M.seeded(workload, dev, args.seed)
+        unsharded = {k: v.detach() for k, v in model.state_dict().items()}
         dmp, planned = shard(
-            workload, model, env, dev, workload.global_batch // world, None, workload.pooling(), None, True
+            workload, model, env, dev, workload.global_batch // world, None, workload.pooling(), None, False
         )
         written = load_unsharded(dmp, unsharded)
         batch = workload.batch(0, rank, world, args.seed)
-        loss = workload.loss(workload.forward(dmp, batch), batch)
+        loss = losses(workload, workload.forward(dmp.module, batch), batch)[0]
         loss.backward()
         losses = [None] * world
         dist.all_gather_object(losses, float(loss.detach()))

@@ -165,10 +165,9 @@ def project_command(args) -> int:
     batch, per_world = _batches(args.batch, worlds)
     result = load_result(args.from_result) if args.from_result else None
     m = _subject(args, result).at_batch(batch)
-    if m.source == "workload":  # the switches as `run --model` takes them: one it does not support refused
-        from gembench.harness.train.generic import applied_switches
+    from gembench.harness.train.model import applied_switches
 
-        applied_switches(m.workload, stack)
+    applied_switches(m.workload.for_stack(stack), stack)  # as `run` takes them: one it cannot take refused
     for w in worlds:
         gb = per_world.get(w, m.global_batch)
         if gb % w:
@@ -233,12 +232,12 @@ def _subject(args, result: dict | None):
         workload = load_workload(args.model, args.model_args)
         if result is not None:
             return workload_as_measured(workload, result, args.from_result)
-        return Subject.of_workload(workload)
+        return Subject.of(workload)
     if args.config is None and result is not None:
         return subject_of_result(result, args.from_result)
-    from gembench.models.config import load_config
+    from gembench.harness.train.model import workload_of
 
-    m = Subject.of_config(load_config(args.config or "small"))
+    m = Subject.of(workload_of(args.config or "small"))
     if result is not None and result["config"]["name"] != m.name:
         raise UsageError(
             f"--from {args.from_result} measured {result['config']['name']!r}, "

@@ -86,10 +86,10 @@ def run_config(argv: list[str], world: int, nnodes: int):
         raise UsageError(f"run arguments: {err}") from None
     run = dataclasses.replace(run, nproc=world)
     try:
-        cfg = check_job(run, nnodes)
+        workload = check_job(run, nnodes)
     except UsageError as err:
         raise UsageError(f"run arguments, at {world} ranks on {nnodes} node(s): {err}") from None
-    return run, cfg
+    return run, workload
 
 
 def _without_out(argv: list[str]) -> tuple[str, ...]:
@@ -124,13 +124,13 @@ def build_job(args):
     if args.time is not None:
         slurm.check_time(args.time)
     argv = args.run_args[1:] if args.run_args[:1] == ["--"] else args.run_args
-    run, cfg = run_config(argv, args.nodes * ranks, args.nodes)
+    run, workload = run_config(argv, args.nodes * ranks, args.nodes)
     device = "cuda" if args.gpus_per_node else "cpu"
     if run.device != "auto" and run.device.split(":")[0] != device:
         hint = "add --gpus-per-node G for GPU nodes" if run.device.startswith("cuda") else "drop --gpus-per-node"
         raise UsageError(f"run arguments: --device {run.device} on {device.upper()} nodes: {hint}, or drop --device")
     run_args = _without_out(argv[1:]) + (("--device", device) if run.device == "auto" else ())
-    name = f"gembench-{safe_name(cfg.name if cfg is not None else run.model.rpartition(':')[2])}"
+    name = f"gembench-{safe_name(workload.name)}"
     out = run.out if run.out is not None else RUNS_DIR / f"{name}-{slurm.JOB_ID}.json"
     if not args.dry_run:  # where the job writes, checked (and made) only for a job that will
         if run.out is not None:

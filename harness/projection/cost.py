@@ -5,7 +5,7 @@ Constants and assumptions: docs/design.md section 8 and docs/projection.md. In s
 - Volumes per GPU from the plan (offline_plan.py, or a measured run's own) and the model's mean
   IDs per example (subject.py: the workload protocol, gembench's configs one provider of it); a
   row-split shard serves its rows' share of the lookups (uniform IDs) or the power law's mass
-  over its rows (row_skew(): hot rows first, models.data.zipf_share).
+  over its rows (row_skew(): hot rows first, gembench.workload.zipf_share).
 - Collectives as TorchRec runs them, alpha-beta per family (`collective_time`, links from the
   cluster file: `Cluster.link`): the KJT all-to-all of IDs; table- and column-wise outputs by
   one all-to-all; row-wise by a world reduce-scatter; table_row_wise and grid by a reduce-scatter
@@ -32,10 +32,9 @@ from gembench.harness.metrics.comm import bus_factor
 from gembench.harness.metrics.mfu import STAGE_FLOP_SHARE, mfu, train_flops
 from gembench.harness.projection.cluster import Cluster
 from gembench.harness.projection.subject import Subject
+from gembench.harness.train.model import ADAM_BYTES
 from gembench.harness.train.parallelize import dense_shards as parallel_shards
-from gembench.harness.train.parallelize import recomputed_forward_flops
-from gembench.models.data import zipf_share
-from gembench.models.memory import ADAM_BYTES
+from gembench.workload import zipf_share
 
 STAGES = ("input_dist", "embedding_lookup", "output_dist", "dense_forward", "backward", "grad_sync", "optimizer")
 COMM_STAGES = ("input_dist", "output_dist", "grad_sync")
@@ -331,7 +330,8 @@ class Pricer:
         blocks = m.flops
         self.fwd = sum(blocks.values())
         mode = getattr(stack, "activation_checkpointing", "none")
-        self.recomputed_share = recomputed_forward_flops(blocks, mode) / self.fwd if self.fwd else 0.0
+        recomputed = m.workload.recomputed_flops(blocks, mode) if mode != "none" else 0.0
+        self.recomputed_share = recomputed / self.fwd if self.fwd else 0.0
         self.side = dense_side(m, batch, stack, world, cluster.gpus_per_node)
 
     def _comms(self, v: dict) -> dict[str, tuple[float, int]]:

@@ -6,8 +6,8 @@ example of each (pooling(), else one per feature), the power law of their IDs (r
 uniform), forward FLOPs per example per block (flops_per_example(), else forward_flops() of one
 batch, else FlopCounterMode on one), parameter counts from the meta build, and the memory beside
 the tables (memory_estimate(), else the dense state from the parameter counts, activations not
-estimated). Only the identity differs: a config's name and hash, a workload's name and hash
-(store/document's, over tables, parameter shapes and batch spec).
+estimated). The identity is a run's (model.identity): a config's name and hash, a workload's
+name and the hash of its tables, parameter shapes and batch spec.
 """
 
 from __future__ import annotations
@@ -23,26 +23,20 @@ FLOPS_SAMPLE = 64  # examples in the batch FLOPs are taken from, when the worklo
 
 
 class Subject:
-    """A model as the projection sees it; ``of_config`` or ``of_workload``."""
+    """A model as the projection sees it (``of``). ``source``: "config" for the zoo's, whose
+    projection is held against published systems where one is known, else "workload"."""
 
     def __init__(self, workload: Workload, name: str, hash: str, source: str):
         self.workload, self.name, self.hash, self.source = workload, name, hash, source
         self.global_batch = workload.global_batch
 
     @classmethod
-    def of_config(cls, cfg) -> Subject:
-        """A ModelConfig of the zoo, through the zoo's provider of the protocol."""
-        from gembench.models.zoo import ZooWorkload
+    def of(cls, workload: Workload) -> Subject:
+        """A workload (a config's or a ``--model``), identified as its results are."""
+        from gembench.harness.train.model import identity
 
-        return cls(ZooWorkload(cfg), cfg.name, cfg.hash, "config")
-
-    @classmethod
-    def of_workload(cls, workload: Workload) -> Subject:
-        """A ``--model`` workload, identified as its results are (their config name and hash)."""
-        from gembench.harness.train.generic import prepared
-
-        _, ident = prepared(workload, 0)
-        return cls(workload, ident.name, ident.hash, "workload")
+        ident = identity(workload)
+        return cls(workload, ident.name, ident.hash, "workload" if ident.kind == "workload" else "config")
 
     def at_batch(self, global_batch: int | None) -> Subject:
         """The same model at another global batch (None: this one). Every cached figure is per
@@ -83,27 +77,16 @@ class Subject:
     @functools.cached_property
     def counts(self) -> dict[str, int]:
         """Embedding and dense parameters (the meta build) and the largest FSDP unit's."""
-        from gembench.harness.train.generic import embedding_parameters, fsdp_units
+        from gembench.harness.train.model import parameter_shapes
 
-        model = self._meta
-        tables = embedding_parameters(model)
-        emb = sum(p.numel() for p in model.parameters() if id(p) in tables)
-        dense = sum(p.numel() for p in model.parameters() if id(p) not in tables)
-        blocks, _ = fsdp_units(self.workload, model) if dense else ([], [])
-        largest = max((sum(p.numel() for p in m.parameters()) for _, m in blocks), default=0)
-        return {
-            "embedding_rows": sum(t.num_embeddings for t in self.tables),
-            "embedding_params": emb,
-            "dense_params": dense,
-            "largest_block_params": largest,
-        }
+        return parameter_shapes(self.workload, self._meta)
 
     @functools.cached_property
     def _flops(self) -> tuple[dict[str, float], str]:
         given = self.workload.flops_per_example()
         if given is not None:
             return {k: float(v) for k, v in given.items()}, "formula"
-        from gembench.harness.train.generic import counted_flops, seeded
+        from gembench.harness.train.model import counted_flops, seeded
 
         world = _world_for(self.global_batch, FLOPS_SAMPLE)
         batch = self.workload.batch(0, 0, world, 0)
@@ -129,16 +112,16 @@ class Subject:
         """HBM of one GPU beside its embedding shards, at ``batch`` examples per rank: the dense
         weights, gradients and optimizer state (over ``shards`` under FSDP), and the activations
         saved for the backward with the largest transient (0 where the workload gives no estimate)."""
-        m = self.workload.memory_estimate(batch, stack, "cuda", shards)
-        if m is None:
-            from gembench.harness.train.generic import memory_estimate
+        from gembench.harness.train.model import memory_estimate
 
-            m = memory_estimate(self.counts, stack, "cuda", dense_shards=shards)
+        m = memory_estimate(self.workload.for_stack(stack), self.counts, batch, stack, "cuda", dense_shards=shards)
         return {"dense": m["dense"], "activations": m["activations"] + m["transient"]}
 
     @property
     def activations_estimated(self) -> bool:
-        return type(self.workload).memory_estimate is not Workload.memory_estimate
+        from gembench.harness.train.model import activations_estimated
+
+        return activations_estimated(self.workload)
 
     def document(self) -> dict:
         """The projection's ``config`` section: what was projected, and on which terms."""
@@ -165,10 +148,10 @@ def subject_of_result(result: dict, path: str, as_run: bool = False) -> Subject:
     measured = result["config"]
     batch = result["run"].get("global_batch") or measured.get("global_batch")
     if measured.get("kind") != "workload":
-        from gembench.models.config import for_device, load_config, with_global_batch
+        from gembench.harness.train.model import workload_of
 
-        cfg = with_global_batch(load_config(measured["name"]), batch)
-        return Subject.of_config(for_device(cfg, result["run"].get("device", "cpu")) if as_run else cfg)
+        workload = workload_of(measured["name"], batch=batch)
+        return Subject.of(workload.on_device(result["run"].get("device", "cpu")) if as_run else workload)
     from gembench.workload import load_workload
 
     recorded = result.get("workload") or {}
@@ -184,7 +167,7 @@ def workload_as_measured(workload: Workload, result: dict, path: str) -> Subject
     measured = result["config"]
     workload = copy.copy(workload)
     workload.global_batch = result["run"].get("global_batch") or measured["global_batch"]
-    m = Subject.of_workload(workload)
+    m = Subject.of(workload)
     if measured.get("kind") != "workload" or measured.get("hash") != m.hash:
         raise UsageError(
             f"--from {path} measured {measured['name']!r} ({measured.get('kind', 'config')} {measured.get('hash')}), "

@@ -1,7 +1,8 @@
 """Memory of a run: will it fit (the estimate against the device's free memory, before anything
 is allocated), and what it really took (the measured peak, comparable with the estimate).
 
-The estimate itself is models/memory.py's memory_estimate, from the config and the stack.
+The estimate itself is model.memory_estimate: the workload's own where it gives one (the zoo's,
+models/memory.py), else from its parameter shapes.
 """
 
 from __future__ import annotations
@@ -13,8 +14,7 @@ import torch
 from gembench.errors import UsageError
 from gembench.harness.device.hardware import memory_available
 from gembench.harness.train.stack import STACKS, StackOptions, stack_label
-from gembench.models.config import ModelConfig
-from gembench.models.memory import memory_estimate, parameter_counts
+from gembench.workload import Workload, named
 
 FIT_SHARE = 0.9  # of the free memory a run may plan to use: the allocator fragments the rest
 
@@ -39,24 +39,27 @@ def combined_estimate(estimates: list[dict]) -> dict:
 
 
 def stacks_estimate(
-    cfg: ModelConfig, batch_size: int, stacks: list[StackOptions], device_type: str, counts: dict | None = None
+    workload: Workload, counts: dict, batch_size: int, stacks: list[StackOptions], device_type: str
 ) -> dict:
-    counts = counts or parameter_counts(cfg)
-    return combined_estimate([memory_estimate(cfg, batch_size, counts, s, device_type) for s in stacks])
+    """One process holding ``stacks`` (each as it runs the workload: for_stack), at ``batch_size``."""
+    from gembench.harness.train.model import memory_estimate
+
+    return combined_estimate(
+        [memory_estimate(workload.for_stack(s), counts, batch_size, s, device_type) for s in stacks]
+    )
 
 
 def largest_fitting_batch(
-    cfg: ModelConfig,
+    workload: Workload,
+    counts: dict,
     stacks: list[StackOptions],
     device_type: str,
     available: float,
-    counts: dict | None = None,
     upto: int | None = None,
 ) -> int:
     """The largest batch (<= upto) whose estimate fits ``available`` bytes; 0 if none does."""
-    counts = counts or parameter_counts(cfg)
-    fits = lambda b: stacks_estimate(cfg, b, stacks, device_type, counts)["total"] <= available  # noqa: E731
-    lo, hi = 0, upto or cfg.data.global_batch
+    fits = lambda b: stacks_estimate(workload, counts, b, stacks, device_type)["total"] <= available  # noqa: E731
+    lo, hi = 0, upto or workload.global_batch
     while lo < hi:  # the estimate grows with the batch: bisect
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
@@ -64,48 +67,47 @@ def largest_fitting_batch(
 
 
 def fit_hint(
-    cfg: ModelConfig,
+    workload: Workload,
+    counts: dict,
     stacks: list[StackOptions],
     device_type: str,
     available: float,
-    counts: dict | None = None,
     upto: int | None = None,
 ) -> str:
-    best = largest_fitting_batch(cfg, stacks, device_type, available, counts, upto)
+    best = largest_fitting_batch(workload, counts, stacks, device_type, available, upto)
     if best == 0:
         return (
             "it does not fit at any batch (its tables and dense state alone are too large): "
-            "pick a smaller config (see `gembench describe`)"
+            "pick a smaller model (see `gembench describe`)"
         )
     return f"the estimate fits --batch {best} or smaller"
 
 
 def check_fits(
-    cfg: ModelConfig,
+    workload: Workload,
+    counts: dict,
     batch_size: int,
     device: torch.device,
-    copies: int = 1,
     stacks: list[StackOptions] | None = None,
-    counts: dict | None = None,
 ) -> dict:
     """Refuse, before allocating anything, a run whose estimated peak exceeds the device's free memory.
 
-    ``stacks``: the stacks the process will hold (two for --ab); default ``copies`` optimized ones.
+    ``stacks``: the stacks the process will hold (two for --ab); default the optimized one.
+    ``counts``: model.parameter_shapes of the workload.
     """
-    stacks = stacks or [STACKS["optimized"]] * copies
-    counts = counts or parameter_counts(cfg)
-    estimate = stacks_estimate(cfg, batch_size, stacks, device.type, counts)
+    stacks = stacks or [STACKS["optimized"]]
+    estimate = stacks_estimate(workload, counts, batch_size, stacks, device.type)
     available = memory_available(device)
     if estimate["total"] > FIT_SHARE * available:
         gib = 2**30
         names = " + ".join(stack_label(s) for s in stacks)
         raise UsageError(
-            f"config {cfg.name!r} needs about {estimate['total'] / gib:,.1f} GiB at batch {batch_size} "
+            f"{named(workload)} needs about {estimate['total'] / gib:,.1f} GiB at batch {batch_size} "
             f"with the {names} stack{'s' if len(stacks) > 1 else ''} "
             f"(embeddings {estimate['embeddings'] / gib:,.1f}, dense {estimate['dense'] / gib:,.1f}, "
             f"activations {estimate['activations'] / gib:,.1f}, transient {estimate['transient'] / gib:,.1f}) "
             f"but {device.type} has {available / gib:,.1f} GiB free; "
-            f"{fit_hint(cfg, stacks, device.type, FIT_SHARE * available, counts, batch_size)}"
+            f"{fit_hint(workload, counts, stacks, device.type, FIT_SHARE * available, batch_size)}"
         )
     return estimate
 

@@ -3,7 +3,7 @@
 Off unless turned on (`gembench run --nsys OUT` sets GEMBENCH_NVTX=1 in the process it profiles),
 so an ordinary run pays nothing. On, every step is a range "step", inside it one range per stage
 named as in the stage table (data, sparse_forward, dense_forward, ...; on ranks input_dist,
-embedding_lookup, ...), and every dense block (models/blocks.py) a range named by its path in
+embedding_lookup, ...), and every dense block (the workload's blocks()) a range named by its path in
 the model, in its forward and again in its backward. The timed steps are bracketed by
 torch.cuda.profiler.start() / stop(), so `nsys profile --capture-range=cudaProfilerApi` records
 exactly them.
@@ -80,10 +80,14 @@ def captured():
 
 class StageRanges:
     """A stage clock's ranges: ``mark("start")`` opens the step and its first stage; the mark that
-    ends a stage closes it and opens the next of ``stages``; the last one closes the step too."""
+    ends a stage closes it and opens the next of ``stages``; the last one closes the step too.
+    ``ranges`` names a stage's range where it is not the stage's own name: consecutive stages of
+    one range name share one range (a one-call forward, whose sparse share the sparse timer's own
+    ranges mark inside it)."""
 
-    def __init__(self, stages):
+    def __init__(self, stages, ranges: dict | None = None):
         self.stages = tuple(stages)
+        self.names = [(ranges or {}).get(s, s) for s in self.stages]
         self.open = None
 
     def mark(self, name: str) -> None:
@@ -92,23 +96,25 @@ class StageRanges:
         if name == "start":
             push("step")
             self.open = 0
-        elif self.open is not None:
+            push(self.names[0])
+            return
+        if self.open is None:
+            return
+        self.open += 1
+        if self.open == len(self.stages):
+            self.open = None
             pop()
-            self.open += 1
-            if self.open == len(self.stages):
-                self.open = None
-                pop()
-                return
-        if self.open is not None:
-            push(self.stages[self.open])
+            pop()
+        elif self.names[self.open] != self.names[self.open - 1]:
+            pop()
+            push(self.names[self.open])
 
 
-def apply_block_ranges(model: nn.Module) -> int:
-    """Hooks on every dense block: a range named by its path around its forward and its backward.
-    Only when ranges are on (the hooks cost a call per block, and torch.compile breaks its graph at
-    each one: profile with --set compile=off for block ranges inside a compiled dense arch)."""
-    from gembench.models.zoo import dense_blocks
-
+def apply_block_ranges(model: nn.Module, paths) -> int:
+    """Hooks on every dense block (``paths``: the workload's blocks()): a range named by its path
+    around its forward and its backward. Only when ranges are on (the hooks cost a call per block,
+    and torch.compile breaks its graph at each one: profile with --set compile=off for block ranges
+    inside a compiled dense arch)."""
     if not enabled():
         return 0
     # the first block reads the dense features, which need no gradient: its backward range then
@@ -116,7 +122,7 @@ def apply_block_ranges(model: nn.Module) -> int:
     warnings.filterwarnings(
         "ignore", message="Full backward hook is firing when gradients are computed with respect to module outputs"
     )
-    blocks = dense_blocks(model)
+    blocks = [(path, model.get_submodule(path)) for path in paths]
     for path, block in blocks:
         block.register_forward_pre_hook(lambda m, args, _p=path: push(_p))
         block.register_forward_hook(lambda m, args, out: pop())

@@ -1,11 +1,13 @@
 """GEM's dense-side techniques, applied to a pure model from outside (as torchtitan's parallelize).
 
-    apply_ac(model, mode)                   activation checkpointing around blocks
-    apply_fsdp(model, mesh, bf16)           FSDP2 fully_shard per dense block and per dense root
-    apply_compile(model, options)           torch.compile of the dense half
+    apply_ac(model, paths)                  activation checkpointing around the named blocks
+    apply_fsdp(model, mesh, bf16, blocks, roots)   FSDP2 fully_shard per dense block and dense root
+    apply_compile(workload, model, options) torch.compile of what the workload names
 
-The model modules know nothing of these. What is a "dense block" is read off the model's
-structure (models/blocks.py); the sparse arch is TorchRec's, sharded by
+The model modules know nothing of these. Which blocks a mode checkpoints, which submodules are
+dense blocks and what is compiled, the workload says (gembench/workload.py: checkpointed(),
+blocks(), compiled()); the dense roots are read off the model's structure (everything with
+parameters outside TorchRec's modules). The sparse part is TorchRec's, sharded by
 DistributedModelParallel, and never touched here.
 """
 
@@ -15,43 +17,72 @@ import torch
 from torch import nn
 
 from gembench.errors import UsageError
-from gembench.models.zoo import dense_blocks, dense_roots, hstu_layer_type
+from gembench.workload import Workload, named
 
 
-def checkpointed(model: nn.Module, mode: str) -> list[tuple[str, nn.Module]]:
-    """The blocks ``mode`` checkpoints: none, each HSTU layer ("hstu"), every dense block ("all")."""
-    HSTULayer = hstu_layer_type()
-    if mode == "none":
-        return []
-    if mode == "hstu":
-        return [(p, b) for p, b in dense_blocks(model) if isinstance(b, HSTULayer)]
-    if mode == "all":
-        return dense_blocks(model)
-    raise UsageError(f"activation_checkpointing must be none, hstu or all, got {mode!r}")
+def torchrec_types() -> tuple[type, ...]:
+    """The embedding modules a model's sparse part is made of, plain, fused and sharded."""
+    from torchrec import EmbeddingBagCollection, EmbeddingCollection
+    from torchrec.distributed.embedding import ShardedEmbeddingCollection
+    from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
+    from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection, FusedEmbeddingCollection
+
+    return (
+        EmbeddingBagCollection,
+        EmbeddingCollection,
+        FusedEmbeddingBagCollection,
+        FusedEmbeddingCollection,
+        ShardedEmbeddingBagCollection,
+        ShardedEmbeddingCollection,
+    )
 
 
-# which of the analytic per-block FLOPs (models/flops.py forward_flops keys) a mode recomputes
-RECOMPUTED_BLOCKS = {"none": (), "hstu": ("sequence_arch",), "all": None}  # None: every block
+def sparse_modules(model: nn.Module) -> list[nn.Module]:
+    """The outermost TorchRec embedding modules of ``model``."""
+    types, found, inside = torchrec_types(), [], set()
+    for name, m in model.named_modules():
+        if isinstance(m, types) and not any(name.startswith(p + ".") for p in inside):
+            found.append(m)
+            inside.add(name)
+    return found
 
 
-def recomputed_forward_flops(per_block: dict[str, float], mode: str) -> float:
-    """Forward FLOPs run again in the backward under ``mode``: the checkpointed blocks' forward."""
-    names = RECOMPUTED_BLOCKS[mode]
-    return float(sum(per_block.values()) if names is None else sum(per_block.get(n, 0.0) for n in names))
+def embedding_parameters(model: nn.Module) -> set[int]:
+    """ids of the parameters of the TorchRec modules (the tables)."""
+    return {id(p) for m in sparse_modules(model) for p in m.parameters()}
 
 
-def apply_ac(model: nn.Module, mode: str) -> int:
-    """Wrap the blocks of ``mode`` in torch's non-reentrant activation checkpointing, in place.
+def submodule(workload: Workload, model: nn.Module, path: str, what: str) -> nn.Module:
+    """``model``'s submodule at ``path``, which the workload's ``what`` names; one line if none."""
+    try:
+        return model.get_submodule(path)
+    except AttributeError:
+        raise UsageError(f"{named(workload)}: {what} names {path!r}, which the model has no submodule of") from None
+
+
+def replace_submodule(model: nn.Module, path: str, module: nn.Module) -> None:
+    parent_path, _, leaf = path.rpartition(".")
+    parent = model.get_submodule(parent_path) if parent_path else model
+    if isinstance(parent, nn.ModuleList):
+        parent[int(leaf)] = module
+    elif isinstance(parent, nn.ModuleDict):
+        parent[leaf] = module
+    else:
+        setattr(parent, leaf, module)
+
+
+def apply_ac(workload: Workload, model: nn.Module, mode: str) -> int:
+    """Wrap the blocks the workload checkpoints under ``mode`` (checkpointed(mode)) in torch's
+    non-reentrant activation checkpointing, in place; returns the blocks wrapped.
 
     A checkpointed block keeps only its inputs for the backward and runs its forward again there:
-    activation memory for FLOPs (HFU - MFU = the recomputed share). Returns the blocks wrapped.
+    activation memory for FLOPs (HFU - MFU = the recomputed share).
     """
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
 
-    blocks = checkpointed(model, mode)
-    for path, block in blocks:
-        parent_path, _, leaf = path.rpartition(".")
-        parent = model.get_submodule(parent_path) if parent_path else model
+    paths = workload.checkpointed(mode) or ()
+    for path in paths:
+        block = submodule(workload, model, path, f"checkpointed({mode!r})")
         # preserve_rng_state only for a block that draws random numbers (dropout, as DLRMv4's
         # HSTU layers): its recompute must draw the same masks; keeping the RNG state costs a
         # copy per block per step. early_stop off: the whole forward is run again, so what is
@@ -61,11 +92,41 @@ def apply_ac(model: nn.Module, mode: str) -> int:
         wrapped = checkpoint_wrapper(
             block, checkpoint_impl=CheckpointImpl.NO_REENTRANT, preserve_rng_state=random, early_stop=False
         )
-        if isinstance(parent, (nn.ModuleList, nn.ModuleDict)):
-            parent[int(leaf) if isinstance(parent, nn.ModuleList) else leaf] = wrapped
+        replace_submodule(model, path, wrapped)
+    return len(paths)
+
+
+def dense_roots(model: nn.Module, prefix: str = "") -> list[tuple[str, nn.Module]]:
+    """The outermost submodules with parameters and no TorchRec module inside: the dense part. A
+    child holding a TorchRec module is looked into, as is a container with no forward of its own
+    (a ModuleDict or ModuleList: one module per sequence feature, say)."""
+    types, out = torchrec_types(), []
+    for name, child in model.named_children():
+        if isinstance(child, types) or not any(True for _ in child.parameters()):
+            continue
+        container = isinstance(child, (nn.ModuleDict, nn.ModuleList))
+        if container or any(isinstance(m, types) for m in child.modules()):
+            out += dense_roots(child, f"{prefix}{name}.")
         else:
-            setattr(parent, leaf, wrapped)
-    return len(blocks)
+            out.append((f"{prefix}{name}", child))
+    return out
+
+
+def fsdp_units(workload: Workload, model: nn.Module) -> tuple[list, list]:
+    """(blocks, roots) FSDP2 shards: the blocks the workload names (blocks()), else its dense
+    roots; then the roots that hold them. A dense parameter outside every root (held beside a
+    TorchRec module) is refused: nothing would sync it."""
+    roots = dense_roots(model)
+    blocks = [(p, submodule(workload, model, p, "blocks()")) for p in workload.blocks()] or roots
+    covered = {id(p) for _, m in roots + blocks for p in m.parameters()}
+    tables = embedding_parameters(model)
+    loose = [n for n, p in model.named_parameters() if id(p) not in covered and id(p) not in tables]
+    if loose:
+        raise UsageError(
+            f"{named(workload)}: dense_parallel=fsdp shards submodules, and {loose[0]} is held beside a "
+            "TorchRec module, in no dense submodule; move it into one or use dense_parallel=ddp"
+        )
+    return blocks, roots
 
 
 HSDP_ONE_NODE = (
@@ -93,21 +154,18 @@ def dense_shards(mode: str, world: int, local_world: int) -> int:
     return {"ddp": 1, "fsdp": world, "hsdp": local_world}[mode]
 
 
-def apply_fsdp(model: nn.Module, mesh, bf16: bool, blocks=None, roots=None) -> int:
+def apply_fsdp(model: nn.Module, mesh, bf16: bool, blocks: list, roots: list) -> int:
     """FSDP2 ``fully_shard`` on each dense block, then on each dense root that holds blocks.
 
     Parameters are sharded over the mesh's "shard" dimension (and replicated over "replicate"
     for HSDP); with ``bf16`` they are all-gathered in bf16 and gradients reduced in fp32
     (MixedPrecisionPolicy), as GEM's bf16 training does. The roots' own forward all-gathers
     the leftover parameters and drives the blocks' prefetch. ``blocks``, ``roots``: (path,
-    module) pairs of a model that is not the zoo's (generic.fsdp_units); by default the zoo's,
-    read off its structure. Returns the modules sharded.
+    module) pairs (fsdp_units). Returns the modules sharded.
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None, reduce_dtype=torch.float32)
-    blocks = dense_blocks(model) if blocks is None else blocks
-    roots = dense_roots(model) if roots is None else roots
     roots = [(p, r) for p, r in roots if all(b is not r for _, b in blocks)]
     for _, module in blocks + roots:
         fully_shard(module, mesh=mesh, mp_policy=policy)
@@ -133,8 +191,20 @@ def dense_state_bytes(params, optimizer) -> dict[str, int]:
     return {"params": weights, "grads": weights, "optimizer": opt, "total": 2 * weights + opt}
 
 
-def apply_compile(model: nn.Module, options) -> None:
-    """torch.compile the dense arch (the model's ``dense`` module) in place when the stack says so."""
-    if options.compile:
-        # Jagged batches change T every step: compile for dynamic shapes once, not per batch.
-        model.dense = torch.compile(model.dense, dynamic=True)
+def apply_compile(workload: Workload, model: nn.Module, options) -> None:
+    """compile=on: what the workload names in compiled(), in place, for dynamic shapes (jagged
+    batches change their sizes every step: compile once, not per batch). A submodule is compiled
+    as itself; a method of the model (the zoo's "dense", its dense half) is replaced by its
+    compiled function."""
+    if not options.compile:
+        return
+    for path in workload.compiled():
+        parent_path, _, leaf = path.rpartition(".")
+        parent = submodule(workload, model, parent_path, "compiled()") if parent_path else model
+        target = getattr(parent, leaf, None)
+        if isinstance(target, nn.Module):
+            target.compile(dynamic=True)
+        elif callable(target):
+            setattr(parent, leaf, torch.compile(target, dynamic=True))
+        else:
+            raise UsageError(f"{named(workload)}: compiled() names {path!r}, which is no submodule or method")

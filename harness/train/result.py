@@ -1,7 +1,7 @@
 """The one result of a run, for one process and N ranks alike: one process is a world of one.
 
 Every process describes what it measured in a record (`process_record`): its samples, the FLOPs
-and bytes of the batches it trained on (`described`), its memory, counters and peak. Rank 0 (or
+and bytes of the batches it trained on (model.described), its memory, counters and peak. Rank 0 (or
 the one process) turns the records into the result document (`build_result`, schema
 ``gembench.result/1``, fields in store/results.py). Job-level samples are per step: step time =
 the slowest process's, stage time = the slowest process's in that stage (the critical path), model
@@ -28,9 +28,7 @@ from gembench.harness.metrics.imbalance import critical_path, imbalance, stall_c
 from gembench.harness.metrics.mfu import mfu, per_step_mfu, summarize, tflops, train_flops
 from gembench.harness.store.document import result_document
 from gembench.harness.train.distributed.slurm import scheduler_section
-from gembench.harness.train.parallelize import recomputed_forward_flops
 from gembench.harness.train.step import divergence, finite_or_none
-from gembench.models.flops import batch_forward_flops, embedding_bytes
 
 PRIMARY_LOAD = "bytes_read"  # deterministic and proportional to memory-bound lookup work
 
@@ -38,21 +36,6 @@ PRIMARY_LOAD = "bytes_read"  # deterministic and proportional to memory-bound lo
 def timed_batches(batches: list, warmup: int, steps: int) -> list:
     """The batches the timed steps train on: steps cycle through the distinct batches."""
     return [batches[i % len(batches)] for i in range(warmup, warmup + steps)]
-
-
-def described(cfg, batches: list, options) -> dict:
-    """What the timed steps' batches hold, from the model that ran (``cfg``: stack.model_config):
-    forward model FLOPs and recomputed FLOPs per step, mean FLOPs per block, embedding bytes of one
-    step and the mean bytes a step's batch moves to the device. The one place these are derived."""
-    cache: dict[int, dict] = {}
-    per_block = [cache.setdefault(id(b), batch_forward_flops(cfg, b)) for b in batches]
-    return {
-        "forward_flops": [float(sum(b.values())) for b in per_block],
-        "recomputed_flops": [recomputed_forward_flops(b, options.activation_checkpointing) for b in per_block],
-        "per_block": {k: float(np.mean([b[k] for b in per_block])) for k in per_block[0]},
-        "embedding_bytes": embedding_bytes(cfg, batches[0]),
-        "input_bytes": float(np.mean([b.input_bytes for b in batches])),
-    }
 
 
 def peak_fields(peak: Peak, host_peak: Peak | None) -> dict:
@@ -123,9 +106,10 @@ class Sharded:
 
 
 def build_result(
-    cfg, run, records: list[dict], options, sharded: Sharded | None = None, stack: str | None = None
+    ident, run, records: list[dict], options, sharded: Sharded | None = None, stack: str | None = None
 ) -> dict:
-    """The result document from every process's record. ``run``: the RunConfig; ``options``: the
+    """The result document from every process's record. ``ident``: the model's identity
+    (model.Identity); ``run``: the RunConfig; ``options``: the
     StackOptions that ran (recorded as run.options); ``sharded`` where tables were sharded;
     ``stack``: the name of what ran where it is not ``run.stack`` (an ablation's variant)."""
     world = len(records)
@@ -137,7 +121,7 @@ def build_result(
     job_forward = [sum(r["forward_flops"][i] for r in records) for i in range(steps)]
     job_recomputed = [sum(r["recomputed_flops"][i] for r in records) for i in range(steps)]
     peaks = [r["peak_tflops"] for r in records]
-    global_batch = cfg.data.global_batch
+    global_batch = ident.global_batch
     summary = summarize(
         step_s, crit_stages, job_forward, global_batch, sum(peaks) / world, world, recomputed_flops=job_recomputed
     )
@@ -209,7 +193,7 @@ def build_result(
     sections.update(scheduler_section())  # a job a scheduler started: its id and nodes
     label = f"{stack}-{world}r" if sharded else stack
     result = result_document(
-        cfg,
+        ident,
         label,
         run_section,
         fingerprint(torch.device(device)),

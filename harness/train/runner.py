@@ -19,6 +19,7 @@ from gembench.harness.device.hardware import Peak, memory_available, reference_p
 from gembench.harness.metrics import counters as C
 from gembench.harness.metrics import trace as TR
 from gembench.harness.regression.stats import paired_ratio_interval
+from gembench.harness.train import model as M
 from gembench.harness.train import nvtx
 from gembench.harness.train.memory import (
     FIT_SHARE,
@@ -30,92 +31,75 @@ from gembench.harness.train.memory import (
     reset_peak_memory,
     run_memory_bytes,
 )
-from gembench.harness.train.parallelize import dense_state_bytes
-from gembench.harness.train.result import build_result, described, process_record, recheck, timed_batches
+from gembench.harness.train.parallelize import dense_state_bytes, sparse_modules
+from gembench.harness.train.result import build_result, process_record, recheck, timed_batches
 from gembench.harness.train.runconfig import RunConfig
-from gembench.harness.train.stack import STACKS, StackOptions, build_train_state, model_config
+from gembench.harness.train.stack import STACKS, StackOptions, autocast_for, build_train_state
 from gembench.harness.train.step import NoClock, StepSamples, out_of_memory, run_steps, train_step
-from gembench.models.config import ModelConfig, for_device, load_config, with_global_batch
-from gembench.models.data import SyntheticData
-from gembench.models.memory import memory_estimate, parameter_counts
-from gembench.models.sparse import is_embedding_parameter
+from gembench.workload import Workload
 
 MAX_DISTINCT_BATCHES = 32  # batches are prepared up front and cycled, like a prefetching loader
 
 
 @dataclass
 class Setup:
-    """Everything a run needs besides the stack: the request, config, device, peak, batches."""
+    """Everything a run needs besides the stack: the request, the workload (as it runs on this
+    device), the device, peak, batches and their FLOPs, the memory estimate it was checked by."""
 
     run: RunConfig
-    cfg: ModelConfig
+    workload: Workload
+    ident: M.Identity
     device: torch.device
     peak: Peak
     batches: list
+    flops: list  # per batch {block: forward FLOPs} of the workload as given (for_stack may differ)
+    basis: str  # "formula" (checked against FlopCounterMode) or "counted"
     estimate: dict
-    counts: dict | None = None  # parameter_counts(cfg), kept for per-stack estimates
+    counts: dict  # model.parameter_shapes
+    sparse: int  # TorchRec modules in the model
     available: float = 0.0  # free device memory when the run was prepared
-    # a workload's run (--model): the workload, the FLOPs of each batch and their basis; cfg is then
-    # its generic.Identity
-    workload: object = None
-    flops: tuple | None = None
+
+    def variant(self, options: StackOptions) -> Workload:
+        """The workload as ``options`` runs it (for_stack: the zoo's attention kernel, content)."""
+        return self.workload.for_stack(options)
+
+    def flops_of(self, variant: Workload) -> list:
+        """The per-batch FLOPs of what a stack runs: its formula over the batches, or the count."""
+        if variant is self.workload or self.basis != "formula":
+            return self.flops
+        return M.formula_flops(variant, self.batches)
+
+    def identity(self, variant: Workload) -> M.Identity:
+        return self.ident if variant is self.workload else M.identity(variant, self.run.seed)
 
 
 def prepare(run: RunConfig, stacks: list[StackOptions]) -> Setup:
     """Validate the request and prepare batches; every usage error surfaces here, before work.
 
     ``stacks``: every stack the process will hold (for the memory check). ``run.config`` is a
-    config name, a .toml path or (library callers) a ModelConfig.
+    config name, a .toml path or (library callers) a ModelConfig; ``run.model`` a workload's spec.
+    The model is built once here, on the run's device, for its FLOPs count (then dropped).
     """
     run.check(distributed=False)
-    if run.model is not None:
-        return prepare_workload(run, stacks)
-    cfg = run.config if isinstance(run.config, ModelConfig) else load_config(run.config)
     dev = resolve_device(run.device)
-    cfg = for_device(with_global_batch(cfg, run.batch), dev.type)
-    counts = parameter_counts(cfg)
-    estimate = check_fits(cfg, cfg.data.global_batch, dev, 1, stacks, counts)
-    peak = reference_peak(dev, run.peak_tflops)
-    data = SyntheticData(cfg, seed=run.seed, batch_size=cfg.data.global_batch)
-    batches = [data.batch(i) for i in range(min(run.steps + run.warmup, MAX_DISTINCT_BATCHES))]
-    return Setup(run, cfg, dev, peak, batches, estimate, counts, float(memory_available(dev)))
-
-
-def prepare_workload(run: RunConfig, stacks: list[StackOptions]) -> Setup:
-    """prepare() for --model: the workload loaded and checked (tables, batches, switches, FLOPs
-    formula against the counter), its memory estimated from parameter shapes."""
-    from gembench.harness.train import generic as G
-    from gembench.workload import load_workload
-
-    workload = load_workload(run.model, run.model_args)
-    if run.batch is not None:
-        workload.global_batch = run.batch
-    for options in stacks:
-        G.applied_switches(workload, options)
-    dev = resolve_device(run.device)
-    batches, ident = G.prepared(workload, run.seed, count=min(run.steps + run.warmup, MAX_DISTINCT_BATCHES))
-    counts = G.parameter_shapes(workload)
-    estimate = max((G.memory_estimate(counts, o, dev.type) for o in stacks), key=lambda e: e["total"])
+    workload = M.workload_of(run.config, run.model, run.model_args, run.batch).on_device(dev.type)
+    for options in stacks:  # a switch the model cannot take is refused before anything is built
+        M.applied_switches(workload.for_stack(options), options)
+    meta = workload.build(torch.device("meta"))
+    counts, sparse = M.parameter_shapes(workload, meta), len(sparse_modules(meta))
+    del meta
+    estimate = check_fits(workload, counts, workload.global_batch, dev, stacks)
     available = float(memory_available(dev))
-    if estimate["total"] > FIT_SHARE * available:
-        raise UsageError(
-            f"--model {run.model}: its tables and dense state need {estimate['total'] / 2**30:,.2f} GiB, more "
-            f"than {FIT_SHARE:.0%} of the {available / 2**30:,.1f} GiB free on {dev}; make them smaller (--model-arg)"
-        )
-    model = G.seeded(workload, torch.device("cpu"), run.seed)  # for the FLOPs count, then dropped
-    flops = G.flops_of(workload, model, batches)
-    del model
     peak = reference_peak(dev, run.peak_tflops)
-    return Setup(run, ident, dev, peak, batches, estimate, counts, available, workload, flops)
+    batches, ident = M.prepared(workload, run.seed, count=min(run.steps + run.warmup, MAX_DISTINCT_BATCHES))
+    counting = next((o for o in stacks if o.bf16), stacks[0])  # a model may need its stack's precision
+    flops, basis = M.stack_flops(workload, workload, batches, autocast_for(counting, dev), dev, run.seed)
+    return Setup(run, workload, ident, dev, peak, batches, flops, basis, estimate, counts, sparse, available)
 
 
 def build_state(setup: Setup, options: StackOptions):
-    """The stack applied to the run's model: the zoo's config or the workload's."""
-    if setup.workload is not None:
-        from gembench.harness.train.generic import build_generic_state
-
-        return build_generic_state(setup.workload, options, setup.device, seed=setup.run.seed)
-    return build_train_state(setup.cfg, options, setup.device, seed=setup.run.seed)
+    """The stack applied to the run's model, as the stack runs it."""
+    return build_train_state(setup.variant(options), options, setup.device, seed=setup.run.seed)
 
 
 @dataclass
@@ -140,10 +124,7 @@ def memory_now(setup: Setup, start_bytes: int) -> tuple:
 def dense_state(state) -> dict:
     """The dense weights, gradients and optimizer state of a one-process model (its last
     optimizer is the dense one: stack.build_train_state)."""
-    params = state.dense_params
-    if params is None:
-        params = [p for n, p in state.model.named_parameters() if not is_embedding_parameter(n)]
-    return dense_state_bytes(params, state.optimizers[-1])
+    return dense_state_bytes(state.dense_params, state.optimizers[-1])
 
 
 def measure_stack(setup: Setup, options: StackOptions, name: str, progress=None, pace=None, trace=None) -> Measured:
@@ -167,20 +148,11 @@ def measure_stack(setup: Setup, options: StackOptions, name: str, progress=None,
 def record_of(setup: Setup, m: Measured, estimate: dict | None = None) -> dict:
     """The process record (train/result.py) of one measured stack. ``estimate``: the memory
     estimate to hold the run against (default: this stack's own)."""
-    run = setup.run
-    ran = model_config(setup.cfg, m.options)  # content=off: the config without its content
+    run, variant = setup.run, setup.variant(m.options)
     timed = timed_batches(setup.batches, run.warmup, len(m.samples.step_s))
-    if setup.workload is not None:
-        from gembench.harness.train import generic as G
-
-        estimate = estimate or G.memory_estimate(setup.counts, m.options, setup.device.type)
-        per_block = timed_batches(setup.flops[0], run.warmup, len(m.samples.step_s))
-        shape = G.described(setup.workload, per_block, timed, m.options)
-    else:
-        estimate = estimate or memory_estimate(
-            ran, ran.data.global_batch, setup.counts if ran is setup.cfg else None, m.options, setup.device.type
-        )
-        shape = described(ran, timed, m.options)
+    per_block = timed_batches(setup.flops_of(variant), run.warmup, len(m.samples.step_s))
+    shape = M.described(variant, per_block, timed, m.options)
+    estimate = estimate or M.memory_estimate(variant, setup.counts, variant.global_batch, m.options, setup.device.type)
     memory, memory_source, run_bytes, run_source = m.memory
     host_peak = setup.peak if setup.peak.calibration else None  # one process: the host's own peak
     return process_record(
@@ -211,16 +183,12 @@ def summarized(setup: Setup, measured: list[Measured], estimate: dict | None = N
         setup.peak = new
     results = []
     for m, r in zip(measured, records):
-        result = build_result(model_config(setup.cfg, m.options), setup.run, [r], m.options, stack=m.name)
+        variant = setup.variant(m.options)
+        ident = setup.identity(variant)
+        result = build_result(ident, setup.run, [r], m.options, stack=m.name)
         if m.profile is not None:
             result["profile"] = m.profile
-        if setup.workload is not None:
-            from gembench.harness.train import generic as G
-
-            sparse = len(G.sparse_modules(setup.workload.build(torch.device("meta"))))
-            result["workload"] = G.section(
-                setup.workload, setup.cfg, setup.flops[1], m.options, setup.batches[0], sparse
-            )
+        result["workload"] = M.section(variant, ident, setup.basis, m.options, setup.batches[0], setup.sparse)
         results.append(result)
     return results
 
@@ -237,15 +205,15 @@ def out_of_memory_guard(setup: Setup, stacks: list[StackOptions]):
             raise
         stage = getattr(err, "stage", "build (model, embeddings and optimizers)")
         peak, source = peak_memory_bytes(setup.device)
-        batch = setup.cfg.data.global_batch
+        batch = setup.workload.global_batch
         capacity = FIT_SHARE * setup.available * min(1.0, setup.estimate["total"] / max(peak, 1))
-        if setup.workload is None:
-            hint = fit_hint(setup.cfg, stacks, setup.device.type, capacity, setup.counts, max(batch - 1, 1))
+        if M.activations_estimated(setup.workload):
+            hint = fit_hint(setup.workload, setup.counts, stacks, setup.device.type, capacity, max(batch - 1, 1))
         else:
             hint = "try a smaller --batch (the workload's activations are not estimated)"
         gib = 2**30
         raise UsageError(
-            f"{setup.device} ran out of memory in stage {stage} ({setup.cfg.name!r}, batch {batch}): "
+            f"{setup.device} ran out of memory in stage {stage} ({setup.workload.name!r}, batch {batch}): "
             f"peak {peak / gib:,.2f} GiB ({source}) of {setup.available / gib:,.1f} GiB free at the start, "
             f"estimate {setup.estimate['total'] / gib:,.2f} GiB; {hint}; no result was written"
         ) from None

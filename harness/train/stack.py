@@ -2,7 +2,8 @@
 
 The model modules know nothing of these; a stack rewrites them from outside, as torchtitan
 does: it swaps TorchRec's plain embedding modules for fbgemm's fused table-batched ones,
-picks the attention kernel, autocasts and compiles the dense half.
+autocasts and compiles what the workload names; the model switches (the zoo's attention kernel
+and content) reach the model through the workload's for_stack().
 
 Two named stacks bracket GEM's "doubled efficiency":
   baseline:  what a team writes first: fp32 eager, one nn.EmbeddingBag per table with dense
@@ -29,11 +30,8 @@ from torchrec import EmbeddingBagCollection, EmbeddingCollection
 
 from gembench.errors import UsageError
 from gembench.harness.train import nvtx
-from gembench.harness.train.parallelize import apply_ac, apply_compile
+from gembench.harness.train.parallelize import apply_ac, apply_compile, embedding_parameters
 from gembench.harness.train.step import TrainState
-from gembench.models.config import ModelConfig
-from gembench.models.sparse import is_embedding_parameter
-from gembench.models.zoo import build_model
 
 # fbgemm's fake dense_to_jagged (traced when the padded attention is compiled, as `gembench
 # ablate`'s "- jagged" variant does) calls torch._check_is_size, deprecated since torch 2.13:
@@ -254,29 +252,17 @@ def autocast_for(options: StackOptions, device: torch.device):
     return contextlib.nullcontext
 
 
-def model_config(cfg: ModelConfig, options: StackOptions) -> ModelConfig:
-    """The config as this stack runs it: without its [content] section under content=off (its
-    FLOPs, memory and config hash then those of the model that runs)."""
-    if options.content == "off" and cfg.content is not None:
-        return replace(cfg, content=None)
-    return cfg
+def seeded_model(workload, options: StackOptions, device: torch.device, seed: int) -> nn.Module:
+    """What one process and every rank start from: the pure model of the workload as the stack
+    runs it (for_stack), built from ``seed`` (the same weights for every stack and rank),
+    activation checkpointing applied, and its dense blocks in NVTX ranges when they are on
+    (gembench run --nsys)."""
+    from gembench.harness.train.model import seeded
 
-
-def pure_model(cfg: ModelConfig, options: StackOptions, device: torch.device) -> nn.Module:
-    """The pure model of ``cfg`` as the stack runs it (model_config), its HSTU attention the
-    stack's (``jagged`` or padded)."""
-    return build_model(model_config(cfg, options), device, attention="jagged" if options.jagged else "padded")
-
-
-def seeded_model(cfg: ModelConfig, options: StackOptions, device: torch.device, seed: int) -> nn.Module:
-    """What one process and every rank start from: the pure model built from ``seed`` (the same
-    weights for every stack and rank), activation checkpointing applied, and its dense blocks in
-    NVTX ranges when they are on (gembench run --nsys)."""
-    torch.manual_seed(seed)
-    model = pure_model(cfg, options, device)
-    apply_ac(model, options.activation_checkpointing)
+    model = seeded(workload, device, seed)
+    apply_ac(workload, model, options.activation_checkpointing)
     nvtx.enable_from_env(device)
-    nvtx.apply_block_ranges(model)
+    nvtx.apply_block_ranges(model, workload.blocks())
     return model
 
 
@@ -286,19 +272,32 @@ def on_ranks(options: StackOptions, pipeline: bool) -> StackOptions:
     return replace(options, fused_embeddings=True, pipeline=pipeline)
 
 
-def build_train_state(cfg: ModelConfig, options: StackOptions, device: torch.device, seed: int = 0) -> TrainState:
-    """Build the pure model from ``cfg`` with ``seed`` (same weights for every stack), then
-    apply ``options`` to it."""
+def build_train_state(workload, options: StackOptions, device: torch.device, seed: int = 0) -> TrainState:
+    """The workload's model as ``options`` runs it on one process (``workload``: as for_stack
+    gave it), built from ``seed`` (same weights for every stack), the stack applied."""
+    from gembench.harness.train.model import SparseTimer, applied_switches
+
     check_one_process(options)
-    model = seeded_model(cfg, options, device, seed)
+    applied_switches(workload, options)
+    model = seeded_model(workload, options, device, seed)
     optimizers: list[torch.optim.Optimizer] = []
     if options.fused_embeddings:
         optimizers += fuse_embeddings(model, device)
     else:
-        sparse = [p for n, p in model.named_parameters() if is_embedding_parameter(n)]
-        optimizers.append(torch.optim.Adagrad(sparse, lr=EMBEDDING_LR, eps=ADAGRAD_EPS))
-    optimizers.append(
-        dense_optimizer([p for n, p in model.named_parameters() if not is_embedding_parameter(n)], options)
+        tables = embedding_parameters(model)
+        optimizers.append(
+            torch.optim.Adagrad([p for p in model.parameters() if id(p) in tables], lr=EMBEDDING_LR, eps=ADAGRAD_EPS)
+        )
+    tables = embedding_parameters(model)
+    dense = [p for p in model.parameters() if id(p) not in tables]
+    optimizers.append(dense_optimizer(dense, options))
+    apply_compile(workload, model, options)
+    return TrainState(
+        model=model,
+        optimizers=optimizers,
+        autocast=autocast_for(options, device),
+        device=device,
+        workload=workload,
+        timer=SparseTimer(model, device, workload),
+        dense_params=dense,
     )
-    apply_compile(model, options)
-    return TrainState(model=model, optimizers=optimizers, autocast=autocast_for(options, device), device=device)

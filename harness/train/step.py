@@ -1,9 +1,10 @@
 """The staged training step: one step cut into named stages, each timed on a synchronised device.
 
-Stages follow the data through one step: data (host batch to device), sparse_forward
-(embedding lookups, and on several ranks their all-to-alls), dense_forward, loss, backward,
-optimizer. On CUDA each boundary records an event and the step synchronises once at its end,
-so timing adds no stall inside the step; on CPU ops are synchronous and a clock read is enough.
+Stages follow the data through one step: data (host batch to device), sparse_forward (the time
+inside the workload's sparse modules: embedding lookups, and on several ranks their all-to-alls),
+dense_forward (the rest of the forward), loss, backward, optimizer. On CUDA each boundary records
+an event and the step synchronises once at its end, so timing adds no stall inside the step; on
+CPU ops are synchronous and a clock read is enough.
 """
 
 from __future__ import annotations
@@ -16,19 +17,23 @@ from dataclasses import dataclass, field
 import torch
 
 from gembench.harness.train import nvtx
-from gembench.models.zoo import task_losses
 
 STAGES = ("data", "sparse_forward", "dense_forward", "loss", "backward", "optimizer")
+# NVTX: the forward is one call of the workload's, one range; the sparse timer's ranges mark its
+# sparse share inside it (model.SparseTimer)
+FORWARD_RANGE = {"sparse_forward": "forward", "dense_forward": "forward"}
 
 
 class StageClock:
     """Boundary timestamps of one step; ``durations()`` gives seconds per stage."""
 
-    def __init__(self, device: torch.device, stages=STAGES):
+    def __init__(self, device: torch.device, stages=STAGES, ranges: dict | None = None):
         self.cuda = device.type == "cuda"
         self.marks: list[tuple[str, object]] = []
         self.splits: list = []
-        self.ranges = nvtx.StageRanges(stages)  # NVTX ranges by stage, when on (harness/train/nvtx.py)
+        # NVTX ranges by stage, when on (harness/train/nvtx.py); the one-process stages' forward is one
+        ranges = FORWARD_RANGE if ranges is None and tuple(stages) == STAGES else ranges
+        self.ranges = nvtx.StageRanges(stages, ranges)
 
     def mark(self, name: str) -> None:
         self.ranges.mark(name)
@@ -42,7 +47,7 @@ class StageClock:
     def split(self, first: str, second: str, seconds) -> None:
         """Of the time marked to ``first`` and ``second`` together, ``seconds()`` (read when the
         durations are, after the step's end) is ``first``'s and the rest ``second``'s: stages that
-        interleave inside one call (a workload's sparse and dense forward, harness/train/generic.py)."""
+        interleave inside one call (the sparse and dense forward of a workload's forward)."""
         self.splits.append((first, second, seconds))
 
     def durations(self) -> dict[str, float]:
@@ -71,41 +76,55 @@ class NoClock:
 
 @dataclass
 class TrainState:
-    """What a stack hands the step: a model split in two halves, an optimizer, a precision."""
+    """What a stack hands the step: the workload and its model, the optimizers, a precision, and
+    the timer of the model's sparse part."""
 
-    model: torch.nn.Module  # has embed(batch) and dense(batch, embedded)
+    model: torch.nn.Module  # the workload's model, the stack applied
     optimizers: list
     autocast: object  # a context manager factory: () -> context
     device: torch.device
-    # a workload's model (harness/train/generic.py): its own step, its sparse timer, dense parameters
-    step_fn: object = None
-    workload: object = None
-    timer: object = None
-    dense_params: list | None = None
+    workload: object  # gembench.workload.Workload: its forward and loss
+    timer: object  # model.SparseTimer over the model's sparse part
+    dense_params: list  # every parameter but the tables'
 
     def zero_grad(self) -> None:
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=True)
 
 
+def losses(workload, output, batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the trained loss, the per-task losses (tasks,)): a workload's loss is a scalar or a vector
+    of per-task losses whose mean is trained."""
+    per_task = workload.loss(output, batch)
+    if per_task.dim() == 0:
+        return per_task, per_task.reshape(1)
+    return per_task.mean(), per_task
+
+
 def train_step(state: TrainState, batch, clock) -> torch.Tensor:
-    """One training step, marking each stage's end on ``clock``.
+    """One training step, marking each stage's end on ``clock``: the forward is one call of the
+    workload's, split by the sparse timer into sparse_forward and the rest (dense_forward).
 
     Returns the detached per-task losses, shape (tasks,); the trained loss is their mean.
     """
-    if state.step_fn is not None:  # a workload's model: its forward and loss (generic.generic_step)
-        return state.step_fn(state, batch, clock)
+    workload, timer = state.workload, state.timer
     clock.mark("start")
     batch = batch.to(state.device, non_blocking=True)
     clock.mark("data")
+    timer.take()
     with state.autocast():
-        embedded = state.model.embed(batch)
+        try:
+            output = workload.forward(state.model, batch)
+        except RuntimeError as err:  # which part of the one-call forward failed (an out-of-memory report)
+            err.stage = "sparse_forward" if timer.inside() else "dense_forward"
+            raise
         clock.mark("sparse_forward")
-        logits = state.model.dense(batch, embedded)
-        clock.mark("dense_forward")
-        per_task = task_losses(logits, batch.labels)
-        loss = per_task.mean()  # multitask_loss, from the per-task losses already in hand
+        clock.mark("dense_forward")  # the whole forward; its sparse share moved back below
+        loss, per_task = losses(workload, output, batch)
     clock.mark("loss")
+    split = getattr(clock, "split", None)
+    if split is not None:
+        split("sparse_forward", "dense_forward", timer.take)
     loss.backward()
     clock.mark("backward")
     for opt in state.optimizers:
@@ -230,7 +249,7 @@ def run_steps(
         try:
             loss = train_step(state, batches[i % len(batches)], clock)
         except RuntimeError as err:
-            if out_of_memory(err) is not None:
+            if out_of_memory(err) is not None and not hasattr(err, "stage"):
                 err.stage = failing_stage(clock)  # the runner names it in its one-line report
             raise
         return loss, clock.durations()

@@ -2,15 +2,20 @@
 
 staged (default): every stage runs to completion before the next, so each is timed on its own:
     data              host batch -> device
-    input_dist        KJT all-to-alls: IDs to the ranks that own their shards (both modules)
+    input_dist        KJT all-to-alls: IDs to the ranks that own their shards (every module)
     embedding_lookup  the sharded lookups on this rank's shards (TorchRec's ``compute``)
     output_dist       embeddings back to the ranks that own the examples (all-to-all or
                       reduce-scatter, waited for)
-    dense_forward     the dense arch forward and the loss
+    dense_forward     the rest of the workload's forward, and its loss
     backward          autograd: dense backward, embedding-gradient all-to-alls, fused update
     grad_sync         one all-reduce of the flattened dense gradients (data parallel), waited
     optimizer         the dense optimizer step
-  Nothing overlaps, so comm is fully exposed: the naive reference.
+  Nothing overlaps, so comm is fully exposed: the naive reference. The sharded modules' three
+  phases are run here, each on the batch field that feeds the module whole (a KJT field holding
+  exactly its features), and the workload's forward then reads their outputs. A model whose
+  modules are not each fed one field whole runs its forward in one piece instead (WHOLE_STAGES):
+  sparse_forward is then the time inside its sparse modules (dists and lookups, the output
+  waited for), timed as on one process.
 
 pipeline (``--pipeline``): TorchRec's TrainPipelineSparseDist over DMP with DDP. It overlaps the
 input_dist of batch i+1 with the forward/backward of batch i, and DDP overlaps the dense-gradient
@@ -24,8 +29,6 @@ The dense optimizer is the stack's (harness/train/stack.py), as on one process.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import time
 from contextlib import contextmanager
 
@@ -35,9 +38,9 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from gembench.harness.train import nvtx
-from gembench.harness.train.distributed.plan import dense_parameters, sharded_modules
+from gembench.harness.train.distributed.plan import dense_parameters
 from gembench.harness.train.stack import StackOptions, dense_optimizer
-from gembench.models.zoo import multitask_loss
+from gembench.harness.train.step import losses
 
 STAGES = (
     "data",
@@ -49,6 +52,7 @@ STAGES = (
     "grad_sync",
     "optimizer",
 )
+WHOLE_STAGES = ("data", "sparse_forward", "dense_forward", "backward", "grad_sync", "optimizer")
 PIPELINE_STAGES = ("data", "input_dist", "forward", "backward", "optimizer")
 
 
@@ -58,14 +62,29 @@ def span(stage: str):
 
 
 @contextmanager
-def replaying(outputs: dict[nn.Module, object]):
-    """Make each sharded module return its already computed output when the model calls it.
+def replaying(outputs: dict[nn.Module, tuple[object, object]]):
+    """Make each sharded module return its already computed output when the model calls it on the
+    input it was computed from (``outputs``: module -> (input, output)).
 
     The staged step runs input_dist / compute / output_dist itself to time them; the model's own
     forward then assembles their outputs exactly as in an ordinary forward.
     """
-    for module, value in outputs.items():
-        module.forward = lambda *args, _value=value, **kwargs: _value
+
+    def replay(module, fed, value):
+        def forward(*args, **kwargs):
+            given = args[0] if args else next(iter(kwargs.values()), None)
+            if given is not fed:
+                raise RuntimeError(
+                    f"the staged step looked up {type(module).__name__}'s IDs on the batch field whose KJT holds "
+                    "exactly its features, and the model called it on another input: call the module on that "
+                    "batch field itself"
+                )
+            return value
+
+        return forward
+
+    for module, (fed, value) in outputs.items():
+        module.forward = replay(module, fed, value)
     try:
         yield
     finally:
@@ -74,38 +93,58 @@ def replaying(outputs: dict[nn.Module, object]):
 
 
 class StagedStep:
-    """One training step, stage by stage, on one rank of a DMP model."""
+    """One training step, stage by stage, on one rank of a DMP model of ``workload``. ``feeds``:
+    (batch field, sharded module) for every sharded module (module_feeds), or None: the forward
+    runs whole, its sparse share timed by the sparse timer (``stages`` says which)."""
 
-    def __init__(self, dmp: nn.Module, device: torch.device, world_size: int, options: StackOptions):
+    def __init__(self, dmp: nn.Module, device: torch.device, world_size: int, options: StackOptions, workload, feeds):
+        from gembench.harness.train.model import SparseTimer
+
         self.dmp, self.model, self.device, self.world_size = dmp, dmp.module, device, world_size
-        self.modules = sharded_modules(self.model)
+        self.workload, self.feeds = workload, feeds
+        self.stages = STAGES if feeds is not None else WHOLE_STAGES
+        self.timer = SparseTimer(self.model, device, workload) if feeds is None else None
         self.dense = dense_parameters(dmp)
         self.optimizer = dense_optimizer(self.dense, options)
         # FSDP2's parameters (DTensors) are reduce-scattered in the backward itself: only the
         # replicated ones are left for the grad_sync stage's all-reduce
         self.replicated = [p for p in self.dense if not isinstance(p, DTensor)]
 
-    def __call__(self, batch, mark) -> torch.Tensor:
-        """``mark(stage)`` is called at the end of every stage."""
+    def __call__(self, batch, mark, split=None) -> torch.Tensor:
+        """``mark(stage)`` is called at the end of every stage; ``split``: the stage clock's, for the
+        whole forward's sparse share. Returns the detached per-task losses."""
         batch = batch.to(self.device, non_blocking=True)
         mark("data")
-        contexts, dist_inputs = [], []
-        with span("input_dist"):
-            for field, module in self.modules:
-                ctx = module.create_context()
-                contexts.append(ctx)
-                dist_inputs.append(module.input_dist(ctx, getattr(batch, field)).wait().wait())
-        mark("input_dist")
-        with span("embedding_lookup"):
-            looked_up = [m.compute(ctx, x) for (_, m), ctx, x in zip(self.modules, contexts, dist_inputs)]
-        mark("embedding_lookup")
-        with span("output_dist"):
-            outputs = {m: m.output_dist(ctx, y).wait() for (_, m), ctx, y in zip(self.modules, contexts, looked_up)}
-        mark("output_dist")
-        with replaying(outputs):
-            logits = self.model.dense(batch, self.model.embed(batch))
-        loss = multitask_loss(logits, batch.labels)
-        mark("dense_forward")
+        if self.feeds is None:
+            self.timer.take()
+            output = self.workload.forward(self.model, batch)
+            loss, per_task = losses(self.workload, output, batch)
+            mark("sparse_forward")
+            mark("dense_forward")
+            if split is not None:
+                split("sparse_forward", "dense_forward", self.timer.take)
+        else:
+            fed = [getattr(batch, field) for field, _ in self.feeds]
+            contexts, dist_inputs = [], []
+            with span("input_dist"):
+                for (_, module), kjt in zip(self.feeds, fed):
+                    ctx = module.create_context()
+                    contexts.append(ctx)
+                    dist_inputs.append(module.input_dist(ctx, kjt).wait().wait())
+            mark("input_dist")
+            with span("embedding_lookup"):
+                looked_up = [m.compute(ctx, x) for (_, m), ctx, x in zip(self.feeds, contexts, dist_inputs)]
+            mark("embedding_lookup")
+            with span("output_dist"):
+                outputs = {
+                    m: (kjt, m.output_dist(ctx, y).wait())
+                    for (_, m), kjt, ctx, y in zip(self.feeds, fed, contexts, looked_up)
+                }
+            mark("output_dist")
+            with replaying(outputs):
+                output = self.workload.forward(self.model, batch)
+            loss, per_task = losses(self.workload, output, batch)
+            mark("dense_forward")
         loss.backward()
         mark("backward")
         self.sync_gradients()
@@ -113,7 +152,7 @@ class StagedStep:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         mark("optimizer")
-        return loss.detach()
+        return per_task.detach()
 
     def sync_gradients(self) -> None:
         """Average dense gradients over ranks: one all-reduce of one flat buffer (as DDP's
@@ -143,20 +182,15 @@ class Slot(nn.Module):
         return self.value
 
 
-def zoo_head(model: nn.Module, batch) -> torch.Tensor:
-    """The zoo's dense half and loss over the embedded batch (the default TrainModule head)."""
-    return multitask_loss(model.dense(batch, model.embed(batch)), batch.labels)
-
-
 class DenseHead(nn.Module):
-    """Everything but the embedding modules: ``head(model, batch)`` (the model's own forward and
-    its loss) over Slots that stand in for them.
+    """Everything but the embedding modules: ``head(model, batch)`` (the workload's forward and
+    loss) over Slots that stand in for them.
 
     It holds the model's dense submodules as its children (so DDP and the optimizer see them) and
     the model itself unregistered, so TorchRec's tracer treats this whole module as one leaf.
     """
 
-    def __init__(self, model: nn.Module, slots: list[Slot], head=zoo_head):
+    def __init__(self, model: nn.Module, slots: list[Slot], head):
         super().__init__()
         self.parts = nn.ModuleList([m for m in model.children()])
         object.__setattr__(self, "_model", model)
@@ -166,38 +200,30 @@ class DenseHead(nn.Module):
     def forward(self, batch, *embedded):
         for slot, value in zip(self._slots, embedded):
             slot.value = value
-        loss = self._head(self._model, batch)
+        loss, per_task = self._head(self._model, batch)
         for slot in self._slots:
             slot.value = None
-        return loss, loss.detach()  # progress() hands back the second: the loss, for the record
+        return loss, per_task.detach()  # progress() hands back the second: the losses, for the record
 
 
 class TrainModule(nn.Module):
-    """What TrainPipelineSparseDist drives: forward(batch) -> (loss, detached loss).
+    """What TrainPipelineSparseDist drives: forward(batch) -> (loss, detached per-task losses).
 
     The pipeline finds sharded modules by FX-tracing the model's forward and needs each one called
     directly on a field of the batch; a model's own forward need not be traceable (GEM's is
-    jagged and data-dependent; a workload's is its own), so the embedding modules are lifted out
-    here and the rest runs as one untraced leaf. ``field_of(path, module)``: the batch field that
-    feeds a module (the zoo's: pooled tables read batch.sparse, sequences batch.seq); ``head``:
-    DenseHead's.
+    jagged and data-dependent), so the embedding modules are lifted out here and the rest runs as
+    one untraced leaf. ``fields``: {module path: the batch field that feeds it} (the rank's
+    pipeline_fields); ``head(model, batch)`` -> (loss, per-task losses): the workload's forward and
+    loss.
     """
 
-    def __init__(self, model: nn.Module, field_of=None, head=zoo_head):
+    def __init__(self, model: nn.Module, fields: dict[str, str], head):
         super().__init__()
-        from torchrec import EmbeddingBagCollection, EmbeddingCollection
-
-        field_of = field_of or (lambda path, m: "sparse" if isinstance(m, EmbeddingBagCollection) else "seq")
-        found = [
-            (path, m)
-            for path, m in model.named_modules()
-            if isinstance(m, (EmbeddingBagCollection, EmbeddingCollection))
-        ]
         self.fields, slots = [], []
-        for i, (path, module) in enumerate(found):
+        for i, (path, field) in enumerate(fields.items()):
             name = f"embedding_{i}"
-            self.add_module(name, module)
-            self.fields.append((name, field_of(path, module)))
+            self.add_module(name, model.get_submodule(path))
+            self.fields.append((name, field))
             parent_path, _, leaf = path.rpartition(".")
             parent = model.get_submodule(parent_path) if parent_path else model
             slot = Slot()
@@ -208,36 +234,6 @@ class TrainModule(nn.Module):
     def forward(self, batch):
         embedded = [getattr(self, name)(getattr(batch, field)) for name, field in self.fields]
         return self.head(batch, *embedded)
-
-
-def pipelineable(batch):
-    """The batch as TorchRec's pipeline wants it: an instance of its Pipelineable interface
-    (which models/data.py's Batch satisfies in behaviour but not by inheritance)."""
-    return _pipeline_batch_class()(batch)
-
-
-@functools.cache
-def _pipeline_batch_class():
-    """Made once (on first use, as TorchRec's streamable module is imported): a class made per
-    batch would fail torch.compile's type guard on every step and recompile the dense arch."""
-    from torchrec.streamable import Pipelineable
-
-    class PipelineBatch(Pipelineable):
-        def __init__(self, b):
-            self.batch = b
-            for f in dataclasses.fields(b):  # every field the model reads: features, labels, content
-                setattr(self, f.name, getattr(b, f.name))
-
-        def to(self, device, non_blocking=False):
-            return PipelineBatch(self.batch.to(device, non_blocking=non_blocking))
-
-        def record_stream(self, stream):
-            self.batch.record_stream(stream)
-
-        def pin_memory(self):
-            return PipelineBatch(self.batch.pin_memory())
-
-    return PipelineBatch
 
 
 class PipelineStep:

@@ -102,43 +102,14 @@ def check(args: RunConfig) -> None:
 
 def check_job(args: RunConfig, nnodes: int):
     """What the ranks of a job of ``args.nproc`` ranks on ``nnodes`` nodes would refuse, wherever
-    they run (no device is looked at): the config, the batch split, the sharding spec, --rebalance,
-    HSDP on one node. The config, as the ranks will load it."""
-    from gembench.harness.train.distributed.plan import parse_sharding
-    from gembench.harness.train.distributed.rank import per_rank_batch
+    they run (no device is looked at): the model, the batch split, the sharding spec, --rebalance,
+    the pipeline's fields, HSDP on one node. The workload, as the ranks will load it."""
+    from gembench.harness.train.distributed.rank import check as check_ranks
     from gembench.harness.train.parallelize import HSDP_ONE_NODE
-    from gembench.models.config import load_config, with_global_batch
-    from gembench.models.sparse import pooled_tables
-    from gembench.models.zoo import sequence_table_names
 
     if args.options.dense_parallel == "hsdp" and nnodes < 2:  # --nproc starts every rank on this one host
         raise UsageError(HSDP_ONE_NODE)
-    if args.model is not None:
-        from gembench.harness.train.distributed.workload_rank import check as check_workload
-
-        check_workload(args, args.nproc)  # the device and --out: check() after this
-        return None
-    cfg = with_global_batch(load_config(args.config), args.batch, args.nproc)
-    per_rank_batch(cfg.data.global_batch, args.nproc)
-    tables = [t.name for t in pooled_tables(cfg)]
-    sequences = sequence_table_names(cfg)
-    forced = parse_sharding(args.sharding, tables + sequences)
-    # TorchRec's EmbeddingCollection (sequence tables) shards table-, row- or column-wise only
-    odd = sorted(
-        t.removeprefix("table_")
-        for t in sequences
-        if forced.get(t) not in (None, "table_wise", "row_wise", "column_wise")
-    )
-    if odd:
-        raise UsageError(
-            f"--sharding: sequence table(s) {', '.join(odd)} can only be table_wise, row_wise "
-            f"or column_wise in TorchRec; add e.g. {odd[0]}=row_wise to the spec"
-        )
-    if args.rebalance:
-        from gembench.harness.train.distributed.rebalance import check as check_rebalance
-
-        check_rebalance(args.sharding, forced, tables + sequences, args.nproc, args.pipeline)
-    return cfg
+    return check_ranks(args, args.nproc)
 
 
 def relaunch(nproc: int, entry: Callable[..., int], *entry_args, extra_env: dict | None = None) -> int:

@@ -6,8 +6,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gembench.harness.train.distributed.plan import sharded_modules
-
 
 def local_dims(module: nn.Module) -> list[dict[str, int]]:
     """Per sharding of a sharded module: feature -> width of this rank's shard of its table."""
@@ -45,18 +43,21 @@ def lookup_load(modules: list[tuple[str, nn.Module]], dist_inputs: list) -> dict
     return {"ids": float(ids), "unique_ids": float(unique), "bytes_read": float(read)}
 
 
-def measure_loads(dmp: nn.Module, batches, device: torch.device) -> dict[str, float]:
+def measure_loads(feeds: list[tuple[str, nn.Module]], batches, device: torch.device) -> dict[str, float]:
     """Mean per-step lookup load of this rank over ``batches``: each batch's real input dist,
-    counted on what arrives (run outside the timed steps, so counting costs no step time)."""
-    modules = sharded_modules(dmp.module)
+    counted on what arrives (run outside the timed steps, so counting costs no step time).
+    ``feeds``: (batch field, sharded module) for the modules fed one field whole (rank.module_fields);
+    0 where there is none (the planner's estimate then stands alone)."""
+    if not feeds:
+        return {"ids": 0.0, "unique_ids": 0.0, "bytes_read": 0.0}
     total: dict[str, float] = {}
     with torch.no_grad():
         for b in batches:
             b = b.to(device)
             inputs = []
-            for field, module in modules:
+            for field, module in feeds:
                 ctx = module.create_context()
                 inputs.append(module.input_dist(ctx, getattr(b, field)).wait().wait())
-            for k, v in lookup_load(modules, inputs).items():
+            for k, v in lookup_load(feeds, inputs).items():
                 total[k] = total.get(k, 0.0) + v
     return {k: v / len(batches) for k, v in total.items()}

@@ -226,18 +226,4 @@ def dense_parameters(dmp: nn.Module) -> list[torch.Tensor]:
     return [p for _, p in in_backward_optimizer_filter(dmp.named_parameters())]
 
 
-def sharded_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """(batch field, sharded module) pairs: pooled tables read batch.sparse, sequences batch.seq."""
-    from torchrec.distributed.embedding import ShardedEmbeddingCollection
-    from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
-
-    out = []
-    for m in model.modules():
-        if isinstance(m, ShardedEmbeddingBagCollection):
-            out.append(("sparse", m))
-        elif isinstance(m, ShardedEmbeddingCollection):
-            out.append(("seq", m))
-    return out
-
-
 sharders = default_sharders  # the name the rest of the harness imports

@@ -1,7 +1,10 @@
 """One rank of a distributed `gembench run`: set up, time the steps, profile, hand rank 0 the record.
 
-Every rank builds the same model from the same seed, shards it with the same plan, and trains on
-its own slice of the global batch (SyntheticData with its rank). After the timed steps it runs
+Every rank builds the same workload's model from the same seed, shards it with the same plan
+(TorchRec's planner, told the workload's pooling, its sharders and constraints where it gives
+them; DMP; the unsharded weights written into the shards), and trains on its own slice of the
+global batch (the workload's batch(i, rank, world, seed)). FSDP2, checkpointing and compile come
+from parallelize.py as on one process; the step is one of engines.py's. After the timed steps it runs
 one whose costs it counts (metrics/counters.py) and a few more under torch.profiler for the
 communication figures (so counting and profiling cost the timed steps nothing), counts its real
 lookup load, and sends one record to rank 0, which assembles
@@ -28,6 +31,7 @@ from gembench.harness.metrics import comm
 from gembench.harness.metrics import counters as C
 from gembench.harness.metrics import trace as TR
 from gembench.harness.metrics.imbalance import hot_share
+from gembench.harness.train import model as M
 from gembench.harness.train import nvtx
 from gembench.harness.train.distributed import engines as E
 from gembench.harness.train.distributed import library_logs
@@ -43,13 +47,11 @@ from gembench.harness.train.memory import (
     run_memory_bytes,
 )
 from gembench.harness.train.progress import Progress
-from gembench.harness.train.result import Sharded, build_result, described, process_record, recheck, timed_batches
+from gembench.harness.train.result import Sharded, build_result, process_record, recheck, timed_batches
 from gembench.harness.train.runconfig import RunConfig
 from gembench.harness.train.runner import MAX_DISTINCT_BATCHES
-from gembench.harness.train.step import StageClock, timed_steps
-from gembench.models.config import for_device, load_config, with_global_batch
-from gembench.models.data import SyntheticData, expected_ids_per_example
-from gembench.models.memory import memory_estimate, parameter_counts
+from gembench.harness.train.step import StageClock, losses, timed_steps
+from gembench.workload import Workload, batch_fields, named
 
 COUNTED_STEPS = 1  # an extra step after the timed ones, its cost counters taken (no profiler:
 # the counting dispatch mode re-dispatches every op, which the profiler would record twice)
@@ -124,23 +126,55 @@ def main(args: RunConfig, env: dict) -> int:
             dist.destroy_process_group()
 
 
+def check(args: RunConfig, nproc: int) -> Workload:
+    """What every rank of an ``nproc``-rank job would refuse, before launching (no device is
+    looked at): the model, its batch split, the switches, the pipeline's fields, the sharding spec,
+    --rebalance. The workload, as the ranks will load it."""
+    from torchrec import EmbeddingBagConfig
+
+    from gembench.harness.train.stack import on_ranks
+
+    workload = M.workload_of(args.config, args.model, args.model_args, args.batch, nproc)
+    per_rank_batch(workload.global_batch, nproc)
+    options = on_ranks(args.options, args.pipeline)
+    variant = workload.for_stack(options)
+    M.applied_switches(variant, options)
+    if args.pipeline:
+        module_fields(variant, variant.build(torch.device("meta")), workload.batch(0, 0, nproc, args.seed), True)
+    tables = variant.tables()
+    forced = P.parse_sharding(args.sharding, [t.name for t in tables])
+    # TorchRec's EmbeddingCollection (unpooled tables) shards table-, row- or column-wise only
+    odd = sorted(
+        t.name.removeprefix("table_")
+        for t in tables
+        if not isinstance(t, EmbeddingBagConfig) and forced.get(t.name) not in (None, *UNPOOLED_TYPES)
+    )
+    if odd:
+        raise UsageError(
+            f"--sharding: sequence table(s) {', '.join(odd)} can only be {', '.join(UNPOOLED_TYPES)} "
+            f"in TorchRec; add e.g. {odd[0]}=row_wise to the spec"
+        )
+    if args.rebalance:
+        from gembench.harness.train.distributed.rebalance import check as check_rebalance
+
+        check_rebalance(args.sharding, forced, [t.name for t in tables], nproc, args.pipeline)
+    return workload
+
+
 def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fault) -> dict:
     """This rank's whole job; the result on rank 0 ({} on the others).
 
-    With --rebalance the job runs twice: once on the planner's plan, then, after a re-plan from
+    With --rebalance the job runs three times: on the planner's plan, then, after a re-plan from
     the load measured on it (rebalance.py), on the new plan with the trained state carried over
-    (carry.py); the result is the second run's, the first's figures in its ``rebalance`` section.
+    (carry.py), then on the planner's plan again (rebalanced); the result is the second run's,
+    the others' figures in its ``rebalance`` section.
     """
-    from gembench.harness.train.distributed import rebalance as R
-    from gembench.harness.train.stack import model_config, on_ranks
+    from gembench.harness.train.distributed import rebalance as RB
+    from gembench.harness.train.stack import on_ranks
 
-    if args.model is not None:  # a workload's model (gembench/workload.py): its own rank job
-        from gembench.harness.train.distributed.workload_rank import run as run_workload
-
-        return run_workload(args, env, dev, watchdog, fault)
     rank, world = env["rank"], env["world_size"]
-    cfg = for_device(with_global_batch(load_config(args.config), args.batch, world), dev.type)  # --batch; CPU row cap
-    local_batch = per_rank_batch(cfg.data.global_batch, world)
+    workload = check(args, world).on_device(dev.type)  # on CPU the zoo caps its tables
+    local_batch = per_rank_batch(workload.global_batch, world)
     # the peaks first: calibrating one (large GEMMs) must not count as the run's memory
     watchdog.at("peak")
     peak, host_peak = _peaks(dev, args, env)
@@ -148,34 +182,47 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
     # and learning rates; embeddings are always fbgemm's fused TBE under DMP, and overlap is the
     # --pipeline switch (stack.on_ranks).
     options = on_ranks(args.options, args.pipeline)
-    cfg = model_config(cfg, options)  # content=off: the config without its [content] section
-    expected = expected_ids_per_example(cfg)
-    pooling = None if args.sharding == UNTOLD else expected
-    rows = _table_rows(cfg)
-    if args.rebalance:
-        R.check(args.sharding, P.parse_sharding(args.sharding, list(rows)), list(rows), world, args.pipeline)
-
-    me = _Rank(args, env, dev, cfg, options, local_batch, watchdog, fault, peak, host_peak)
+    variant = workload.for_stack(options)  # the model this stack runs (the zoo's content=off, attention)
+    watchdog.at("data")
+    total = args.warmup + args.steps + COUNTED_STEPS + PROFILED_STEPS
+    batches = [workload.batch(i, rank, world, args.seed) for i in range(min(total, MAX_DISTINCT_BATCHES))]
+    ident = M.identity(variant, args.seed)
+    data = _Data(workload, variant, batches, [], "", M.parameter_shapes(variant))
+    expected = declared_pooling(variant)
+    pooling = None if args.sharding == UNTOLD else variant.pooling()
+    me = _Rank(args, env, dev, options, local_batch, watchdog, fault, peak, host_peak)
 
     def result_of(records, job, batches, peak_check: bool = False):
-        return job_result(me, cfg, records, job, batches, peak_check)
+        result = job_result(me, ident, records, job, batches, peak_check)
+        if result is not None:
+            sparse = len(job.fields)
+            result["workload"] = M.section(variant, ident, data.basis, options, batches[0], sparse)
+        return result
 
-    job = _build(me, pooling)
-    record, batches = _measure(job, me)
+    def build(me, pooling, measured=None):
+        return _build(me, data, pooling, measured)
+
+    def measure(job, me):
+        return _measure(job, me, data)
+
+    job = build(me, pooling)
+    record, batches = measure(job, me)
     records = _gather(record, rank, world, watchdog)
     if not args.rebalance:
         return result_of(records, job, batches, peak_check=True) or {}
+    rows = {t.name: t.num_embeddings for t in variant.tables()}
+    table_of = {f: t.name for t in variant.tables() for f in t.feature_names}
 
-    counts_of = lambda batches: R.host_counts([(b.size, (b.sparse, b.seq)) for b in batches], rows)  # noqa: E731
-    return rebalanced(
-        me, job, record, records, batches, counts_of, rows, pooling, expected, _build, _measure, result_of
-    )
+    def counts_of(host):
+        return RB.host_counts([(local_batch, list(kjt_fields(b).values())) for b in host], rows, table_of)
+
+    return rebalanced(me, job, record, records, batches, counts_of, rows, pooling, expected, build, measure, result_of)
 
 
 def job_result(me: "_Rank", model, records, job, batches, peak_check: bool = False) -> dict | None:
     """Rank 0: the job's result from every rank's records (None elsewhere); ``model``: the
-    config as run, or a workload's identity (generic.Identity); ``peak_check``: the peak checked
-    first (over this host's ranks), on the run the result is of."""
+    identity of the model as run (model.Identity); ``peak_check``: the peak checked first (over
+    this host's ranks), on the run the result is of."""
     args = me.args
     if me.env["rank"] != 0:
         return None
@@ -194,10 +241,10 @@ def rebalanced(
 ) -> dict:
     """--rebalance after the first run (``job``, its ``record``, rank 0's ``records``): the
     planner's plan (A), the re-planned one (B), then A again, each on the state the run before it
-    trained, so that drift over the three runs cancels in B against A and A'. The zoo's ranks and
-    a workload's alike: ``counts_of(batches)`` is rebalance.host_counts over this rank's host
-    batches, ``rows`` {table: rows}, ``pooling`` what the first plan was told, ``expected`` the
-    pooling the model declares; ``build(me, pooling, measured)`` -> job (with .dmp, .planned,
+    trained, so that drift over the three runs cancels in B against A and A'.
+    ``counts_of(batches)`` is rebalance.host_counts over this rank's host batches, ``rows``
+    {table: rows}, ``pooling`` what the first plan was told, ``expected`` the pooling the model
+    declares; ``build(me, pooling, measured)`` -> job (with .dmp, .planned,
     .optimizer), ``measure(job, me)`` -> (record, batches), ``result_of(records, job, batches,
     peak_check)`` the result on rank 0 (None elsewhere)."""
     from gembench.harness.train.distributed import rebalance as R
@@ -254,13 +301,12 @@ UNTOLD = "untold"  # --sharding untold: TorchRec's planner without the tables' p
 @dataclass
 class _Rank:
     """What every build and measurement of this rank's job shares: the request, the torchrun
-    environment, the device, the config and stack as run, the per-rank batch, the watchdog, an
-    injected fault (tests), this rank's peak and its host's."""
+    environment, the device, the stack as run, the per-rank batch, the watchdog, an injected
+    fault (tests), this rank's peak and its host's."""
 
     args: RunConfig
     env: dict
     dev: torch.device
-    cfg: object
     options: object
     local_batch: int
     watchdog: W.Watchdog
@@ -270,12 +316,28 @@ class _Rank:
 
 
 @dataclass
+class _Data:
+    """What every build of one rank's job trains on: the workload (its batches') and the model
+    the stack runs (``variant``), this rank's batches, their FLOPs and basis (from the first
+    build's unsharded model), and the model's parameter counts."""
+
+    workload: Workload
+    variant: Workload
+    batches: list
+    flops: list  # per batch {block: forward FLOPs}
+    basis: str
+    counts: dict
+
+
+@dataclass
 class _Job:
-    """One build of the model on this rank: DMP over it, the planner's view, the step engine."""
+    """One build of the model on this rank: DMP over it, the planner's view, the batch field of
+    each sharded module (by path), the staged engine (None under --pipeline: made in _measure)."""
 
     dmp: torch.nn.Module
     planned: P.PlanRecorder
-    engine: E.StagedStep | None  # the pipeline's engine is made in _measure
+    fields: dict
+    engine: E.StagedStep | None
     start_bytes: int  # the rank's memory floor when the build began
 
     @property
@@ -284,65 +346,69 @@ class _Job:
         return self.engine.optimizer
 
 
-def _build(me: _Rank, pooling: dict | None, measured=None) -> _Job:
-    """Model, plan (TorchRec's planner told ``pooling``; ``measured``: rebalance.MeasuredLookups),
-    DMP, FSDP, compile, and the step engine (the staged one; the pipeline's is made in _measure)."""
-    args, env, dev, cfg, options, watchdog = me.args, me.env, me.dev, me.cfg, me.options, me.watchdog
-    from gembench.harness.train.parallelize import apply_compile, apply_fsdp, dense_mesh
-    from gembench.harness.train.stack import seeded_model
+def _build(me: _Rank, data: _Data, pooling: dict | None, measured=None) -> _Job:
+    """The model from the seed with checkpointing, TorchRec's plan (told ``pooling``; ``measured``:
+    rebalance.MeasuredLookups) and DMP, the unsharded weights written into the shards, then FSDP2
+    over the dense part (dense_parallel=fsdp|hsdp), compile, and the staged engine."""
+    from gembench.harness.train.parallelize import apply_compile, apply_fsdp, dense_mesh, fsdp_units
+    from gembench.harness.train.stack import autocast_for, seeded_model
 
-    watchdog.at("build")
+    args, env, dev, options, variant = me.args, me.env, me.dev, me.options, data.variant
+    me.watchdog.at("build")
     start_bytes = reset_peak_memory(dev)  # the rank's floor: what was loaded before the run
-    gem = seeded_model(cfg, options, dev, args.seed)  # same seed on every rank: identical replicated weights
-    model = gem
-    if args.pipeline:  # embedding modules lifted out where the pipeline's tracer can find them
-        model = E.TrainModule(gem)
-    watchdog.at("plan")
-    forced = P.parse_sharding(args.sharding, P.table_names(model))
-    plan, planned = P.plan_sharding(
-        model, forced, env, dev, me.local_batch, pooling, measured, sharded_only=args.rebalance
+    model = seeded_model(variant, options, dev, args.seed)  # same seed on every rank: identical weights
+    if not data.flops:  # on the unsharded model, before DMP takes it
+        autocast = autocast_for(options, dev)
+        data.flops, data.basis = M.stack_flops(data.workload, variant, data.batches, autocast, dev, args.seed, model)
+    fields = module_fields(variant, model, data.batches[0], required=args.pipeline)
+    sharded = model
+    if args.pipeline:  # its TorchRec modules lifted out where the pipeline's tracer finds them
+        sharded = E.TrainModule(model, fields, lambda m, b: losses(variant, variant.forward(m, b), b))
+        fields = {f"embedding_{i}": field for i, field in enumerate(fields.values())}
+    # the unsharded tables, by reference: every rank starts from the weights one process would
+    unsharded = {k: v.detach() for k, v in sharded.state_dict().items()}
+    me.watchdog.at("plan")
+    ddp = args.pipeline and options.dense_parallel == "ddp"  # the staged step syncs gradients itself
+    dmp, planned = shard(
+        variant, sharded, env, dev, me.local_batch, args.sharding, pooling, measured, ddp, args.rebalance
     )
-    watchdog.at("shard")
-    dmp = P.shard(model, plan, dev, ddp=args.pipeline and options.dense_parallel == "ddp")
+    load_unsharded(dmp, unsharded)
+    del unsharded
     if options.dense_parallel != "ddp":  # FSDP2 on the dense blocks DMP left plain
         mesh = dense_mesh(options.dense_parallel, env["world_size"], env["local_world_size"], dev.type)
-        apply_fsdp(gem, mesh, options.bf16)
-    apply_compile(gem, options)  # the dense arch, after DMP has taken the tables
-    engine = None if args.pipeline else E.StagedStep(dmp, dev, env["world_size"], options)
-    return _Job(dmp, planned, engine, start_bytes)
+        apply_fsdp(model, mesh, options.bf16, *fsdp_units(variant, model))
+    apply_compile(variant, model, options)  # the dense part, after DMP has taken the tables
+    feeds = None if fields is None else [(field, dmp.module.get_submodule(path)) for path, field in fields.items()]
+    engine = None if args.pipeline else E.StagedStep(dmp, dev, env["world_size"], options, variant, feeds)
+    return _Job(dmp, planned, fields or {}, engine, start_bytes)
 
 
-def _measure(job: _Job, me: _Rank) -> tuple[dict, list]:
+def _measure(job: _Job, me: _Rank, data: _Data) -> tuple[dict, list]:
     """Time, count and profile this rank's steps on ``job``: its record for rank 0, and the batches."""
-    args, env, dev, cfg, options, local_batch = me.args, me.env, me.dev, me.cfg, me.options, me.local_batch
-    watchdog, fault = me.watchdog, me.fault
     from gembench.harness.train.parallelize import dense_shards, dense_state_bytes
     from gembench.harness.train.stack import autocast_for
 
-    rank, world, dmp = env["rank"], env["world_size"], job.dmp
-    watchdog.at("data")
-    data = SyntheticData(cfg, seed=args.seed, batch_size=local_batch, rank=rank)
+    args, env, dev, options, batches = me.args, me.env, me.dev, me.options, data.batches
+    rank, world, dmp, watchdog = env["rank"], env["world_size"], job.dmp, me.watchdog
     total = args.warmup + args.steps + COUNTED_STEPS + PROFILED_STEPS
-    batches = [data.batch(i) for i in range(min(total, MAX_DISTINCT_BATCHES))]
-
     timed = timed_batches(batches, args.warmup, args.steps)
     watchdog.at("load count")
     # before the pipeline rewrites the modules' input dist for its own schedule
-    loads = L.measure_loads(dmp, timed[:LOAD_BATCHES], dev)
-    shape = described(cfg, timed, options)  # once, before any step, from the host batches as generated
-    autocast = autocast_for(options, dev)
+    feeds = [(field, dmp.module.get_submodule(path)) for path, field in job.fields.items()]
+    loads = L.measure_loads(feeds, timed[:LOAD_BATCHES], dev)
+    per_block = timed_batches(data.flops, args.warmup, args.steps)
+    shape = M.described(data.variant, per_block, timed, options)  # once, before any step
     since = C.fresh_compile_state()
-    W.STAGE_ORDER.update({s: i for i, s in enumerate(E.PIPELINE_STAGES if args.pipeline else E.STAGES)})
-    show = rank == 0 and not args.quiet
     if args.pipeline:
         engine = E.PipelineStep(dmp, dev, options)
-        # the pipeline holds batches in flight across steps: it gets its own batch objects
-        # (regenerated: same seed, same data) rather than the list measured above
-        feed = iter([E.pipelineable(data.batch(i % len(batches))) for i in range(total)])
-        engine_step, stages = _pipelined_step(engine, feed, watchdog, fault, rank), E.PIPELINE_STAGES
+        # the pipeline holds batches in flight across steps: its own batch objects, regenerated
+        # (same seed, same data) rather than the list measured above
+        feed = iter([data.workload.batch(i % len(batches), rank, world, args.seed) for i in range(total)])
+        engine_step, stages = _pipelined_step(engine, feed, watchdog, me.fault, rank), E.PIPELINE_STAGES
     else:
         engine = job.engine
-        engine_step, stages = _staged_step(engine, batches, watchdog, fault, rank), E.STAGES
+        engine_step, stages = _staged_step(engine, batches, watchdog, me.fault, rank), engine.stages
+    W.STAGE_ORDER.update({s: i for i, s in enumerate(stages)})
     counted = C.StepCounter(dev, [engine.optimizer])
     saved = SavedForBackward(dmp.parameters())  # around the counted step, with the counters
     at_timed_end = {}  # the memory when the timed steps end, before the counted and profiled ones add theirs
@@ -350,20 +416,23 @@ def _measure(job: _Job, me: _Rank) -> tuple[dict, list]:
     def timed_end():
         at_timed_end.update(peak=peak_memory_bytes(dev), run=run_memory_bytes(dev, job.start_bytes))
 
+    show = rank == 0 and not args.quiet
+    autocast = autocast_for(options, dev)
     samples, prof = _steps(engine_step, stages, total, args, dev, counted, saved, autocast, show, timed_end)
 
     watchdog.at("analysis")
     comm_stats, counts = profiled_costs(prof, args, rank, world, counted, since)
+    lookup = "embedding_lookup" if "embedding_lookup" in stages else "sparse_forward"
     if not args.pipeline:
-        loads["lookup_s"] = float(np.mean(samples.stages["embedding_lookup"]))
+        loads["lookup_s"] = float(np.mean(samples.stages[lookup]))
     storage = job.planned.storage
-    estimate = memory_estimate(
-        cfg,
-        local_batch,
-        parameter_counts(cfg),
+    estimate = M.memory_estimate(
+        data.variant,
+        data.counts,
+        me.local_batch,
         options,
         dev.type,
-        shards=dense_shards(options.dense_parallel, world, env["local_world_size"]),
+        dense_shards=dense_shards(options.dense_parallel, world, env["local_world_size"]),
         embedding_share=storage[rank] / sum(storage) if sum(storage) else 1.0 / world,
         on_rank=True,
     )
@@ -372,7 +441,7 @@ def _measure(job: _Job, me: _Rank) -> tuple[dict, list]:
         me,
         samples,
         shape,
-        _hot_counts(cfg, timed),
+        hot_counts(data.variant, timed),
         loads,
         comm_stats,
         counts,
@@ -452,13 +521,6 @@ def _indices(args: RunConfig, batches: list) -> dict:
     }
 
 
-def _table_rows(cfg) -> dict[str, int]:
-    """Rows of every table by its name, from the config as run (models.sparse's table configs)."""
-    from gembench.models.zoo import zoo_tables
-
-    return {t.name: t.num_embeddings for t in zoo_tables(cfg)}
-
-
 def _say(args: RunConfig, rank: int, text: str) -> None:
     if rank == 0 and not args.quiet:
         print(f"gembench run: {text}", file=sys.stderr, flush=True)
@@ -520,19 +582,21 @@ def _staged_step(engine: E.StagedStep, batches, watchdog, fault, rank: int):
     """The staged engine as one step of the loop: a stage clock, and at every stage boundary the
     watchdog told where this rank is (and an injected fault, if any, fired)."""
 
+    stages = engine.stages
+
     def engine_step(i: int):
-        clock = StageClock(engine.device, E.STAGES)
+        clock = StageClock(engine.device, stages)
 
         def mark(stage):
             clock.mark(stage)
-            following = E.STAGES[E.STAGES.index(stage) + 1] if stage != E.STAGES[-1] else "step end"
+            following = stages[stages.index(stage) + 1] if stage != stages[-1] else "step end"
             watchdog.at(following, i)
             if fault:
                 fault.trigger(rank, i, following)
 
         watchdog.at("data", i)
         clock.mark("start")
-        loss = engine(batches[i % len(batches)], mark)
+        loss = engine(batches[i % len(batches)], mark, clock.split)
         return loss, clock.durations()
 
     return engine_step
@@ -551,16 +615,114 @@ def _pipelined_step(engine: E.PipelineStep, feed, watchdog, fault, rank: int):
     return engine_step
 
 
-def _hot_counts(cfg, batches) -> dict:
+# -- the workload's model on the ranks: its fields, shards, loads ------------------------------
+
+UNPOOLED_TYPES = ("table_wise", "row_wise", "column_wise")  # what TorchRec shards an EmbeddingCollection by
+
+
+def shard(
+    workload: Workload, model, env: dict, dev, local_batch: int, sharding, pooling, measured, ddp, sharded_only=False
+):
+    """TorchRec's plan for the workload's model (told ``pooling``; ``measured``, ``sharded_only``:
+    --rebalance's estimator and its plans) and DMP over it, with DDP over the dense part
+    (``ddp``) or the dense part plain (the staged step syncs it, or FSDP2 shards it next)."""
+    forced = P.parse_sharding(sharding, P.table_names(model))
+    sharders = workload.sharders()
+    plan, planned = P.plan_sharding(
+        model,
+        forced,
+        env,
+        dev,
+        local_batch,
+        pooling,
+        measured,
+        sharders=sharders,
+        constraints=workload.constraints(),
+        sharded_only=sharded_only,
+    )
+    return P.shard(model, plan, dev, ddp=ddp, sharders=sharders), planned
+
+
+def load_unsharded(dmp, state: dict) -> int:
+    """Write the unsharded model's tensors (``state``: its state_dict, taken before DMP) into the
+    sharded one, so that every rank starts from the weights one process would: DMP initialises
+    its shards afresh. Each rank copies the slices its shards cover; returns the tensors written."""
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+    from gembench.harness.train.distributed.carry import _slices
+
+    written = 0
+    with torch.no_grad():
+        for key, value in dmp.state_dict().items():
+            source = state.get(key.removeprefix("module.").removeprefix("_dmp_wrapped_module."))
+            if source is None or source is value:
+                continue
+            if isinstance(value, ShardedTensor):
+                _slices(value.local_shards(), source, into_shards=True)
+            else:
+                value.copy_(source)
+            written += 1
+    return written
+
+
+def kjt_fields(batch) -> dict:
+    """The batch's KeyedJaggedTensor fields by name: the IDs of the workload's tables."""
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    return {k: v for k, v in batch_fields(batch).items() if isinstance(v, KeyedJaggedTensor)}
+
+
+def module_fields(workload: Workload, model, batch, required: bool = False) -> dict[str, str] | None:
+    """{module path: batch field} for each TorchRec module of the model, the field whose KJT holds
+    exactly its features: what the staged step and the load count feed each module, and what
+    TorchRec's pipeline needs (each module called on one field of a Pipelineable batch). None
+    where a module has no such field (the staged step then runs the forward whole); ``required``
+    (--pipeline): refused in one line instead."""
+    from torchrec import EmbeddingBagCollection, EmbeddingCollection
+    from torchrec.streamable import Pipelineable
+
+    spec = named(workload)
+    if required and not isinstance(batch, Pipelineable):
+        raise UsageError(
+            f"{spec}: --pipeline needs batch() to return a torchrec.streamable.Pipelineable "
+            f"(it gave a {type(batch).__name__}); subclass it, or drop --pipeline"
+        )
+    by_keys = {frozenset(v.keys()): name for name, v in kjt_fields(batch).items()}
+    out = {}
+    for path, m in model.named_modules():
+        if not isinstance(m, (EmbeddingBagCollection, EmbeddingCollection)):
+            continue
+        configs = m.embedding_bag_configs() if isinstance(m, EmbeddingBagCollection) else m.embedding_configs()
+        features = frozenset(f for t in configs for f in t.feature_names)
+        if features not in by_keys:
+            if not required:
+                return None
+            raise UsageError(
+                f"{spec}: --pipeline calls each TorchRec module on one batch field, and no KJT field of the "
+                f"batch holds exactly the features of {path} ({', '.join(sorted(features))}); drop --pipeline"
+            )
+        out[path] = by_keys[features]
+    return out
+
+
+def hot_counts(workload: Workload, batches) -> dict:
     """Lookups, and lookups that hit each table's hottest 1% of rows, over this rank's batches."""
+    rows = {f: t.num_embeddings for t in workload.tables() for f in t.feature_names}
+    ids: dict[str, list] = {}
+    for b in batches:
+        for v in kjt_fields(b).values():
+            for key, part in v.to_dict().items():
+                ids.setdefault(key, []).append(part.values().numpy())
     hits = lookups = 0.0
-    tables = [
-        (b_field, key, rows)
-        for b_field, key, rows in [("sparse", f"t{i}", r) for i, r in enumerate(cfg.sparse.rows)]
-        + [("seq", s.name, s.rows) for s in cfg.sequences]
-    ]
-    for field, key, rows in tables:
-        ids = np.concatenate([getattr(b, field)[key].values().numpy() for b in batches])
-        hits += hot_share(ids, rows) * ids.size
-        lookups += ids.size
+    for key, parts in ids.items():
+        values = np.concatenate(parts)
+        hits += hot_share(values, rows[key]) * values.size
+        lookups += values.size
     return {"lookups": lookups, "hot_1pct": hits}
+
+
+def declared_pooling(workload: Workload) -> dict[str, float]:
+    """The pooling the workload declares per table (pooling(); TorchRec's default 1 elsewhere):
+    what --rebalance's section sets the measured pooling beside."""
+    given = workload.pooling()
+    return {t.name: float(given.get(t.name, P.POOLING_DEFAULT)) for t in workload.tables()}

@@ -77,7 +77,8 @@ def hstu_attention_check(
     formula reports) and padded (torch's count of the padded path's plain matmuls). ``rab=False``:
     no relative bias (a bias of shape (H, 0), as MLPerf DLRMv4 runs HSTU).
     """
-    from gembench.models.zoo import hstu_attention_flops, hstu_jagged_attention, hstu_padded_attention
+    from gembench.models.hstu import hstu_attention_flops
+    from gembench.models.ops.pytorch.hstu_attention import hstu_jagged_attention, hstu_padded_attention
 
     g = torch.Generator().manual_seed(seed)
     T, dh = batch * length, dim // heads
@@ -133,7 +134,7 @@ def summary_check(
     ``length`` counts the CLS and must exceed ``recent``. Returns analytic, jagged, dense FLOPs and
     the largest difference between the two outputs.
     """
-    from gembench.models.zoo import SequenceSummary, summary_flops
+    from gembench.models.cross import SequenceSummary, summary_flops
 
     if length <= recent:
         raise ValueError(f"length {length} must exceed recent {recent}: shorter ones are zero-filled")
