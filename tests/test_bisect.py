@@ -239,3 +239,29 @@ def test_ctrl_c_during_a_bisect_leaves_the_repository_as_found(team):
     assert proc.returncode == 130, err
     assert _state(repo) == before
     assert not any(Path(ln.split()[0]).exists() for ln in worktrees[1:])
+
+
+def test_a_result_records_its_own_trees_commit_whatever_git_dir_git_exported(tmp_path, monkeypatch):
+    """`git bisect run` in a worktree exports GIT_DIR, the candidate's: GOOD's processes, started
+    from the predicate, must still record the commit of the gembench they imported, and git must
+    find each revision's repository from its own folder."""
+    from gembench.harness.continuous.pairs import child_env
+    from gembench.harness.device import env
+
+    repo = Path(__file__).resolve().parents[1]
+    clean = env.without_repository(os.environ)
+    own = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, env=clean, capture_output=True, text=True)
+    if own.returncode != 0:
+        pytest.skip("not a git checkout")
+    other = tmp_path / "other"
+    other.mkdir()
+    for cmd in (
+        ["init", "-q"],
+        ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "x"],
+    ):
+        subprocess.run(["git", *cmd], cwd=other, check=True)
+    monkeypatch.setenv("GIT_DIR", str(other / ".git"))
+    monkeypatch.delenv("GEMBENCH_COMMIT", raising=False)
+    monkeypatch.delenv("ASV_COMMIT", raising=False)
+    assert env.git_state()[0] == own.stdout.strip()
+    assert "GIT_DIR" not in child_env(tmp_path)

@@ -107,9 +107,17 @@ def _checkout(d: dict):
 
 def predicate(state_file: Path) -> int:
     """Judge the commit checked out in the bisect's worktree against GOOD; the exit status for git."""
+    import os
+
     from gembench.harness.continuous import worktrees
     from gembench.harness.continuous.setup import run_setup
+    from gembench.harness.device.env import without_repository
 
+    # `git bisect run` in a worktree exports GIT_DIR, the candidate's: every git call and process
+    # from here (GOOD's runs too) would read the candidate's commit instead of their own folder's
+    kept = without_repository(os.environ)
+    os.environ.clear()
+    os.environ.update(kept)
     state = json.loads(state_file.read_text())
     args = argparse.Namespace(**state["args"])
     log = Path(state["log"])

@@ -134,7 +134,9 @@ def revision_env(args: argparse.Namespace, c) -> dict:
 
 
 def child_env(pythonpath: Path, threads: int | None = None) -> dict:
-    env = dict(os.environ)
+    from gembench.harness.device.env import without_repository
+
+    env = without_repository(os.environ)  # git finds each revision's repository from its worktree
     if threads is not None:  # torch takes its intra-op thread count from these at start-up
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
     env["PYTHONPATH"] = str(pythonpath)  # only the revision: an inherited path could shadow it
@@ -268,7 +270,7 @@ def checked_result(c, label: str, out: Path) -> dict:
     ran = field(result, "env.git_commit")
     if ran not in (c.sha, "unknown"):
         raise UsageError(
-            f"{label} {c.revision}: the process ran commit {str(ran)[:10]}, not {c.sha[:10]}; "
-            "PYTHONPATH did not win over the installed gembench"
+            f"{label} {c.revision}: the process ran commit {str(ran)[:10]}, not {c.sha[:10]}: another gembench "
+            "than the worktree's was imported (PYTHONPATH did not win), or git read another repository"
         )
     return result
