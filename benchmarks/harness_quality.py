@@ -318,7 +318,7 @@ def _commit_beside(root, base: str, branch: str, anchor: str, code: str, what: s
     return sha
 
 
-ONE_OP_AT = "        loss = per_task.mean()  # multitask_loss, from the per-task losses already in hand\n"
+ONE_OP_AT = "        loss, per_task = losses(workload, output, batch)\n"  # in step.train_step, the counted step
 ONE_OP_CODE = (
     "        loss = loss * 1.0  # planted by benchmarks/harness_quality.py --paired: one more op in the step\n"
 )
@@ -401,6 +401,64 @@ def resample_rounds(outcomes: dict, trials: int, seed: int = 0) -> dict | None:
         else:
             out["detection_rate"][kind] = v.count(stats.REGRESSED) / trials
     return out
+
+
+def sequential_design(outcomes: dict) -> tuple[int, float, float, int]:
+    """(max pairs, budget s, seconds a batch, pairs a batch) of the comparisons measured: the
+    design's limits as continuous defines them, each batch's time as the pairs took it."""
+    from gembench.harness.commands.continuous import DEFAULT_BUDGET, MAX_PAIRS
+
+    runs = [o for v in outcomes.values() for o in v]
+    at_once = max(1, min(o.get("parallel") or 1 for o in runs))
+    batch_s = statistics.mean(60 * o["minutes"] / max(1, o["rounds"] / at_once) for o in runs)
+    return MAX_PAIRS, DEFAULT_BUDGET, batch_s, at_once
+
+
+def resample_sequential(outcomes: dict, trials: int, seed: int = 0) -> dict | None:
+    """The sequential design run again on pairs drawn from each kind's measured pairs (as
+    resample_rounds does for a fixed number of pairs): its detection and false-alarm rates."""
+    from gembench.harness.regression import stats
+
+    pools = {k: [r for o in v for r in (o["round_ratios"] or [])] for k, v in outcomes.items()}
+    if "unchanged" not in pools or any(len(p) < 4 for p in pools.values()):
+        return None
+    rng = random.Random(seed)
+    first = outcomes["unchanged"][0]
+    alpha, min_effect = first.get("alpha", stats.ALPHA), first.get("min_effect", stats.MIN_EFFECT)
+    max_pairs, budget, batch_s, at_once = sequential_design(outcomes)
+    design = (max_pairs, alpha, min_effect, first.get("margin") or min_effect, budget)
+    out = {"rounds": max_pairs, "trials": trials, "pool": {k: len(p) for k, p in pools.items()}, "detection_rate": {}}
+    out["mean_pairs"] = {}
+    for kind, pool in pools.items():
+        tally = sequential_tally(lambda n, pool=pool: rng.choices(pool, k=n), trials, design, batch_s, at_once)
+        out["mean_pairs"][kind] = round(tally["mean_pairs"], 1)
+        if kind == "unchanged":
+            out["false_alarm_rate"], out["unchanged_pass_rate"] = tally["regressed"], tally["unchanged"]
+        else:
+            out["detection_rate"][kind] = tally["regressed"]
+    return out
+
+
+def goals(outcomes: dict, upper: dict, plants: list[float]) -> None:
+    """The end-to-end goals beside what was measured: unchanged code "unchanged" >= 95%, a 2% (the
+    smallest plant) slowdown caught >= 95%, false alarms <= 1%, each at the upper bounds of the
+    spread and correlation; and the minutes a verdict took (at most 5 on a quiet host)."""
+    smallest = min(plants)
+    slowest = max(o["minutes"] for v in outcomes.values() for o in v)
+    mean = statistics.mean(o["minutes"] for v in outcomes.values() for o in v)
+    checks = [
+        ("unchanged code unchanged", upper[0.0]["unchanged"], ">=", 0.95),
+        (f"{100 * smallest:g}% caught", upper[smallest]["regressed"], ">=", 0.95),
+        ("false alarms", upper[0.0]["regressed"], "<=", 0.01),
+    ]
+    for what, got, op, goal in checks:
+        met = got >= goal if op == ">=" else got <= goal
+        verdict_ = "met" if met else "NOT met"
+        print(f"goal: {what} {100 * got:.2f}% (goal {op} {100 * goal:g}%, at the upper bounds): {verdict_}")
+    verdict_ = "met" if slowest <= 5 else "NOT met"
+    print(
+        f"goal: minutes a verdict took: mean {mean:.1f}, at most {slowest:.1f} (goal <= 5 on a quiet host): {verdict_}"
+    )
 
 
 def spread_bound(outcomes: dict, confidence: float = 0.95) -> dict | None:
@@ -486,6 +544,48 @@ def rates_at(
     return out
 
 
+def sequential_comparison(
+    ratios: list[float], alpha: float, min_effect: float, margin: float, batch_s: float, budget_s: float, at_once: int
+) -> tuple[str, int]:
+    """One comparison of continuous's sequential design (its looks, alpha spending, stopping rule
+    and budget: gembench.harness.regression.sequential) over pairs with these HEAD/BASE ratios, in
+    order, at most len(ratios) of them: (the verdict, the pairs it took)."""
+    from gembench.harness.regression import stats
+    from gembench.harness.regression.sequential import Looks, decided, worth_another_batch
+
+    max_pairs = len(ratios)
+    looks, v, n = Looks(alpha, max_pairs), stats.INCONCLUSIVE, 0
+    while n < max_pairs:
+        n = min(n + at_once, max_pairs)
+        if not looks.due(n):
+            continue
+        v = verdict(ratios[:n], looks.alpha_at(n), min_effect, margin)
+        if decided({"step_time_s": v}, False) or not worth_another_batch(n / at_once * batch_s, batch_s, budget_s):
+            break
+    return v, n
+
+
+def sequential_tally(draw, trials: int, design: tuple, batch_s: float, at_once: int) -> dict:
+    """How often the sequential design says regressed and unchanged over ``trials`` comparisons of
+    pairs from ``draw(n)`` (n ratios), with the mean pairs and minutes a verdict took. ``design``:
+    (max pairs, alpha, min effect, margin, budget in s)."""
+    from gembench.harness.regression import stats
+
+    max_pairs, alpha, min_effect, margin, budget_s = design
+    counts, pairs_used = {stats.REGRESSED: 0, stats.UNCHANGED: 0, stats.INCONCLUSIVE: 0}, 0
+    for _ in range(trials):
+        v, n = sequential_comparison(draw(max_pairs), alpha, min_effect, margin, batch_s, budget_s, at_once)
+        counts[v] = counts.get(v, 0) + 1
+        pairs_used += n
+    mean_pairs = pairs_used / trials
+    return {
+        "regressed": counts[stats.REGRESSED] / trials,
+        "unchanged": counts[stats.UNCHANGED] / trials,
+        "mean_pairs": mean_pairs,
+        "mean_minutes": mean_pairs / at_once * batch_s / 60,
+    }
+
+
 def sequential_rates(
     sd: float,
     effects: list[float],
@@ -498,42 +598,33 @@ def sequential_rates(
     at_once: int = 2,
     trials: int = 4000,
     seed: int = 0,
+    r: float = 0.0,
 ) -> dict:
-    """Rates of continuous's sequential design (its looks, alpha spending, stopping rule and budget:
-    gembench.harness.regression.sequential) for pairs whose log ratios are normal with spread
-    ``sd``, ``at_once`` pairs a batch taking ``batch_s``: per effect, how often regressed and
-    unchanged, and the mean pairs and minutes a verdict took."""
+    """Rates of continuous's sequential design for pairs whose log ratios are normal with spread
+    ``sd``, ``at_once`` pairs a batch taking ``batch_s`` and sharing a correlation ``r`` (a negative
+    one taken as none): per effect, how often regressed and unchanged, and the mean pairs and
+    minutes a verdict took."""
     import math
 
-    from gembench.harness.regression import stats
-    from gembench.harness.regression.sequential import Looks, decided, worth_another_batch
-
     rng = random.Random(seed)
-    out = {}
-    for effect in effects:
-        counts, pairs_used = {stats.REGRESSED: 0, stats.UNCHANGED: 0, stats.INCONCLUSIVE: 0}, 0
-        for _ in range(trials):
-            ratios = [math.exp(math.log1p(effect) + sd * rng.gauss(0, 1)) for _ in range(max_pairs)]
-            looks, v, n = Looks(alpha, max_pairs), stats.INCONCLUSIVE, 0
-            while n < max_pairs:
-                n = min(n + at_once, max_pairs)
-                if not looks.due(n):
-                    continue
-                v = verdict(ratios[:n], looks.alpha_at(n), min_effect, margin)
-                if decided({"step_time_s": v}, False) or not worth_another_batch(
-                    n / at_once * batch_s, batch_s, budget_s
-                ):
-                    break
-            counts[v] = counts.get(v, 0) + 1
-            pairs_used += n
-        mean_pairs = pairs_used / trials
-        out[effect] = {
-            "regressed": counts[stats.REGRESSED] / trials,
-            "unchanged": counts[stats.UNCHANGED] / trials,
-            "mean_pairs": mean_pairs,
-            "mean_minutes": mean_pairs / at_once * batch_s / 60,
-        }
-    return out
+    shared = math.sqrt(max(r, 0.0))
+    own = math.sqrt(1.0 - shared**2)
+
+    def normal(effect):
+        def draw(n):
+            out = []
+            while len(out) < n:
+                common = rng.gauss(0, 1)
+                out += [
+                    math.exp(math.log1p(effect) + sd * (shared * common + own * rng.gauss(0, 1)))
+                    for _ in range(at_once)
+                ]
+            return out[:n]
+
+        return draw
+
+    design = (max_pairs, alpha, min_effect, margin, budget_s)
+    return {effect: sequential_tally(normal(effect), trials, design, batch_s, at_once) for effect in effects}
 
 
 def sequential_main(args) -> int:
@@ -676,8 +767,17 @@ def paired_main(args) -> int:
                 f"{', '.join(f'{k} {a:g} -> {b:g}' for k, (a, b) in counts.items()) or 'none'}",
                 flush=True,
             )
-    minutes = (time.perf_counter() - t0) / 60
-    n = args.comparisons
+    if args.comparisons:
+        paired_summary(args, outcomes, machine, extra, (time.perf_counter() - t0) / 60, caught)
+    elif caught:
+        print(f"paired: a one-op change caught by the counters in {sum(caught)} of {len(caught)} comparisons")
+    return 0
+
+
+def paired_summary(args, outcomes: dict, machine: str, extra: list, minutes: float, caught: list) -> None:
+    """The rates of --paired from its comparisons' ``outcomes`` (kind -> one dict per comparison):
+    printed, and with --json written whole (--summarize prints them again from that file)."""
+    n = len(next(iter(outcomes.values())))
     per = statistics.mean(o["minutes"] for v in outcomes.values() for o in v)
     print(
         f"paired on {machine}: {n} comparison(s) of each kind, {per:.1f} min per comparison, {minutes:.0f} min in all"
@@ -693,15 +793,18 @@ def paired_main(args) -> int:
             f"paired: {kind:<12} {what}, inconclusive (exit 4) {exits.count(4)}/{n}; "
             f"HEAD/BASE {', '.join(format(o['ratio'], '.4f') for o in v if o['ratio'])}"
         )
-    resampled = resample_rounds(outcomes, args.trials)
+    fixed = "--pairs" in extra  # continuous --pairs N: the fixed design; else the sequential one
+    resampled = resample_rounds(outcomes, args.trials) if fixed else resample_sequential(outcomes, args.trials)
     if resampled:
+        design = f"{resampled['rounds']} pairs" if fixed else "the sequential design (continuous's defaults)"
         print(
-            f"paired, resampled: {resampled['trials']} comparisons of {resampled['rounds']} pairs "
+            f"paired, resampled: {resampled['trials']} comparisons of {design}, pairs "
             "drawn from the measured "
             f"pairs ({', '.join(f'{k} {p}' for k, p in resampled['pool'].items())}): "
             + "".join(f"detected {100 * r:.1f}% of {k}, " for k, r in resampled["detection_rate"].items())
             + f"false alarms {100 * resampled['false_alarm_rate']:.1f}%, unchanged code passes "
             f"{100 * resampled['unchanged_pass_rate']:.1f}% (assumes pairs independent)"
+            + (f"; mean pairs a verdict: {resampled['mean_pairs']}" if not fixed else "")
         )
     bound = spread_bound(outcomes)
     mates = batch_mates(outcomes)
@@ -719,21 +822,43 @@ def paired_main(args) -> int:
             "measured": (bound["sd"], mates["r"] if mates else 0.0),
             "upper": (bound["sd_upper"], mates["r_upper"] if mates else 0.0),
         }
-        bounded = {
-            label: rates_at(sd, effects, resampled["rounds"], first["alpha"], first["min_effect"], margin, r=corr)
-            for label, (sd, corr) in at.items()
-        }
+        if fixed:
+            bounded = {
+                label: rates_at(sd, effects, resampled["rounds"], first["alpha"], first["min_effect"], margin, r=corr)
+                for label, (sd, corr) in at.items()
+            }
+        else:
+            max_pairs, budget, batch_s, at_once = sequential_design(outcomes)
+            bounded = {
+                label: sequential_rates(
+                    sd,
+                    effects,
+                    max_pairs,
+                    first["alpha"],
+                    first["min_effect"],
+                    margin,
+                    batch_s,
+                    budget,
+                    at_once,
+                    r=corr,
+                )
+                for label, (sd, corr) in at.items()
+            }
         for label, (sd, r_mates) in at.items():
             r = bounded[label]
             which = "measured" if label == "measured" else f"{100 * bound['confidence']:g}% upper bounds of the"
+            pairs = (
+                f"{resampled['rounds']} pairs" if fixed else f"sequential, {r[0.0]['mean_pairs']:.1f} pairs unchanged"
+            )
             print(
                 f"paired, at the {which} "
                 f"spread of one pair, {100 * sd:.2f}% ({bound['dof']} degrees of freedom)"
                 f"{f' and correlation {r_mates:.2f}' if mates else ''}: "
                 + "".join(f"detects {100 * f:g}% {100 * r[f]['regressed']:.1f}%, " for f in args.plants)
                 + f"false alarms {100 * r[0.0]['regressed']:.2f}%, unchanged passes {100 * r[0.0]['unchanged']:.1f}% "
-                f"({resampled['rounds']} pairs, normal log ratios)"
+                f"({pairs}, normal log ratios)"
             )
+        goals(outcomes, bounded["upper"], args.plants)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(
@@ -747,13 +872,13 @@ def paired_main(args) -> int:
                     "spread": bound,
                     "batch_mates": mates,
                     "bounded": bounded and {k: {str(e): r for e, r in v.items()} for k, v in bounded.items()},
+                    "one_op_caught": caught,
                 },
                 fh,
                 indent=1,
             )
     if caught:
         print(f"paired: a one-op change caught by the counters in {sum(caught)} of {len(caught)} comparisons")
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -854,7 +979,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-pairs", type=int, default=None, help="with --sequential: continuous's --max-pairs")
     p.add_argument("--budget", type=float, default=None, help="with --sequential: continuous's --budget, s")
     p.add_argument("--json", default=None, help="also write the figures to this file")
+    p.add_argument(
+        "--summarize",
+        default=None,
+        metavar="JSON",
+        help="--paired's rates again from the JSON a --paired run wrote (after every comparison: a stopped "
+        "run keeps them), without measuring",
+    )
     args = p.parse_args(argv)
+    if args.summarize:
+        with open(args.summarize) as fh:
+            saved = json.load(fh)
+        args.plants = [float(k.split()[1].rstrip("%")) / 100 for k in saved["outcomes"] if k != "unchanged"]
+        args.json = None
+        paired_summary(args, saved["outcomes"], saved["machine"], saved["extra"], saved.get("minutes", 0.0), [])
+        return 0
     if args.sequential:
         try:
             args.spreads = [float(x) for x in args.sequential.split(",")]
@@ -862,8 +1001,8 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--sequential takes spreads like 0.0098,0.02, got {args.sequential!r}")
         return sequential_main(args)
     if args.paired:
-        if args.comparisons < 1:
-            p.error("--comparisons must be >= 1")
+        if args.comparisons < 0 or args.comparisons + args.one_op < 1:
+            p.error("--comparisons must be >= 1 (or 0 with --one-op N: the counters' check alone)")
         try:
             args.plants = [float(f) for f in args.plants.split(",")]
         except ValueError:
