@@ -195,8 +195,7 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
     def result_of(records, job, batches, peak_check: bool = False):
         result = job_result(me, ident, records, job, batches, peak_check)
         if result is not None:
-            sparse = len(job.fields)
-            result["workload"] = M.section(variant, ident, data.basis, options, batches[0], sparse)
+            result["workload"] = M.section(variant, ident, data.basis, options, batches[0], job.modules)
         return result
 
     def build(me, pooling, measured=None):
@@ -339,6 +338,7 @@ class _Job:
     fields: dict
     engine: E.StagedStep | None
     start_bytes: int  # the rank's memory floor when the build began
+    modules: int  # the model's TorchRec modules
 
     @property
     def optimizer(self):
@@ -350,7 +350,7 @@ def _build(me: _Rank, data: _Data, pooling: dict | None, measured=None) -> _Job:
     """The model from the seed with checkpointing, TorchRec's plan (told ``pooling``; ``measured``:
     rebalance.MeasuredLookups) and DMP, the unsharded weights written into the shards, then FSDP2
     over the dense part (dense_parallel=fsdp|hsdp), compile, and the staged engine."""
-    from gembench.harness.train.parallelize import apply_compile, apply_fsdp, dense_mesh, fsdp_units
+    from gembench.harness.train.parallelize import apply_compile, apply_fsdp, dense_mesh, fsdp_units, sparse_modules
     from gembench.harness.train.stack import autocast_for, seeded_model
 
     args, env, dev, options, variant = me.args, me.env, me.dev, me.options, data.variant
@@ -361,6 +361,7 @@ def _build(me: _Rank, data: _Data, pooling: dict | None, measured=None) -> _Job:
         autocast = autocast_for(options, dev)
         data.flops, data.basis = M.stack_flops(data.workload, variant, data.batches, autocast, dev, args.seed, model)
     fields = module_fields(variant, model, data.batches[0], required=args.pipeline)
+    modules = len(sparse_modules(model))
     sharded = model
     if args.pipeline:  # its TorchRec modules lifted out where the pipeline's tracer finds them
         sharded = E.TrainModule(model, fields, lambda m, b: losses(variant, variant.forward(m, b), b))
@@ -380,7 +381,7 @@ def _build(me: _Rank, data: _Data, pooling: dict | None, measured=None) -> _Job:
     apply_compile(variant, model, options)  # the dense part, after DMP has taken the tables
     feeds = None if fields is None else [(field, dmp.module.get_submodule(path)) for path, field in fields.items()]
     engine = None if args.pipeline else E.StagedStep(dmp, dev, env["world_size"], options, variant, feeds)
-    return _Job(dmp, planned, fields or {}, engine, start_bytes)
+    return _Job(dmp, planned, fields or {}, engine, start_bytes, modules)
 
 
 def _measure(job: _Job, me: _Rank, data: _Data) -> tuple[dict, list]:
