@@ -196,6 +196,33 @@ def test_a_data_parallel_table_has_no_all_to_all_and_its_gradient_joins_the_dens
     gradient = UPDATE_PER_LOOKUP * looked * rate + zeroed
     assert row["stages"]["backward"]["time_s"] == pytest.approx(dense_bwd + gradient)
     assert row["stages"]["optimizer"]["time_s"] == pytest.approx(c.optimizer_s + rows * dim * c.optimizer_s_per_param)
+    # a cluster file that measured its memory (--calibrate): a table's state streams no faster than
+    # that, however fast a small dense part's Adam ran from the caches
+    import dataclasses
+
+    slow = dataclasses.replace(H100, memory_Bps=ADAM_STEP_BYTES / 3e-9)  # 10x slower than the compute's rate
+    dram = _pricer(cfg, world, batch, cluster=slow, compute=streams).price(dp)
+    assert dram["stages"]["optimizer"]["time_s"] == pytest.approx(c.optimizer_s + rows * dim * 3e-9)
+    zeroed_dram = rows * dim * EMB_BYTES * 3e-9 / ADAM_STEP_BYTES
+    assert dram["stages"]["backward"]["time_s"] == pytest.approx(
+        dense_bwd + UPDATE_PER_LOOKUP * looked * rate + zeroed_dram
+    )
+    # a compute measured with the same tables data-parallel (a 1-rank reference of the checked plan)
+    # holds their gradients and Adam already: nothing is added for them
+    from gembench.harness.projection.cost import data_parallel_params
+
+    assert (
+        data_parallel_params({"plan": {**dp, **{"table_t0": {"sharding": "table_wise", "shard_sizes": [[9, 9]]}}}})
+        == rows * dim
+    )
+    held = dataclasses.replace(streams, dp_params=float(rows * dim))
+    same = _pricer(cfg, world, batch, compute=held).price(dp)
+    assert same["stages"]["optimizer"]["time_s"] == pytest.approx(c.optimizer_s)
+    assert same["stages"]["backward"]["time_s"] == pytest.approx(dense_bwd + UPDATE_PER_LOOKUP * looked * rate)
+    fast = dataclasses.replace(H100, memory_Bps=ADAM_STEP_BYTES / 3e-11)  # faster than the compute: it stands
+    assert _pricer(cfg, world, batch, cluster=fast, compute=streams).price(dp)["stages"]["optimizer"]["time_s"] == (
+        pytest.approx(row["stages"]["optimizer"]["time_s"])
+    )
 
 
 def test_grid_sends_every_id_to_each_column_block():
@@ -563,6 +590,7 @@ def test_calibrate_writes_a_cluster_file_of_this_hosts_links(measured):
         "all_gather",
     }
     assert all(link.bandwidth_Bps > 1e6 for link in cluster.collectives.values())
+    assert cluster.memory_Bps > 1e8  # every rank's Adam over a buffer far larger than the caches
     again = _gembench("project", "--calibrate", "--out", str(measured / "here.toml"), "--quiet")
     assert again.returncode == 2 and "never overwritten" in again.stderr
 

@@ -31,9 +31,12 @@ import numpy as np
 from gembench.errors import UsageError
 from gembench.harness.metrics.comm import bus_factor
 from gembench.harness.projection.cluster import FAMILIES, KINDS, Cluster, Link, to_toml
+from gembench.harness.projection.cost import ADAM_STEP_BYTES
 
 SIZES = [2**k for k in range(12, 25, 2)]  # 4 KiB .. 16 MiB
 ITERS = 15
+STREAM_PARAMS = 2**25  # fp32 elements Adam steps over per rank for the memory rate: 512 MiB with its state
+STREAM_STEPS = 5
 
 
 def fit(sizes, seconds, family: str, n: int) -> Link:
@@ -87,6 +90,32 @@ def _measure(rank: int, world: int, device) -> dict[str, list[float]]:
     return out
 
 
+def _stream(device) -> float:
+    """Seconds per parameter of a fused Adam step over STREAM_PARAMS parameters (weights, gradients,
+    m and v far larger than any cache), every rank at once: the memory rate a data-parallel table's
+    update runs at, where the ranks of a node share the memory. Median step, slowest rank."""
+    import torch
+    import torch.distributed as dist
+
+    p = torch.nn.Parameter(torch.zeros(STREAM_PARAMS, device=device))
+    p.grad = torch.ones_like(p)
+    opt = torch.optim.Adam([p], lr=1e-3, fused=True)
+    samples = []
+    for i in range(STREAM_STEPS + 1):
+        dist.barrier()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        opt.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        if i:
+            samples.append(time.perf_counter() - start)
+    t = torch.tensor([float(np.median(samples)) / STREAM_PARAMS])
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t)
+
+
 def worker(out_path: str) -> None:
     """One rank (under torchrun): measure, and rank 0 writes the figures as JSON."""
     import torch
@@ -100,10 +129,18 @@ def worker(out_path: str) -> None:
     dist.init_process_group("nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     times = _measure(rank, world, device)
+    stream = _stream(device)
     if rank == 0:
         Path(out_path).write_text(
             json.dumps(
-                {"world": world, "backend": dist.get_backend(), "sizes": SIZES, "seconds": times, "device": str(device)}
+                {
+                    "world": world,
+                    "backend": dist.get_backend(),
+                    "sizes": SIZES,
+                    "seconds": times,
+                    "device": str(device),
+                    "stream_s_per_param": stream,
+                }
             )
         )
     dist.destroy_process_group()
@@ -235,12 +272,18 @@ def calibrate_command(args) -> int:
     data = _measure_ranks(args.nproc, args.quiet)
     cluster = cluster_from(data)
     rows = [f"{f}: {_link_text(cluster.collectives[f])}" for f in FAMILIES]
+    if cluster.memory_Bps:
+        rows.append(
+            f"memory: {cluster.memory_Bps / 1e9:.2f} GB/s per rank, every rank at once (fused Adam over "
+            f"{STREAM_PARAMS:,} parameters each)"
+        )
     comment = (
         f"gembench project --calibrate on {socket.gethostname()}: {data['world']} ranks, "
         f"{data['backend']} on {data['device']}, sizes {SIZES[0]}..{SIZES[-1]} bytes\n"
         + "\n".join(rows)
         + "\n[inter] is [intra]: one host measures no link across nodes; peak_tflops and "
-        "hbm_GBps are placeholders:\n--check prices compute and lookups from the --from result it is given"
+        "hbm_GBps are placeholders:\n--check prices compute and lookups from the --from result it is given, "
+        "a data-parallel table's update from memory_GBps"
     )
     atomic_write(out, to_toml(cluster, comment) + "\n", replace=False)
     print("\n".join(rows))
@@ -254,6 +297,7 @@ def cluster_from(data: dict) -> Cluster:
     links = {f: fit(data["sizes"], data["seconds"][f], f, world) for f in FAMILIES}
     a2a = links["all_to_all"]
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / world
+    stream = data.get("stream_s_per_param")  # Adam's bytes per parameter over its seconds per parameter
     return Cluster(
         name=f"calibrated-{socket.gethostname()}",
         gpus_per_node=world,
@@ -264,6 +308,7 @@ def cluster_from(data: dict) -> Cluster:
         inter=a2a,
         collectives=links,
         source="calibrated",
+        memory_Bps=ADAM_STEP_BYTES / stream if stream else 0.0,
     )
 
 

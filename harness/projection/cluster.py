@@ -72,6 +72,10 @@ class Cluster:
     source: str = "preset"
     in_run: dict[str, Link] = field(default_factory=dict)  # intra-node, per kind or family, from a run's trace
     links: str = "isolated"  # which the cost model prices with: "isolated" or "in_run"
+    # bytes/s one device streams through its memory while every device of the node does (--calibrate:
+    # fused Adam over a buffer far larger than the caches); 0: not measured. What a data-parallel
+    # table's update costs, where a result measured on a small dense part ran from the caches
+    memory_Bps: float = 0.0
 
     def link(self, family: str, across_nodes: bool, kind: str | None = None) -> Link:
         if across_nodes:
@@ -182,6 +186,7 @@ def read_cluster(path: Path) -> Cluster:
         source=str(path),
         in_run={k: _link(v, f"in_run.{k}", path) for k, v in in_run.items()},
         links=links,
+        memory_Bps=float(data.get("memory_GBps", 0.0)) * 1e9,
     )
 
 
@@ -208,6 +213,7 @@ def to_toml(c: Cluster, comment: str = "") -> str:
         f"hbm_GBps = {c.hbm_Bps / 1e9:.6g}",
         f"efficiency = {c.efficiency:g}",
         f"lookup_efficiency = {c.lookup_efficiency:g}",
+        *([f"memory_GBps = {c.memory_Bps / 1e9:.6g}"] if c.memory_Bps else []),
         "",
         "[intra]",
         link(c.intra),

@@ -125,6 +125,9 @@ class Compute:
     # copies; DDP's bucket copies): the 1-rank result's time in that stage, where nothing is sent
     overhead_s: dict[str, float] = dataclasses.field(default_factory=dict)
     optimizer_s_per_param: float = 0.0  # Adam over one more parameter (a data-parallel table's)
+    # parameters of data-parallel tables the stage times already hold (a reference run with the
+    # checked plan's data-parallel tables: their lookups, dense gradients and Adam measured)
+    dp_params: float = 0.0
 
 
 def datasheet_compute(m: Subject, cluster: Cluster) -> Compute:
@@ -167,6 +170,7 @@ def measured_compute(result: dict) -> Compute:
     backward = max(stages.get("backward", 0.0) - UPDATE_PER_LOOKUP * lookup, 0.0)
     dense = (result.get("model") or {}).get("dense_params") or 0
     optimizer = stages.get("optimizer", 0.0) * shards
+    dp = data_parallel_params(result)  # stepped by the dense optimizer too
     return Compute(
         {"dense_forward": stages.get("dense_forward", 0.0) / batch, "backward": backward / batch},
         optimizer,
@@ -174,7 +178,17 @@ def measured_compute(result: dict) -> Compute:
         f"measured: {result.get('id', '?')} on {result['env'].get('device_name', '?')}, {batch} examples per rank",
         # only a run that sent nothing shows a communication stage's cost without the link
         {k: stages.get(k, 0.0) for k in COMM_STAGES} if (result["run"].get("nproc") or 1) == 1 else {},
-        optimizer / dense if dense else 0.0,
+        optimizer / (dense + dp) if dense + dp else 0.0,
+        dp_params=dp,
+    )
+
+
+def data_parallel_params(result: dict) -> float:
+    """Parameters of the tables a result's plan replicated (data_parallel), one copy: what its own
+    stage times spent on them (their dense-kernel lookups, table-sized gradients, Adam)."""
+    plan = result.get("plan") or {}
+    return float(
+        sum(t["shard_sizes"][0][0] * t["shard_sizes"][0][1] for t in plan.values() if t["sharding"] == "data_parallel")
     )
 
 
@@ -333,6 +347,11 @@ class Pricer:
         recomputed = m.workload.recomputed_flops(blocks, mode) if mode != "none" else 0.0
         self.recomputed_share = recomputed / self.fwd if self.fwd else 0.0
         self.side = dense_side(m, batch, stack, world, cluster.gpus_per_node)
+        # Adam over one more parameter of a data-parallel table: the compute's rate, measured on a
+        # dense part that may have run from the caches, but never faster than the memory streams
+        # a table-sized state where the cluster file measured it (--calibrate's memory_GBps)
+        memory = ADAM_STEP_BYTES / cluster.memory_Bps if cluster.memory_Bps else 0.0
+        self.stream_s_per_param = max(compute.optimizer_s_per_param, memory)
 
     def _comms(self, v: dict) -> dict[str, tuple[float, int]]:
         """Each collective of the step: (seconds, the GPU whose bytes set it). A collective waits
@@ -384,9 +403,10 @@ class Pricer:
         # data-parallel table (dense kernel) instead adds its looked-up rows into a gradient as
         # large as the table, zeroed first: a streaming write, at the rate the dense optimizer
         # streams its bytes (not the lookup's, a gather of scattered rows)
-        stream_s_per_byte = c.optimizer_s_per_param / ADAM_STEP_BYTES
+        dp_param_s = self.stream_s_per_param
+        dp_more = max(v["dp_params"] - c.dp_params, 0.0)  # beyond what the compute's own run replicated
         dp_grad = UPDATE_PER_LOOKUP * v["dp_lookup"] * c.lookup_s_per_byte
-        dp_grad += v["dp_params"] * EMB_BYTES * stream_s_per_byte
+        dp_grad += dp_more * EMB_BYTES * dp_param_s / ADAM_STEP_BYTES
         update = UPDATE_PER_LOOKUP * (float(lookup_rank[heavy]) - v["dp_lookup"] * c.lookup_s_per_byte) + dp_grad
         sync, first, last = self._grad_sync(v["dp_params"])
         stages = {
@@ -396,7 +416,7 @@ class Pricer:
             "dense_forward": dense_fwd,
             "backward": dense_bwd + grad_comm + update,
             "grad_sync": sync + over.get("grad_sync", 0.0),
-            "optimizer": c.optimizer_s / self.shards + v["dp_params"] * c.optimizer_s_per_param,
+            "optimizer": c.optimizer_s / self.shards + dp_more * dp_param_s,
         }
         exposed = dict(stages)
         if self.schedule == "pipelined":
