@@ -72,22 +72,31 @@ def _measure(rank: int, world: int, device) -> dict[str, list[float]]:
                 else:
                     dist.all_gather_into_tensor(recv, part)
 
-            samples = []
-            for i in range(ITERS + 2):
-                dist.barrier()
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                start = time.perf_counter()
-                call()
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                if i >= 2:
-                    samples.append(time.perf_counter() - start)
-            t = torch.tensor([float(np.median(samples))])
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            times.append(float(t))
+            times.append(_slowest_median(call, device, ITERS, warmup=2))
         out[family] = times
     return out
+
+
+def _slowest_median(call, device, iters: int, warmup: int) -> float:
+    """``call()`` timed ``iters`` times after ``warmup``, every rank starting together (a barrier
+    before each): the median call on each rank, the slowest rank's."""
+    import torch
+    import torch.distributed as dist
+
+    samples = []
+    for i in range(warmup + iters):
+        dist.barrier()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        call()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        if i >= warmup:
+            samples.append(time.perf_counter() - start)
+    t = torch.tensor([float(np.median(samples))])
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t)
 
 
 def _stream(device) -> float:
@@ -95,25 +104,11 @@ def _stream(device) -> float:
     m and v far larger than any cache), every rank at once: the memory rate a data-parallel table's
     update runs at, where the ranks of a node share the memory. Median step, slowest rank."""
     import torch
-    import torch.distributed as dist
 
     p = torch.nn.Parameter(torch.zeros(STREAM_PARAMS, device=device))
     p.grad = torch.ones_like(p)
     opt = torch.optim.Adam([p], lr=1e-3, fused=True)
-    samples = []
-    for i in range(STREAM_STEPS + 1):
-        dist.barrier()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        opt.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        if i:
-            samples.append(time.perf_counter() - start)
-    t = torch.tensor([float(np.median(samples)) / STREAM_PARAMS])
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t)
+    return _slowest_median(opt.step, device, STREAM_STEPS, warmup=1) / STREAM_PARAMS
 
 
 def worker(out_path: str) -> None:
