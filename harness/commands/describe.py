@@ -53,6 +53,7 @@ def describe(workload) -> dict:
     from dataclasses import replace
 
     import torch
+    from torchrec import EmbeddingBagConfig
 
     from gembench.harness.metrics.mfu import TRAIN_FLOPS_PER_FORWARD
     from gembench.harness.train import model as M
@@ -61,7 +62,7 @@ def describe(workload) -> dict:
     meta = workload.build(torch.device("meta"))
     counts = M.parameter_shapes(workload, meta)
     ident = M.identity(workload)
-    per_example, basis = flops_per_example(workload)
+    per_example, basis = M.flops_per_example(workload)
     forward = sum(per_example.values())
     batch = workload.global_batch
     opt, n = STACKS["optimized"], SWITCH_RANKS
@@ -94,7 +95,7 @@ def describe(workload) -> dict:
                 "rows": t.num_embeddings,
                 "dim": t.embedding_dim,
                 "features": list(t.feature_names),
-                "pooled": type(t).__name__ == "EmbeddingBagConfig",
+                "pooled": isinstance(t, EmbeddingBagConfig),
             }
             for t in workload.tables()
         ],
@@ -116,23 +117,6 @@ def describe(workload) -> dict:
         "activations_estimated": M.activations_estimated(workload),
         "details": workload.details(),
     }
-
-
-def flops_per_example(workload) -> tuple[dict[str, float], str]:
-    """Forward FLOPs of one example per block, and their basis: flops_per_example() or the batch
-    formula ("formula"), else FlopCounterMode over one forward of batch 0 on CPU ("counted")."""
-    import torch
-
-    from gembench.harness.train import model as M
-
-    given = workload.flops_per_example()
-    if given is not None:
-        return {k: float(v) for k, v in given.items()}, "formula"
-    batch = workload.batch(0, 0, 1, 0)
-    per_batch, basis = workload.forward_flops(batch), "formula"
-    if per_batch is None:
-        per_batch, basis = M.counted_flops(workload, M.seeded(workload, torch.device("cpu"), 0), batch), "counted"
-    return {k: float(v) / workload.global_batch for k, v in per_batch.items()}, basis
 
 
 SWITCH_RANKS = 8  # one node of GPUs

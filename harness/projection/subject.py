@@ -83,20 +83,9 @@ class Subject:
 
     @functools.cached_property
     def _flops(self) -> tuple[dict[str, float], str]:
-        given = self.workload.flops_per_example()
-        if given is not None:
-            return {k: float(v) for k, v in given.items()}, "formula"
-        from gembench.harness.train.model import counted_flops, seeded
+        from gembench.harness.train.model import flops_per_example
 
-        world = _world_for(self.global_batch, FLOPS_SAMPLE)
-        batch = self.workload.batch(0, 0, world, 0)
-        examples = self.global_batch // world
-        per_batch = self.workload.forward_flops(batch)
-        basis = "formula"
-        if per_batch is None:
-            per_batch = counted_flops(self.workload, seeded(self.workload, torch.device("cpu"), 0), batch)
-            basis = "counted"
-        return {k: float(v) / examples for k, v in per_batch.items()}, basis
+        return flops_per_example(self.workload, _world_for(self.global_batch, FLOPS_SAMPLE))
 
     @property
     def flops(self) -> dict[str, float]:

@@ -223,6 +223,21 @@ def stack_flops(workload: Workload, variant: Workload, batches: list, autocast, 
     return flops, basis
 
 
+def flops_per_example(workload: Workload, world: int = 1) -> tuple[dict[str, float], str]:
+    """Forward FLOPs of one example per block, and their basis: the workload's flops_per_example()
+    or its formula over batch 0 ("formula"), else FlopCounterMode over one forward of batch 0 on
+    CPU ("counted"); batch 0 of ``world`` ranks, one rank's slice (a smaller batch to count on)."""
+    given = workload.flops_per_example()
+    if given is not None:
+        return {k: float(v) for k, v in given.items()}, "formula"
+    batch = workload.batch(0, 0, world, 0)
+    per_batch, basis = workload.forward_flops(batch), "formula"
+    if per_batch is None:
+        per_batch, basis = counted_flops(workload, seeded(workload, torch.device("cpu"), 0), batch), "counted"
+    examples = workload.global_batch // world
+    return {k: float(v) / examples for k, v in per_batch.items()}, basis
+
+
 def formula_flops(workload: Workload, batches: list) -> list[dict]:
     """The workload's formula over ``batches`` (each distinct batch once)."""
     cache: dict[int, dict] = {}
