@@ -1,6 +1,6 @@
 """GEM's dense-side techniques, applied to a pure model from outside (as torchtitan's parallelize).
 
-    apply_ac(model, paths)                  activation checkpointing around the named blocks
+    apply_ac(workload, model, mode)         activation checkpointing around the blocks it names
     apply_fsdp(model, mesh, bf16, blocks, roots)   FSDP2 fully_shard per dense block and dense root
     apply_compile(workload, model, options) torch.compile of what the workload names
 

@@ -280,15 +280,12 @@ def build_train_state(workload, options: StackOptions, device: torch.device, see
     check_one_process(options)
     applied_switches(workload, options)
     model = seeded_model(workload, options, device, seed)
-    optimizers: list[torch.optim.Optimizer] = []
-    if options.fused_embeddings:
-        optimizers += fuse_embeddings(model, device)
-    else:
-        tables = embedding_parameters(model)
+    optimizers: list[torch.optim.Optimizer] = fuse_embeddings(model, device) if options.fused_embeddings else []
+    tables = embedding_parameters(model)  # after the swap: the fused modules' own
+    if not options.fused_embeddings:
         optimizers.append(
             torch.optim.Adagrad([p for p in model.parameters() if id(p) in tables], lr=EMBEDDING_LR, eps=ADAGRAD_EPS)
         )
-    tables = embedding_parameters(model)
     dense = [p for p in model.parameters() if id(p) not in tables]
     optimizers.append(dense_optimizer(dense, options))
     apply_compile(workload, model, options)

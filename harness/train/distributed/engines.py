@@ -94,7 +94,7 @@ def replaying(outputs: dict[nn.Module, tuple[object, object]]):
 
 class StagedStep:
     """One training step, stage by stage, on one rank of a DMP model of ``workload``. ``feeds``:
-    (batch field, sharded module) for every sharded module (module_feeds), or None: the forward
+    (batch field, sharded module) for every sharded module (rank.module_fields), or None: the forward
     runs whole, its sparse share timed by the sparse timer (``stages`` says which)."""
 
     def __init__(self, dmp: nn.Module, device: torch.device, world_size: int, options: StackOptions, workload, feeds):
@@ -213,7 +213,7 @@ class TrainModule(nn.Module):
     directly on a field of the batch; a model's own forward need not be traceable (GEM's is
     jagged and data-dependent), so the embedding modules are lifted out here and the rest runs as
     one untraced leaf. ``fields``: {module path: the batch field that feeds it} (the rank's
-    pipeline_fields); ``head(model, batch)`` -> (loss, per-task losses): the workload's forward and
+    module_fields); ``head(model, batch)`` -> (loss, per-task losses): the workload's forward and
     loss.
     """
 

@@ -330,12 +330,13 @@ class _Data:
 
 @dataclass
 class _Job:
-    """One build of the model on this rank: DMP over it, the planner's view, the batch field of
-    each sharded module (by path), the staged engine (None under --pipeline: made in _measure)."""
+    """One build of the model on this rank: DMP over it, the planner's view, (batch field, sharded
+    module) of each module fed one field whole (none: the forward runs whole), the staged engine
+    (None under --pipeline: made in _measure)."""
 
     dmp: torch.nn.Module
     planned: P.PlanRecorder
-    fields: dict
+    feeds: list | None
     engine: E.StagedStep | None
     start_bytes: int  # the rank's memory floor when the build began
     modules: int  # the model's TorchRec modules
@@ -381,7 +382,7 @@ def _build(me: _Rank, data: _Data, pooling: dict | None, measured=None) -> _Job:
     apply_compile(variant, model, options)  # the dense part, after DMP has taken the tables
     feeds = None if fields is None else [(field, dmp.module.get_submodule(path)) for path, field in fields.items()]
     engine = None if args.pipeline else E.StagedStep(dmp, dev, env["world_size"], options, variant, feeds)
-    return _Job(dmp, planned, fields or {}, engine, start_bytes, modules)
+    return _Job(dmp, planned, feeds, engine, start_bytes, modules)
 
 
 def _measure(job: _Job, me: _Rank, data: _Data) -> tuple[dict, list]:
@@ -395,8 +396,7 @@ def _measure(job: _Job, me: _Rank, data: _Data) -> tuple[dict, list]:
     timed = timed_batches(batches, args.warmup, args.steps)
     watchdog.at("load count")
     # before the pipeline rewrites the modules' input dist for its own schedule
-    feeds = [(field, dmp.module.get_submodule(path)) for path, field in job.fields.items()]
-    loads = L.measure_loads(feeds, timed[:LOAD_BATCHES], dev)
+    loads = L.measure_loads(job.feeds or [], timed[:LOAD_BATCHES], dev)
     per_block = timed_batches(data.flops, args.warmup, args.steps)
     shape = M.described(data.variant, per_block, timed, options)  # once, before any step
     since = C.fresh_compile_state()
