@@ -292,6 +292,13 @@ def batch_fields(batch) -> dict:
     return {k: v for k, v in items if isinstance(v, (torch.Tensor, KeyedJaggedTensor))}
 
 
+def kjt_fields(batch) -> dict:
+    """The batch's KeyedJaggedTensor fields by name: the IDs of the workload's tables."""
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    return {k: v for k, v in batch_fields(batch).items() if isinstance(v, KeyedJaggedTensor)}
+
+
 def batch_spec(batch) -> dict:
     """The batch's shape as the result records it: tensors' dtype and shape, KJTs' keys."""
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -309,14 +316,12 @@ def check_batch(workload: Workload, batch, rank: int = 0, world: int = 1) -> Non
     """batch(): has .to(device); every KJT holds global_batch/world examples (its stride) of
     features a table has. Tensors are the workload's own: per example, or per item of a sequence
     (the zoo's item content), so their sizes are not checked here."""
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
     spec = named(workload)
     if not callable(getattr(batch, "to", None)):
         raise UsageError(f"{spec}: batch() gave a {type(batch).__name__} without .to(device); return a Pipelineable")
     expected = workload.global_batch // world
     features = {f for t in workload.tables() for f in t.feature_names}
-    kjts = {k: v for k, v in batch_fields(batch).items() if isinstance(v, KeyedJaggedTensor)}
+    kjts = kjt_fields(batch)
     if not kjts:
         raise UsageError(f"{spec}: batch() has no KeyedJaggedTensor field; the tables' IDs go in one")
     for name, v in kjts.items():

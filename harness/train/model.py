@@ -28,6 +28,7 @@ from gembench.workload import (
     check_batch,
     check_global_batch,
     check_switches,
+    kjt_fields,
     load_workload,
     named,
     workload_hash,
@@ -253,17 +254,15 @@ def embedding_bytes(workload: Workload, batch, bytes_per_element: int = 4) -> di
     written in the backward, and the pooled output (one row per example and feature of a pooled
     table)."""
     from torchrec import EmbeddingBagConfig
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
     dims = feature_dims(workload)
     pooled = {f for t in workload.tables() if isinstance(t, EmbeddingBagConfig) for f in t.feature_names}
     lookups = read = out = 0.0
-    for v in batch_fields(batch).values():
-        if isinstance(v, KeyedJaggedTensor):
-            for key, n in zip(v.keys(), v.length_per_key()):
-                lookups += float(n)
-                read += float(n) * dims[key] * bytes_per_element
-                out += v.stride() * dims[key] * bytes_per_element if key in pooled else 0.0
+    for v in kjt_fields(batch).values():
+        for key, n in zip(v.keys(), v.length_per_key()):
+            lookups += float(n)
+            read += float(n) * dims[key] * bytes_per_element
+            out += v.stride() * dims[key] * bytes_per_element if key in pooled else 0.0
     return {"lookups": lookups, "read": read, "written": read, "pooled_output": out}
 
 

@@ -51,7 +51,7 @@ from gembench.harness.train.result import Sharded, build_result, process_record,
 from gembench.harness.train.runconfig import RunConfig
 from gembench.harness.train.runner import MAX_DISTINCT_BATCHES
 from gembench.harness.train.step import StageClock, losses, timed_steps
-from gembench.workload import Workload, batch_fields, named
+from gembench.workload import Workload, kjt_fields, named
 
 COUNTED_STEPS = 1  # an extra step after the timed ones, its cost counters taken (no profiler:
 # the counting dispatch mode re-dispatches every op, which the profiler would record twice)
@@ -664,13 +664,6 @@ def load_unsharded(dmp, state: dict) -> int:
                 value.copy_(source)
             written += 1
     return written
-
-
-def kjt_fields(batch) -> dict:
-    """The batch's KeyedJaggedTensor fields by name: the IDs of the workload's tables."""
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
-    return {k: v for k, v in batch_fields(batch).items() if isinstance(v, KeyedJaggedTensor)}
 
 
 def module_fields(workload: Workload, model, batch, required: bool = False) -> dict[str, str] | None:
