@@ -145,6 +145,41 @@ class Workload:
         return {}
 
 
+def torchrec_types() -> tuple[type, ...]:
+    """The TorchRec embedding modules a model's sparse part is made of, plain, fused and sharded."""
+    from torchrec import EmbeddingBagCollection, EmbeddingCollection
+    from torchrec.distributed.embedding import ShardedEmbeddingCollection
+    from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
+    from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection, FusedEmbeddingCollection
+
+    return (
+        EmbeddingBagCollection,
+        EmbeddingCollection,
+        FusedEmbeddingBagCollection,
+        FusedEmbeddingCollection,
+        ShardedEmbeddingBagCollection,
+        ShardedEmbeddingCollection,
+    )
+
+
+def dense_roots(model: nn.Module, prefix: str = "") -> list[tuple[str, nn.Module]]:
+    """The dense part of a model, read off its structure: the outermost submodules with parameters
+    and no TorchRec module inside, in forward order. A child holding a TorchRec module is looked
+    into, as is a container with no forward of its own (a ModuleDict or ModuleList: one module per
+    sequence feature, say); modules without parameters (the pipeline's slots) are left out. FSDP2's
+    roots (harness/train/parallelize.py) and the zoo's blocks (models/blocks.py) alike."""
+    types, out = torchrec_types(), []
+    for name, child in model.named_children():
+        if isinstance(child, types) or not any(True for _ in child.parameters()):
+            continue
+        container = isinstance(child, (nn.ModuleDict, nn.ModuleList))
+        if container or any(isinstance(m, types) for m in child.modules()):
+            out += dense_roots(child, f"{prefix}{name}.")
+        else:
+            out.append((f"{prefix}{name}", child))
+    return out
+
+
 def zipf_share(lo: float, hi: float, rows: int, alpha: float) -> float:
     """What row_skew()'s exponents mean: the share of lookups of a table of ``rows`` rows whose IDs
     follow the bounded power law p(x) ~ x^-alpha (row 0 hottest) that land in rows [lo, hi).

@@ -17,24 +17,7 @@ import torch
 from torch import nn
 
 from gembench.errors import UsageError
-from gembench.workload import Workload, named
-
-
-def torchrec_types() -> tuple[type, ...]:
-    """The embedding modules a model's sparse part is made of, plain, fused and sharded."""
-    from torchrec import EmbeddingBagCollection, EmbeddingCollection
-    from torchrec.distributed.embedding import ShardedEmbeddingCollection
-    from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
-    from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection, FusedEmbeddingCollection
-
-    return (
-        EmbeddingBagCollection,
-        EmbeddingCollection,
-        FusedEmbeddingBagCollection,
-        FusedEmbeddingCollection,
-        ShardedEmbeddingBagCollection,
-        ShardedEmbeddingCollection,
-    )
+from gembench.workload import Workload, dense_roots, named, torchrec_types
 
 
 def sparse_modules(model: nn.Module) -> list[nn.Module]:
@@ -94,22 +77,6 @@ def apply_ac(workload: Workload, model: nn.Module, mode: str) -> int:
         )
         replace_submodule(model, path, wrapped)
     return len(paths)
-
-
-def dense_roots(model: nn.Module, prefix: str = "") -> list[tuple[str, nn.Module]]:
-    """The outermost submodules with parameters and no TorchRec module inside: the dense part. A
-    child holding a TorchRec module is looked into, as is a container with no forward of its own
-    (a ModuleDict or ModuleList: one module per sequence feature, say)."""
-    types, out = torchrec_types(), []
-    for name, child in model.named_children():
-        if isinstance(child, types) or not any(True for _ in child.parameters()):
-            continue
-        container = isinstance(child, (nn.ModuleDict, nn.ModuleList))
-        if container or any(isinstance(m, types) for m in child.modules()):
-            out += dense_roots(child, f"{prefix}{name}.")
-        else:
-            out.append((f"{prefix}{name}", child))
-    return out
 
 
 def fsdp_units(workload: Workload, model: nn.Module) -> tuple[list, list]:
