@@ -18,12 +18,14 @@ from gembench.models.ops.pytorch.hstu_attention import TILE_MAX, TILE_SCORES
 from gembench.models.sparse import is_embedding_parameter
 
 
-def parameter_counts(cfg: ModelConfig) -> dict[str, int]:
-    """Embedding rows and parameters, and dense parameters, counted on the meta device."""
+def parameter_counts(cfg: ModelConfig, model=None) -> dict[str, int]:
+    """Embedding rows and parameters, and dense parameters, counted on the meta device (``model``:
+    the config's meta build, if one is at hand)."""
     from gembench.models.gem import build_model
 
-    with torch.device("meta"):
-        model = build_model(cfg, device="meta")
+    if model is None:
+        with torch.device("meta"):
+            model = build_model(cfg, device="meta")
     embedding = sum(p.numel() for n, p in model.named_parameters() if is_embedding_parameter(n))
     dense = sum(p.numel() for p in model.parameters()) - embedding
     rows = sum(cfg.sparse.rows) + sum(s.rows for s in cfg.sequences)

@@ -35,20 +35,26 @@ SPEC = "gembench.models.zoo:zoo"
 RECOMPUTED_BLOCKS = {"none": (), "hstu": ("sequence_arch",), "all": None}  # None: every block
 
 
+@functools.lru_cache(maxsize=4)
+def _meta(cfg: ModelConfig) -> torch.nn.Module:
+    """The config's model on the meta device, built once for what the zoo reads off it (its
+    parameter counts, its blocks): read here, never handed out."""
+    with torch.device("meta"):
+        return build_model(cfg, "meta")
+
+
 @functools.lru_cache(maxsize=16)
 def _counts(cfg: ModelConfig) -> dict:
-    """parameter_counts once per config (a meta build): asked per stack, world size and plan."""
-    return parameter_counts(cfg)
+    """parameter_counts once per config: asked per stack, world size and plan."""
+    return parameter_counts(cfg, _meta(cfg))
 
 
 @functools.lru_cache(maxsize=16)
 def _block_paths(cfg: ModelConfig) -> tuple[tuple[str, bool], ...]:
-    """(path, is an HSTU layer) of every dense block of the config's model, from a meta build."""
+    """(path, is an HSTU layer) of every dense block of the config's model."""
     from gembench.models.hstu import HSTULayer
 
-    with torch.device("meta"):
-        model = build_model(cfg, "meta")
-    return tuple((path, isinstance(block, HSTULayer)) for path, block in dense_blocks(model))
+    return tuple((path, isinstance(block, HSTULayer)) for path, block in dense_blocks(_meta(cfg)))
 
 
 class ZooWorkload(Workload):
