@@ -71,7 +71,7 @@ def main(args: argparse.Namespace) -> int:
         if on_meta
         else "build(meta) must return an nn.Module whose parameters are all on the meta device",
     )
-    batches, ident = M.prepared(workload, args.seed, count=2)  # shapes checked (exit 2)
+    batches, ident = M.prepared(workload, args.seed, count=2, meta=meta if on_meta else None)  # shapes: exit 2
     for r in (0, 1):
         check_batch(workload, workload.batch(0, r, 2, args.seed), r, 2)
     same = _same(workload.batch(0, 0, 1, args.seed), batches[0]) and _same(

@@ -61,7 +61,7 @@ def describe(workload) -> dict:
 
     meta = workload.build(torch.device("meta"))
     counts = M.parameter_shapes(workload, meta)
-    ident = M.identity(workload)
+    ident = M.identity(workload, meta=meta)
     per_example, basis = M.flops_per_example(workload)
     forward = sum(per_example.values())
     batch = workload.global_batch

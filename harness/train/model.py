@@ -376,22 +376,28 @@ class Identity:
     global_batch: int
 
 
-def identity(workload: Workload, seed: int = 0) -> Identity:
+def identity(workload: Workload, seed: int = 0, meta: nn.Module | None = None, first=None) -> Identity:
     """The workload's identity: its own fingerprint() (the zoo: the config's hash) or a hash of its
-    tables, parameter shapes, batch spec and global batch; its source (the zoo: the config's file)."""
+    tables, parameter shapes, batch spec and global batch; its source (the zoo: the config's file).
+    ``meta``, ``first``: its meta build and its batch 0 of one rank, where the caller has them."""
     digest = workload.fingerprint()
     if digest is None:
-        digest = workload_hash(workload, workload.build(torch.device("meta")), workload.batch(0, 0, 1, seed))
+        meta = workload.build(torch.device("meta")) if meta is None else meta
+        first = workload.batch(0, 0, 1, seed) if first is None else first
+        digest = workload_hash(workload, meta, first)
     source = getattr(workload, "source", None) or getattr(workload, "spec", workload.name)
     return Identity(workload.name, digest, source, workload.kind, workload.global_batch)
 
 
-def prepared(workload: Workload, seed: int, world: int = 1, rank: int = 0, count: int = 1) -> tuple[list, Identity]:
-    """Batches ``0..count-1`` of this rank, checked (shape, determinism), and the run's identity."""
+def prepared(
+    workload: Workload, seed: int, world: int = 1, rank: int = 0, count: int = 1, meta: nn.Module | None = None
+) -> tuple[list, Identity]:
+    """Batches ``0..count-1`` of this rank, checked (shape, determinism), and the run's identity
+    (``meta``: the workload's meta build, where the caller has one)."""
     batches = [workload.batch(i, rank, world, seed) for i in range(count)]
     for b in batches[:2]:
         check_batch(workload, b, rank, world)
-    return batches, identity(workload, seed)
+    return batches, identity(workload, seed, meta, batches[0] if world == 1 else None)
 
 
 def section(workload: Workload, ident: Identity, basis: str, options, batch, sparse: int) -> dict:

@@ -87,11 +87,12 @@ def prepare(run: RunConfig, stacks: list[StackOptions]) -> Setup:
         M.applied_switches(workload.for_stack(options), options)
     meta = workload.build(torch.device("meta"))
     counts, sparse = M.parameter_shapes(workload, meta), len(sparse_modules(meta))
-    del meta
     estimate = check_fits(workload, counts, workload.global_batch, dev, stacks)
     available = float(memory_available(dev))
     peak = reference_peak(dev, run.peak_tflops)
-    batches, ident = M.prepared(workload, run.seed, count=min(run.steps + run.warmup, MAX_DISTINCT_BATCHES))
+    count = min(run.steps + run.warmup, MAX_DISTINCT_BATCHES)
+    batches, ident = M.prepared(workload, run.seed, count=count, meta=meta)
+    del meta
     counting = next((o for o in stacks if o.bf16), stacks[0])  # a model may need its stack's precision
     flops, basis = M.stack_flops(workload, workload, batches, autocast_for(counting, dev), dev, run.seed)
     return Setup(run, workload, ident, dev, peak, batches, flops, basis, estimate, counts, sparse, available)
