@@ -186,8 +186,10 @@ def run(args: RunConfig, env: dict, dev: torch.device, watchdog: W.Watchdog, fau
     watchdog.at("data")
     total = args.warmup + args.steps + COUNTED_STEPS + PROFILED_STEPS
     batches = [workload.batch(i, rank, world, args.seed) for i in range(min(total, MAX_DISTINCT_BATCHES))]
-    ident = M.identity(variant, args.seed)
-    data = _Data(workload, variant, batches, [], "", M.parameter_shapes(variant))
+    meta = variant.build(torch.device("meta"))  # its shapes, for the identity and the memory estimate
+    ident = M.identity(variant, args.seed, meta)
+    data = _Data(workload, variant, batches, [], "", M.parameter_shapes(variant, meta))
+    del meta
     expected = declared_pooling(variant)
     pooling = None if args.sharding == UNTOLD else variant.pooling()
     me = _Rank(args, env, dev, options, local_batch, watchdog, fault, peak, host_peak)
