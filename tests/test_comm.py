@@ -96,3 +96,7 @@ def test_classify_backward_and_forward():
     )
     assert comm.classify("all_gather", ["## ReduceScatterBase_bwd (all_gather) ##"]) == "embedding_grad_all_gather"
     assert comm.classify("all_reduce", ["DistributedDataParallel.forward", "backward"]) == "dense_grad_all_reduce"
+    # DDP's reducer all-reduces from a gradient hook: only autograd's engine is around it
+    hook = ["gembench/step", "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad"]
+    assert comm.classify("all_reduce", hook) == "dense_grad_all_reduce"
+    assert comm.classify("all_reduce", ["gembench/step"]) == "all_reduce"

@@ -268,3 +268,46 @@ def test_parse_sharding():
     assert parse_sharding("clicks=column_wise", tables) == {"table_clicks": "column_wise"}
     with pytest.raises(UsageError, match="not a sharding type"):
         parse_sharding("diagonal", tables)
+
+
+def test_the_staged_step_leaves_a_data_parallel_tables_gradient_to_torchrec(tmp_path):
+    """TorchRec wraps a data_parallel table's lookup in a DDP of its own, which all-reduces its
+    gradient in the backward: grad_sync all-reduces only the other dense parameters (it once
+    all-reduced the table's gradient a second time)."""
+    import torch
+    import torch.distributed as dist
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+    from torchrec.distributed.planner.types import ParameterConstraints
+
+    from gembench.harness.train.distributed.engines import StagedStep
+    from gembench.harness.train.distributed.plan import data_parallel_tables, dense_parameters, shard
+    from gembench.harness.train.stack import STACKS
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            tables = [
+                EmbeddingBagConfig(name=f"t{i}", embedding_dim=8, num_embeddings=50, feature_names=[f"f{i}"])
+                for i in (0, 1)
+            ]
+            self.ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+            self.head = torch.nn.Linear(16, 1)
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        model, sharder = Model(), EmbeddingBagCollectionSharder()
+        kinds = {"t0": "data_parallel", "t1": "table_wise"}
+        constraints = {t: ParameterConstraints(sharding_types=[k]) for t, k in kinds.items()}
+        planner = EmbeddingShardingPlanner(
+            topology=Topology(world_size=1, compute_device="cpu"), constraints=constraints
+        )
+        dmp = shard(model, planner.plan(model, [sharder]), torch.device("cpu"), ddp=False, sharders=[sharder])
+        names = {id(p): n for n, p in dmp.named_parameters()}
+        assert {names[i] for i in data_parallel_tables(dmp)} == {"ebc.embedding_bags.t0.weight"}
+        assert "ebc.embedding_bags.t0.weight" in {names[id(p)] for p in dense_parameters(dmp)}  # Adam steps it
+        step = StagedStep(dmp, torch.device("cpu"), 1, STACKS["optimized"], None, [])
+        assert {names[id(p)] for p in step.replicated} == {"head.weight", "head.bias"}
+    finally:
+        dist.destroy_process_group()

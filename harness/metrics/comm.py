@@ -226,7 +226,8 @@ def classify(family: str, context: Sequence[str]) -> str:
             return "dense_grad_reduce_scatter"
         if family == "all_reduce":
             return "dense_grad_all_reduce"
-    backward = "backward" in ctx or "_bwd" in ctx
+    # autograd's engine: a gradient hook's collective (DDP's reducer fires from AccumulateGrad)
+    backward = "backward" in ctx or "_bwd" in ctx or "autograd::engine" in ctx
     if family == "all_to_all":
         if any(m in ctx for m in ("kjt", "splits", "input_dist", "sparse_data_dist")):
             return "kjt_all_to_all"

@@ -402,19 +402,21 @@ class Pricer:
         # reversed: all-to-alls, all-gathers), then the fused update of each looked-up row; a
         # data-parallel table (dense kernel) instead adds its looked-up rows into a gradient as
         # large as the table, zeroed first: a streaming write, at the rate the dense optimizer
-        # streams its bytes (not the lookup's, a gather of scattered rows)
+        # streams its bytes (not the lookup's, a gather of scattered rows), and that gradient is
+        # all-reduced before the backward ends (_dp_sync)
         dp_param_s = self.stream_s_per_param
         dp_more = max(v["dp_params"] - c.dp_params, 0.0)  # beyond what the compute's own run replicated
         dp_grad = UPDATE_PER_LOOKUP * v["dp_lookup"] * c.lookup_s_per_byte
         dp_grad += dp_more * EMB_BYTES * dp_param_s / ADAM_STEP_BYTES
         update = UPDATE_PER_LOOKUP * (float(lookup_rank[heavy]) - v["dp_lookup"] * c.lookup_s_per_byte) + dp_grad
-        sync, first, last = self._grad_sync(v["dp_params"])
+        sync, first, last = self._grad_sync()
+        dp_sync = self._dp_sync(v["dp_params"])
         stages = {
             "input_dist": comm["kjt"][0] + over.get("input_dist", 0.0),
             "embedding_lookup": float(lookup_rank[heavy]),
             "output_dist": output + over.get("output_dist", 0.0),
             "dense_forward": dense_fwd,
-            "backward": dense_bwd + grad_comm + update,
+            "backward": dense_bwd + grad_comm + update + dp_sync,
             "grad_sync": sync + over.get("grad_sync", 0.0),
             "optimizer": c.optimizer_s / self.shards + dp_more * dp_param_s,
         }
@@ -431,7 +433,7 @@ class Pricer:
         imbalance = float(v["lookup"].max() / mean) if mean > 0 else 1.0
         if rating:
             return {"step_time_s": step, "imbalance": imbalance}
-        comm_exposed = exposed["input_dist"] + exposed["output_dist"] + grad_comm + exposed["grad_sync"]
+        comm_exposed = exposed["input_dist"] + exposed["output_dist"] + grad_comm + dp_sync + exposed["grad_sync"]
         a2a_bytes = v["kjt_send"] + v["kjt_recv"] + v["a2a_send"] + v["a2a_recv"] + v["cross_send"] + v["cross_recv"]
         # who sets each stage: the GPU with the most of what the stage's largest part moves
         gpu = {k: heavy for k in STAGES}  # compute alike on every GPU: the one with the most lookups ends last
@@ -440,6 +442,7 @@ class Pricer:
         gpu["output_dist"] = max(out_parts)[1]
         parts = {"dense compute": (dense_bwd, heavy), "lookup bytes": (update, heavy)}
         parts["all-to-all bytes"] = (grad_comm, max(grad_parts)[1])
+        parts["gradient bytes"] = (dp_sync, heavy)  # every GPU all-reduces the same
         by["backward"] = max(parts, key=lambda k: parts[k][0])
         gpu["backward"] = parts[by["backward"]][1]
         critical = max(STAGES, key=lambda k: exposed[k])
@@ -490,12 +493,20 @@ class Pricer:
             },
         }
 
-    def _grad_sync(self, dp_params: float) -> tuple[float, float, float]:
-        """(gradient sync, FSDP's first gather, DDP's last bucket): dense gradients, and the
-        data-parallel tables' with them, which no FSDP shards."""
+    def _dp_sync(self, dp_params: float) -> float:
+        """The data-parallel tables' gradient all-reduce. TorchRec wraps their lookup in a DDP of its
+        own, which all-reduces in the backward once their gradients are in, at its very end (the
+        lookup is the forward's first op): exposed under either schedule, and no FSDP shards it."""
+        x = self.exchange
+        kind, net = "dense_grad_all_reduce", x.in_network_reduce
+        return collective_time(
+            self.cluster, "all_reduce", dp_params * x.grad_bytes, self.world, kind=kind, in_network=net
+        )
+
+    def _grad_sync(self) -> tuple[float, float, float]:
+        """(gradient sync, FSDP's first gather, DDP's last bucket) of the dense gradients."""
         cl, w, shards, counts, x = self.cluster, self.world, self.shards, self.counts, self.exchange
         dense_grad = counts["dense_params"] * x.grad_bytes
-        dp_grad = dp_params * x.grad_bytes
         net = x.in_network_reduce
         ar, rs, ag = "dense_grad_all_reduce", "dense_grad_reduce_scatter", "dense_param_all_gather"
         if shards > 1:  # fp32 gradients reduce-scattered; parameters all-gathered (bf16) for forward and backward
@@ -505,13 +516,10 @@ class Pricer:
             )
             if shards < w:  # HSDP: each shard all-reduced with its replicas, one GPU per node
                 sync += collective_time(cl, "all_reduce", dense_grad / shards, w // shards, 1, ar, net)
-            sync += collective_time(cl, "all_reduce", dp_grad, w, kind=ar, in_network=net)
         else:
-            sync = collective_time(cl, "all_reduce", dense_grad + dp_grad, w, kind=ar, in_network=net)
+            sync = collective_time(cl, "all_reduce", dense_grad, w, kind=ar, in_network=net)
         first = collective_time(cl, "all_gather", counts.get("largest_block_params", 0) * 2, shards, kind=ag)
-        last = collective_time(
-            cl, "all_reduce", min(dense_grad + dp_grad, DDP_BUCKET_BYTES), w, kind=ar, in_network=net
-        )
+        last = collective_time(cl, "all_reduce", min(dense_grad, DDP_BUCKET_BYTES), w, kind=ar, in_network=net)
         return sync, first, last
 
 

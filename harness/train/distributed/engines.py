@@ -7,8 +7,9 @@ staged (default): every stage runs to completion before the next, so each is tim
     output_dist       embeddings back to the ranks that own the examples (all-to-all or
                       reduce-scatter, waited for)
     dense_forward     the rest of the workload's forward, and its loss
-    backward          autograd: dense backward, embedding-gradient all-to-alls, fused update
-    grad_sync         one all-reduce of the flattened dense gradients (data parallel), waited
+    backward          autograd: dense backward, embedding-gradient all-to-alls, fused update,
+                      and the data_parallel tables' gradient all-reduce (TorchRec's own DDP)
+    grad_sync         one all-reduce of the other flattened dense gradients, waited
     optimizer         the dense optimizer step
   Nothing overlaps, so comm is fully exposed: the naive reference. The sharded modules' three
   phases are run here, each on the batch field that feeds the module whole (a KJT field holding
@@ -38,7 +39,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from gembench.harness.train import nvtx
-from gembench.harness.train.distributed.plan import dense_parameters
+from gembench.harness.train.distributed.plan import data_parallel_tables, dense_parameters
 from gembench.harness.train.stack import StackOptions, dense_optimizer
 from gembench.harness.train.step import losses
 
@@ -106,9 +107,10 @@ class StagedStep:
         self.timer = SparseTimer(self.model, device, workload) if feeds is None else None
         self.dense = dense_parameters(dmp)
         self.optimizer = dense_optimizer(self.dense, options)
-        # FSDP2's parameters (DTensors) are reduce-scattered in the backward itself: only the
-        # replicated ones are left for the grad_sync stage's all-reduce
-        self.replicated = [p for p in self.dense if not isinstance(p, DTensor)]
+        # FSDP2's parameters (DTensors) are reduce-scattered in the backward itself, and so are the
+        # data_parallel tables' (by TorchRec's own DDP): the rest are the grad_sync stage's
+        synced = data_parallel_tables(dmp)
+        self.replicated = [p for p in self.dense if not isinstance(p, DTensor) and id(p) not in synced]
 
     def __call__(self, batch, mark, split=None) -> torch.Tensor:
         """``mark(stage)`` is called at the end of every stage; ``split``: the stage clock's, for the

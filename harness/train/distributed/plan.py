@@ -226,4 +226,21 @@ def dense_parameters(dmp: nn.Module) -> list[torch.Tensor]:
     return [p for _, p in in_backward_optimizer_filter(dmp.named_parameters())]
 
 
+def data_parallel_tables(dmp: nn.Module) -> set[int]:
+    """The weights of the tables ``dmp``'s plan replicates (ids). TorchRec wraps their lookup in a
+    DDP of its own, which all-reduces their gradients in the backward: no one syncs them again."""
+    replicated = {
+        (path, table)
+        for path, tables in dmp.plan.plan.items()
+        for table, spec in tables.items()
+        if spec.sharding_type == "data_parallel"
+    }
+    out = set()
+    for name, p in dmp.named_parameters():  # <module path>.embedding_bags|embeddings.<table>.weight
+        parts = name.rsplit(".", 3)
+        if len(parts) == 4 and (parts[0], parts[2]) in replicated:
+            out.add(id(p))
+    return out
+
+
 sharders = default_sharders  # the name the rest of the harness imports
