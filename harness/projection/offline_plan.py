@@ -40,7 +40,7 @@ DP_MAX_BYTES = 32 * 2**20  # fp32 weights: a data-parallel table's gradient is a
 ROW_WISE_SHARDS = 2**16  # row_wise is a shard per GPU: the largest tables get it while their shards fit
 CW_BLOCK = 64  # column-wise and grid blocks: dims of 128 and 160 split in two (TorchRec's own: 128)
 PLAN_BUDGET_S = 20  # fast search: the descent stops proposing after this much CPU time (plans rated so far)
-PLAN_VERSION = 7  # bump when what is cached changes
+PLAN_VERSION = 8  # bump when what is cached changes, or how plans are priced
 
 
 @dataclass
