@@ -268,6 +268,47 @@ def test_the_pipeline_runs_a_workload_and_trains_like_the_plain_step(two_tower_r
     assert pipe["metrics"]["imbalance_max_mean"] >= 1.0 and pipe["plan"] == ddp["plan"]
 
 
+ONE_FIELD = """
+class OneField:  # every feature in one KJT: no field feeds a tower's collection whole
+    def __init__(self, ids):
+        self.ids = ids
+    def to(self, device, non_blocking=False):
+        return OneField(self.ids.to(device, non_blocking=non_blocking))
+class SplitModel(tt.TwoTowerModel):
+    def forward(self, batch):
+        query, item = batch.ids.split([len(tt.QUERY), len(tt.ITEM)])
+        return super().forward(tt.Batch(query, item))
+class W(tt.TwoTower):
+    def build(self, device):
+        model = super().build(device)
+        model.__class__ = SplitModel
+        return model
+    def batch(self, i, rank=0, world=1, seed=0):
+        b = super().batch(i, rank, world, seed)
+        return OneField(type(b.query).concat([b.query, b.item]))
+def make():
+    return W(batch=32, max_rows=500)
+"""
+
+
+def test_a_model_whose_collections_no_field_feeds_whole_runs_its_forward_whole_on_ranks(two_tower_ranks, tmp_path):
+    """The staged step runs each collection's dists itself only where a batch field feeds it whole;
+    a model that splits one KJT inside its forward runs the forward whole (its sparse share timed
+    as on one process) and trains exactly like the staged step on the same data."""
+    path = tmp_path / "one_field.py"
+    path.write_text(BASE + textwrap.dedent(ONE_FIELD))
+    out = tmp_path / "whole.json"
+    proc = gembench_cli("run", "--model", f"{path}:make", *FP32, "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    whole = json.loads(out.read_text())
+    for own in whole["ranks"]:
+        stages = own["samples"]["stages"]
+        assert list(stages) == ["data", "sparse_forward", "dense_forward", "backward", "grad_sync", "optimizer"]
+        assert all(t > 0 for t in stages["sparse_forward"])
+    assert whole["plan"] == two_tower_ranks["ddp"]["plan"]
+    assert _loss_gap(two_tower_ranks["ddp"], whole) <= 1e-4
+
+
 def test_rebalance_replans_a_workload_from_its_own_tables(tmp_path):
     """The measured pooling of each table is what its batches hold (counted here from the
     workload's own batch source), beside the pooling it declares; the state carried over."""
