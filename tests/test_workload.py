@@ -135,6 +135,20 @@ def test_a_run_records_the_workload_and_its_stages(runs):
     assert hashes["dlrm", 1] == hashes["dlrm", 2] != hashes["two_tower", 1]
 
 
+def test_a_compiled_workload_breaks_no_graph_while_its_activations_are_counted(tmp_path):
+    """compile=on compiles the towers the two-tower names; the step whose saved activations are
+    counted (saved-tensor hooks) must not break or recompile them (compiling each tower as a module
+    did: 11 graph breaks, 10 recompiles)."""
+    path = tmp_path / "compiled.json"
+    argv = ["run", *model_flags(*TWO_TOWER), "--steps", "2", "--warmup", "1", "--quiet", "--out", str(path)]
+    proc = cli_in_process(*argv)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(path.read_text())
+    assert r["workload"]["switches"]["applied"]["compile"] is True
+    assert r["counters"]["graph_breaks"] == 0 and r["counters"]["recompiles"] == 0
+    assert r["summary"]["activation_bytes"] > 0
+
+
 def test_compare_refuses_two_different_workloads(runs, capsys):
     code, out, err = run_cli(["compare", str(runs["dlrm", 1]), str(runs["two_tower", 1])], capsys)
     assert code == 3 and "config.hash" in out + err, out + err

@@ -160,9 +160,11 @@ def dense_state_bytes(params, optimizer) -> dict[str, int]:
 
 def apply_compile(workload: Workload, model: nn.Module, options) -> None:
     """compile=on: what the workload names in compiled(), in place, for dynamic shapes (jagged
-    batches change their sizes every step: compile once, not per batch). A submodule is compiled
-    as itself; a method of the model (the zoo's "dense", its dense half) is replaced by its
-    compiled function."""
+    batches change their sizes every step: compile once, not per batch). A submodule has its
+    forward compiled; a method of the model (the zoo's "dense", its dense half) is replaced by its
+    compiled function. Not Module.compile: a module's compiled call traces the saved-tensor hooks
+    the harness counts activation memory with (memory.SavedForBackward), a graph break at each
+    saved tensor and recompiles past dynamo's limit; a compiled forward saves the same tensors."""
     if not options.compile:
         return
     for path in workload.compiled():
@@ -170,7 +172,7 @@ def apply_compile(workload: Workload, model: nn.Module, options) -> None:
         parent = submodule(workload, model, parent_path, "compiled()") if parent_path else model
         target = getattr(parent, leaf, None)
         if isinstance(target, nn.Module):
-            target.compile(dynamic=True)
+            target.forward = torch.compile(target.forward, dynamic=True)
         elif callable(target):
             setattr(parent, leaf, torch.compile(target, dynamic=True))
         else:
