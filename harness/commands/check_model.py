@@ -28,6 +28,7 @@ from pathlib import Path
 
 LOSS_RTOL = 1e-4  # fp32 on both sides; sharded pooling sums in another order
 COVERAGE = 0.95  # the stages' share of the step's wall time below which timing misses work
+TIMED = 3  # timed steps of the one-process check
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -100,10 +101,11 @@ def main(args: argparse.Namespace) -> int:
 
     options = stack_options("optimized", "fp32", ("compile=off",))
     state = build_train_state(workload.for_stack(options), options, torch.device("cpu"), args.seed)
-    samples = run_steps(state, batches, 2, 1)
+    samples = run_steps(state, batches, TIMED, 1)
     finite = all(math.isfinite(v) for v in samples.loss)
     line(finite, "one step (cpu)", f"loss {samples.loss[0]:.6g} after one step (first forward {first:.6g})")
-    cover = min(sum(samples.stages[s][i] for s in samples.stages) / samples.step_s[i] for i in range(2))
+    # the best step: work outside the stages shows in every step, the host pausing this process in one
+    cover = max(sum(samples.stages[s][i] for s in samples.stages) / samples.step_s[i] for i in range(TIMED))
     shares = ", ".join(f"{s} {sum(v) / sum(samples.step_s):.0%}" for s, v in samples.stages.items())
     line(
         cover >= COVERAGE and min(samples.stages["sparse_forward"]) > 0,
