@@ -208,7 +208,7 @@ def flops_of(workload: Workload, model: nn.Module, batches: list, autocast=conte
             f"{named(workload)}: forward_flops() gives {given:,.0f} FLOPs for batch 0, FlopCounterMode counts "
             f"{seen:,.0f} ({given / seen - 1:+.1%}); fix the formula or drop it (the harness then counts)"
         )
-    return formula_flops(workload, batches), "formula"
+    return formula_flops(workload, batches, formula), "formula"
 
 
 def stack_flops(workload: Workload, variant: Workload, batches: list, autocast, device, seed: int, model=None):
@@ -239,10 +239,15 @@ def flops_per_example(workload: Workload, world: int = 1) -> tuple[dict[str, flo
     return {k: float(v) / examples for k, v in per_batch.items()}, basis
 
 
-def formula_flops(workload: Workload, batches: list) -> list[dict]:
-    """The workload's formula over ``batches`` (each distinct batch once)."""
+def formula_flops(workload: Workload, batches: list, first: dict | None = None) -> list[dict]:
+    """The workload's formula over ``batches``, each distinct batch once (``first``: batch 0's,
+    where the caller has it already)."""
     cache: dict[int, dict] = {}
-    return [cache.setdefault(id(b), {k: float(v) for k, v in workload.forward_flops(b).items()}) for b in batches]
+    for i, b in enumerate(batches):
+        if id(b) not in cache:
+            given = first if i == 0 and first is not None else workload.forward_flops(b)
+            cache[id(b)] = {k: float(v) for k, v in given.items()}
+    return [cache[id(b)] for b in batches]
 
 
 def feature_dims(workload: Workload) -> dict[str, int]:
