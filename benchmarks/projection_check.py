@@ -85,10 +85,10 @@ def measure(config: str, root: Path, isolated: Path, common: list[str], twin: bo
     the planner's-plan run's trace, and ``--check`` of every run with both links."""
     from gembench.harness.train.model import workload_of
 
-    batch = workload_of(config).global_batch
+    batch, trace = workload_of(config).global_batch, root / f"{config}-trace"
     for old in root.glob(f"{config}-*.json"):  # results are never overwritten: a round starts clean
         old.unlink()
-    shutil.rmtree(root / f"{config}-trace", ignore_errors=True)
+    shutil.rmtree(trace, ignore_errors=True)
     # the 1-rank reference runs the checked plan's kernels: on one rank every sharding but
     # data_parallel is one table-wise lookup, data_parallel TorchRec's dense kernel
     ones = {}
@@ -99,13 +99,12 @@ def measure(config: str, root: Path, isolated: Path, common: list[str], twin: bo
     runs = {}
     for plan in PLANS:
         runs[plan] = root / f"{config}-{plan}.json"
-        extra = ["--trace", str(root / f"{config}-trace")] if plan == "auto" else []
+        extra = ["--trace", str(trace)] if plan == "auto" else []
         spec = [] if plan == "auto" else ["--sharding", sharding(config, plan)]
         gembench("run", "--config", config, "--nproc", "2", *spec, *common, *extra, "--out", str(runs[plan]))
     in_run = root / f"{config}-run.toml"
     in_run.unlink(missing_ok=True)  # fitted again on this round's trace
-    trace = str(root / f"{config}-trace")
-    gembench("project", "--calibrate", "--trace", trace, "--cluster", str(isolated), "--out", str(in_run))
+    gembench("project", "--calibrate", "--trace", str(trace), "--cluster", str(isolated), "--out", str(in_run))
     out = []
     for plan, run in runs.items():
         one = ones["data_parallel" if plan == "data_parallel" else "auto"]

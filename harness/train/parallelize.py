@@ -172,8 +172,7 @@ def apply_compile(workload: Workload, model: nn.Module, options) -> None:
         parent = submodule(workload, model, parent_path, "compiled()") if parent_path else model
         target = getattr(parent, leaf, None)
         if isinstance(target, nn.Module):
-            target.forward = torch.compile(target.forward, dynamic=True)
-        elif callable(target):
-            setattr(parent, leaf, torch.compile(target, dynamic=True))
-        else:
+            parent, leaf, target = target, "forward", target.forward
+        if not callable(target):
             raise UsageError(f"{named(workload)}: compiled() names {path!r}, which is no submodule or method")
+        setattr(parent, leaf, torch.compile(target, dynamic=True))
