@@ -1,39 +1,11 @@
 """Result files: one versioned JSON document per run, written atomically, never overwritten.
 
-Schema ``gembench.result/1`` (all times in seconds, FLOPs as floats):
-
-    schema, id, created (ISO 8601 UTC)
-    config:  {name, hash, path, kind}
-    run:     {steps, warmup, dtype, device, seed, stack, options, nproc, global_batch, per_rank_batch}
-    env:     {hardware_class, device_name, cpu_model, cpu_cores, torch_threads, python,
-              packages: {torch, torchrec, fbgemm-gpu-cpu | fbgemm-gpu, numpy}, gembench,
-              git_commit, git_dirty, hostname}
-    peak:    {tflops_per_device, devices, dtype, source, provisional (CPU: calibrated under load,
-              not cached), calibration (CPU: the measurement served), basis ("ranks" | "devices"),
-              basis_text, host (CPU: {tflops, threads, source, provisional}, the host's own peak
-              at ranks x threads, the basis of summary/metrics mfu_host)}
-    flops:   {forward_per_step, model_per_step, per_block: {block: forward FLOPs per step}}
-    samples: {step_s: [...], mfu: [...], stages: {stage: [...]}}   one entry per timed step
-    summary: {step_time_s: {p50, p90, mean, ci95: [lo, hi]}, examples_per_s, tflops, mfu,
-              peak_memory_bytes, stages: {stage: {time_s, share, flops, tflops, mfu}}}
-    metrics: flat {name: number}: the headline figures that compare and gate read
-             (mfu, step_time_s, examples_per_s, peak_memory_bytes, and, where measured,
-             imbalance_max_mean, exposed_comm_fraction, ab_mfu_ratio, baseline_mfu)
-    ab:      (run --ab only) rounds, round ratios, mfu_ratio and its ci95, the baseline's summary
-    counters: {aten_ops, host_syncs, h2d_bytes, kernels (null on CPU), graph_breaks, recompiles,
-             source, aten_op_counts: {op: count}}: cost counters of extra steps after the timed
-             ones (metrics/counters.py), lower is better, deterministic for a seed; the numbers
-             are copied into metrics (aten_op_counts, the aten ops by name, only in newer results)
-    profile: (run --trace only) {trace: path, ranked: "CUDA kernels" | "CPU ops",
-             top: [{name, calls, self_us, share}]}: the profiled step's top 10 by self time
-    distributed runs add ranks, imbalance and comm: see harness/train/distributed/result.py
-    scheduler: (runs under Slurm: gembench submit) {name: "slurm", job_id, job_name, cluster,
-             partition, nodelist (Slurm's compressed form), nodes: [names], nnodes}
-
-Baselines (``gembench.baseline/1``) bundle one or more replicate runs of one config on one hardware
-class: {schema, promoted (ISO 8601 UTC), hardware_class, config, runs: [result, ...]}. They live
-at ``results/baselines/<hardware_class>/<config>.json``; a promoted-over baseline moves to
-``results/baselines/<hardware_class>/archive/`` so it is never silently lost (and git keeps it).
+The documents' fields are the JSON Schemas in results/schema/ (draft 2020-12), one file per kind
+and version: ``result-1.json`` (``gembench.result/1``, every run), ``baseline-1.json``
+(``gembench.baseline/1``: replicate runs of one config on one hardware class, promoted to
+``results/baselines/<hardware_class>/<config>.json``; the one replaced moves to ``archive/`` beside
+it), ``projection-1.json`` and ``instructions-1.json``. Every field is named there, the less
+obvious ones with a description.
 
 Every reader validates a document against results/schema/ (schema.py: load_document, validate);
 a run whose loss turned non-finite carries ``diverged: {step, task, loss}``. Writers reserve their
