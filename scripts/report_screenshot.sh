@@ -49,6 +49,6 @@ run_at WORKTREE ranks --nproc 2 --steps 6
 export PYTHONPATH=$tmp/pkg-WORKTREE
 "$py" -m gembench report "$tmp/runs" "$tmp/baselines" --out "$tmp/report"
 mkdir -p results/report
-"$py" -m gembench.harness.report.html.browser "$tmp/report/index.html" --screenshot results/report/screenshot.png \
+"$py" scripts/page_check.py "$tmp/report/index.html" --screenshot results/report/screenshot.png \
   --width 1280 --max-height 2300 --scale 0.75 --colors 160
 if [ -n "${KEEP:-}" ]; then mkdir -p "$KEEP" && cp -r "$tmp/runs" "$tmp/baselines" "$tmp/report" "$KEEP/"; fi
