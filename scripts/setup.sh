@@ -4,7 +4,8 @@
 #   scripts/setup.sh          CPU: torch 2.13.0 (CPU build) + fbgemm-gpu-cpu 1.8.0 + torchrec 1.8.0
 #   scripts/setup.sh --gpu    CUDA: torch 2.13.0 + fbgemm-gpu 1.8.0 from the PyTorch CUDA index
 #                             (set TORCH_INDEX_URL to pick the CUDA version, default cu128)
-#   scripts/setup.sh --browser  only Debian's chromium (apt, as root), for the report's browser test
+#   scripts/setup.sh --browser  only Debian's chromium and chromium-driver (apt, as root), for the
+#                             report's browser test
 #
 # Safe to run again: it reuses .venv and installs only what is missing.
 set -euo pipefail
@@ -12,13 +13,17 @@ cd "$(dirname "$0")/.."
 gpu=0
 [ "${1:-}" = "--gpu" ] && gpu=1
 if [ "${1:-}" = "--browser" ]; then
-  # tests/test_report_browser.py opens `gembench report` pages in headless Chromium; it skips without one
-  if command -v chromium >/dev/null 2>&1; then echo "chromium present: $(command -v chromium)"; exit 0; fi
+  # tests/test_report_browser.py opens `gembench report` pages in headless Chromium through Selenium
+  # and Debian's chromedriver (no driver is downloaded at run time); it skips without either
+  if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then
+    echo "chromium present: $(command -v chromium), driver $(command -v chromedriver)"
+    exit 0
+  fi
   if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
-    echo "setup.sh --browser: needs root and apt-get; install Chromium yourself (or set GEMBENCH_CHROMIUM)" >&2
+    echo "setup.sh --browser: needs root and apt-get; install chromium and chromium-driver yourself (or set GEMBENCH_CHROMIUM and GEMBENCH_CHROMEDRIVER)" >&2
     exit 1
   fi
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver
   exit $?
 fi
 python=${PYTHON:-python3}

@@ -1,4 +1,4 @@
-"""The report in a real browser: headless Chromium, network off, from a temp dir.
+"""The report in a real browser: headless Chromium through Selenium, network off, from a temp dir.
 
 Asserts what a person opening the page would notice: no console errors, no request leaving the
 page or failing, every figure drawn with a non-zero size; and a screenshot is taken. The checker
@@ -10,12 +10,9 @@ from report_fixtures import ab_result, dist_result, full_result, write
 from synthetic import run_cli
 
 from gembench.harness.report.html import collect
-from gembench.harness.report.html.browser import check_page, find_chromium
+from gembench.harness.report.html.browser import check_page, missing
 
-pytestmark = pytest.mark.skipif(
-    find_chromium() is None,
-    reason="Chromium not installed: `scripts/setup.sh --browser` installs Debian's chromium (or set GEMBENCH_CHROMIUM)",
-)
+pytestmark = pytest.mark.skipif(missing() is not None, reason=missing() or "")
 
 
 def test_report_renders_clean_offline(tmp_path, capsys):
@@ -53,6 +50,7 @@ BROKEN = """<!DOCTYPE html><html><head><meta charset="utf-8"><title>broken</titl
 <figure><img src="missing.png" alt=""><figcaption>missing file</figcaption></figure>
 <img src="https://example.com/pixel.png" alt="">
 <script>console.error("boom from the page");</script>
+<script>throw new Error("uncaught here");</script>
 </body></html>
 """
 
@@ -62,7 +60,7 @@ def test_checker_reports_what_is_broken(tmp_path):
     page.write_text(BROKEN)
     check = check_page(page)
     problems = "\n".join(check.problems())
-    assert "boom from the page" in problems
+    assert "boom from the page" in problems and "uncaught here" in problems
     assert "request left the page: https://example.com/pixel.png" in problems
     assert "missing.png" in problems and "request failed" in problems
     empty = {f["caption"] for f in check.empty_figures()}
