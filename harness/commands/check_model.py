@@ -177,8 +177,9 @@ def rank_check(args, out: Path) -> int:
 
     from gembench.harness.train import model as M
     from gembench.harness.train.distributed import library_logs
+    from gembench.harness.train.distributed.carry import load_unsharded
+    from gembench.harness.train.distributed.plan import shard_workload
     from gembench.harness.train.distributed.process_group import init_process_group, torchrun_env
-    from gembench.harness.train.distributed.rank import load_unsharded, shard
     from gembench.harness.train.step import losses
     from gembench.workload import load_workload
 
@@ -191,7 +192,7 @@ def rank_check(args, out: Path) -> int:
         rank, world = env["rank"], env["world_size"]
         model = M.seeded(workload, dev, args.seed)
         unsharded = {k: v.detach() for k, v in model.state_dict().items()}
-        dmp, planned = shard(
+        dmp, planned = shard_workload(
             workload, model, env, dev, workload.global_batch // world, None, workload.pooling(), None, False
         )
         written = load_unsharded(dmp, unsharded)

@@ -15,10 +15,12 @@ import contextlib
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
 from gembench.errors import UsageError
+from gembench.harness.metrics.imbalance import hot_share
 from gembench.harness.train import nvtx
 from gembench.harness.train.parallelize import embedding_parameters, fsdp_units, sparse_modules, submodule
 from gembench.workload import (
@@ -420,3 +422,55 @@ def section(workload: Workload, ident: Identity, basis: str, options, batch, spa
         "sparse_modules": sparse,
         "switches": {"applied": sw.applied, "not_applicable": sw.not_applicable},
     }
+
+
+# -- batch introspection: what feeds each TorchRec module, how hot its IDs are ----------------
+
+
+def module_fields(workload: Workload, model, batch, required: bool = False) -> dict[str, str] | None:
+    """{module path: batch field} for each TorchRec module of the model, the field whose KJT holds
+    exactly its features: what the staged step and the load count feed each module, and what
+    TorchRec's pipeline needs (each module called on one field of a Pipelineable batch). None
+    where a module has no such field (the staged step then runs the forward whole); ``required``
+    (--pipeline): refused in one line instead."""
+    from torchrec import EmbeddingBagCollection, EmbeddingCollection
+    from torchrec.streamable import Pipelineable
+
+    spec = named(workload)
+    if required and not isinstance(batch, Pipelineable):
+        raise UsageError(
+            f"{spec}: --pipeline needs batch() to return a torchrec.streamable.Pipelineable "
+            f"(it gave a {type(batch).__name__}); subclass it, or drop --pipeline"
+        )
+    by_keys = {frozenset(v.keys()): name for name, v in kjt_fields(batch).items()}
+    out = {}
+    for path, m in model.named_modules():
+        if not isinstance(m, (EmbeddingBagCollection, EmbeddingCollection)):
+            continue
+        configs = m.embedding_bag_configs() if isinstance(m, EmbeddingBagCollection) else m.embedding_configs()
+        features = frozenset(f for t in configs for f in t.feature_names)
+        if features not in by_keys:
+            if not required:
+                return None
+            raise UsageError(
+                f"{spec}: --pipeline calls each TorchRec module on one batch field, and no KJT field of the "
+                f"batch holds exactly the features of {path} ({', '.join(sorted(features))}); drop --pipeline"
+            )
+        out[path] = by_keys[features]
+    return out
+
+
+def hot_counts(workload: Workload, batches) -> dict:
+    """Lookups, and lookups that hit each table's hottest 1% of rows, over this rank's batches."""
+    rows = {f: t.num_embeddings for t in workload.tables() for f in t.feature_names}
+    ids: dict[str, list] = {}
+    for b in batches:
+        for v in kjt_fields(b).values():
+            for key, part in v.to_dict().items():
+                ids.setdefault(key, []).append(part.values().numpy())
+    hits = lookups = 0.0
+    for key, parts in ids.items():
+        values = np.concatenate(parts)
+        hits += hot_share(values, rows[key]) * values.size
+        lookups += values.size
+    return {"lookups": lookups, "hot_1pct": hits}

@@ -28,6 +28,7 @@ from gembench.harness.metrics.imbalance import critical_path, imbalance, stall_c
 from gembench.harness.metrics.mfu import mfu, per_step_mfu, summarize, tflops, train_flops
 from gembench.harness.store.document import result_document
 from gembench.harness.train.distributed.slurm import scheduler_section
+from gembench.harness.train.memory import memory_fields
 from gembench.harness.train.step import divergence, finite_or_none
 
 PRIMARY_LOAD = "bytes_read"  # deterministic and proportional to memory-bound lookup work
@@ -38,57 +39,100 @@ def timed_batches(batches: list, warmup: int, steps: int) -> list:
     return [batches[i % len(batches)] for i in range(warmup, warmup + steps)]
 
 
-def peak_fields(peak: Peak, host_peak: Peak | None) -> dict:
-    """A record's peak: the process's own, and its host's at (processes x threads) where known."""
-    fields = {
-        "peak_tflops": peak.tflops_per_device,
-        "peak_source": peak.source,
-        "peak_dtype": peak.dtype,
-        "peak_provisional": peak.provisional,
-        "peak_calibration": peak.calibration,
-    }
-    if host_peak is not None:
-        fields.update(
-            host_peak_tflops=host_peak.tflops_per_device,
-            host_peak_source=host_peak.source,
-            host_peak_threads=host_peak.calibration["threads"],
-            host_peak_provisional=host_peak.provisional,
-        )
-    return fields
+@dataclass
+class ProcessRecord:
+    """What one process measured, for the result: who and where it is, its peak (and its host's at
+    processes x threads, where known), its timed steps, the FLOPs and bytes of the batches they
+    trained on (``Shape``), its memory, counters and, on a sharded rank, lookup loads and comm."""
+
+    rank: int
+    host: str
+    device: str
+    device_name: str
+    torch_threads: int
+    peak: Peak
+    host_peak: Peak | None
+    step_s: list[float]
+    stages: dict[str, list[float]]
+    loss: list[float]
+    task_loss: list[list[float]]
+    forward_flops: list[float]  # per timed step
+    recomputed_flops: list[float]
+    per_block: dict[str, float]  # mean forward FLOPs per block
+    embedding_bytes: dict[str, float]
+    input_bytes: float
+    peak_memory_bytes: int
+    peak_memory_source: str
+    peak_memory_estimate_bytes: float
+    peak_memory_run_bytes: int
+    peak_memory_run_source: str
+    memory_estimate_ratio: float | None
+    memory_estimate: dict  # by part
+    activation_bytes: int  # saved for backward in the counted step
+    dense_state_bytes: dict
+    counters: dict | None
+    local_rank: int = 0
+    hot: dict | None = None  # sharded ranks: lookups and hot-row hits
+    loads: dict | None = None
+    comm: dict | None = None
+    comm_calls: list | None = None
 
 
-def process_record(dev: torch.device, rank: int, samples, peak: Peak, host_peak: Peak | None, **measured) -> dict:
-    """One process's record: who and where it is, its samples, its peak and what it measured
-    (``measured``: described(), memory fields, activation and dense-state bytes, counters and,
-    on sharded ranks, loads and comm)."""
-    return {
-        "rank": rank,
-        "host": socket.gethostname(),
-        "device": str(dev),
-        "device_name": device_name(dev),
-        "torch_threads": torch.get_num_threads(),
-        **peak_fields(peak, host_peak),
-        "step_s": samples.step_s,
-        "stages": samples.stages,
-        "loss": samples.loss,
-        "task_loss": samples.task_loss,
-        **measured,
-    }
+def process_record(
+    device: torch.device,
+    world,
+    measurement,
+    peak: Peak,
+    host_peak: Peak | None,
+    shape: dict,
+    estimate: dict,
+    dense_state: dict,
+    **sharded,
+) -> ProcessRecord:
+    """The record of one process of ``world`` (measure.World) from its ``measurement``
+    (measure.Measurement) and ``shape`` (model.described of the timed batches); ``estimate``: the
+    memory estimate it is held against; ``sharded``: hot, loads, comm, comm_calls of a rank."""
+    samples, memory = measurement.samples, measurement.memory
+    return ProcessRecord(
+        rank=world.rank,
+        host=socket.gethostname(),
+        device=str(device),
+        device_name=device_name(device),
+        torch_threads=torch.get_num_threads(),
+        peak=peak,
+        host_peak=host_peak,
+        step_s=samples.step_s,
+        stages=samples.stages,
+        loss=samples.loss,
+        task_loss=samples.task_loss,
+        **shape,
+        peak_memory_bytes=memory.peak_bytes,
+        peak_memory_source=memory.peak_source,
+        **memory_fields(estimate, memory.run_bytes, memory.run_source),
+        memory_estimate=estimate,
+        activation_bytes=measurement.activation_bytes,
+        dense_state_bytes=dense_state,
+        counters=measurement.counters,
+        local_rank=world.local_rank,
+        **sharded,
+    )
 
 
-def recheck(peak: Peak, records: list[dict], labels: list[str]) -> Peak | None:
+def recheck(peak: Peak, records: list[ProcessRecord], labels: list[str]) -> Peak | None:
     """The peak check (hardware.recheck_peak) over records of one host measured against ``peak``,
     each summarized on its own and named by its label (" of rank 1", " of baseline", ""). A new
     peak replaces the old one in those records and is returned (None when the peak stands)."""
     summaries = {
-        label: summarize(r["step_s"], r["stages"], r["forward_flops"], 1, peak.tflops_per_device)
+        label: summarize(r.step_s, r.stages, r.forward_flops, 1, peak.tflops_per_device)
         for label, r in zip(labels, records)
     }
     new = recheck_peak(peak, summaries)
     if new is not None:
         for r in records:  # one process is its own host: its host peak is the same figure
-            own_host = "host_peak_threads" in r and r["host_peak_threads"] == r.get("torch_threads")
-            r.update(peak_fields(new, new if own_host else None))
+            own_host = r.host_peak is not None and r.host_peak.calibration["threads"] == r.torch_threads
+            r.peak = new
+            if own_host:
+                r.host_peak = new
     return new
 
 
@@ -106,41 +150,41 @@ class Sharded:
 
 
 def build_result(
-    ident, run, records: list[dict], options, sharded: Sharded | None = None, stack: str | None = None
+    ident, run, records: list[ProcessRecord], options, sharded: Sharded | None = None, stack: str | None = None
 ) -> dict:
     """The result document from every process's record. ``ident``: the model's identity
     (model.Identity); ``run``: the RunConfig; ``options``: the
     StackOptions that ran (recorded as run.options); ``sharded`` where tables were sharded;
     ``stack``: the name of what ran where it is not ``run.stack`` (an ablation's variant)."""
     world = len(records)
-    records = sorted(records, key=lambda r: r["rank"])
-    steps = len(records[0]["step_s"])
-    step_s = [max(r["step_s"][i] for r in records) for i in range(steps)]
-    stage_names = list(records[0]["stages"])
-    crit_stages = {s: [max(r["stages"][s][i] for r in records) for i in range(steps)] for s in stage_names}
-    job_forward = [sum(r["forward_flops"][i] for r in records) for i in range(steps)]
-    job_recomputed = [sum(r["recomputed_flops"][i] for r in records) for i in range(steps)]
-    peaks = [r["peak_tflops"] for r in records]
+    records = sorted(records, key=lambda r: r.rank)
+    steps = len(records[0].step_s)
+    step_s = [max(r.step_s[i] for r in records) for i in range(steps)]
+    stage_names = list(records[0].stages)
+    crit_stages = {s: [max(r.stages[s][i] for r in records) for i in range(steps)] for s in stage_names}
+    job_forward = [sum(r.forward_flops[i] for r in records) for i in range(steps)]
+    job_recomputed = [sum(r.recomputed_flops[i] for r in records) for i in range(steps)]
+    peaks = [r.peak.tflops_per_device for r in records]
     global_batch = ident.global_batch
     summary = summarize(
         step_s, crit_stages, job_forward, global_batch, sum(peaks) / world, world, recomputed_flops=job_recomputed
     )
     summary.update(_memory(records))
     summary["embedding_bytes_per_step"] = _summed(records, "embedding_bytes")
-    summary["input_bytes_per_step"] = sum(r["input_bytes"] for r in records)  # every process's batch
-    stage_means = [{s: float(np.mean(r["stages"][s])) for s in stage_names} for r in records]
+    summary["input_bytes_per_step"] = sum(r.input_bytes for r in records)  # every process's batch
+    stage_means = [{s: float(np.mean(r.stages[s])) for s in stage_names} for r in records]
     summary["critical_path_s"] = sum(critical_path(stage_means).values())
 
     diverged = None  # the first non-finite loss of any process
     for r in records:
-        found = divergence(r["loss"], r["task_loss"], first_step=run.warmup)
+        found = divergence(r.loss, r.task_loss, first_step=run.warmup)
         if found and (diverged is None or found["step"] < diverged["step"]):
-            diverged = {**found, "rank": r["rank"]} if sharded else found
+            diverged = {**found, "rank": r.rank} if sharded else found
     forward = float(np.mean(job_forward))
     stack = stack or run.stack
     if sharded:
         stack = f"{stack}-{'pipeline' if sharded.pipeline else 'staged'}"
-    device = records[0]["device"]
+    device = records[0].device
     run_section = {
         "steps": run.steps,
         "warmup": run.warmup,
@@ -150,7 +194,7 @@ def build_result(
         "stack": stack,
         "options": options.to_dict(),
         "nproc": world,
-        "nnodes": len({r["host"] for r in records}),
+        "nnodes": len({r.host for r in records}),
         "global_batch": global_batch,
         "per_rank_batch": global_batch // world,
     }
@@ -159,17 +203,17 @@ def build_result(
         "model_per_step": train_flops(forward),
         "recomputed_per_step": float(np.mean(job_recomputed)),
         "per_block": _summed(records, "per_block"),
-        "memory_estimate_bytes": records[0]["memory_estimate"],  # by part; on ranks, rank 0's
+        "memory_estimate_bytes": records[0].memory_estimate,  # by part; on ranks, rank 0's
     }
     samples = {
         "step_s": step_s,
         "mfu": per_step_mfu(job_forward, step_s, sum(peaks)),
-        "loss": finite_or_none(records[0]["loss"]),
-        "task_loss": [finite_or_none(t) for t in records[0]["task_loss"]],
+        "loss": finite_or_none(records[0].loss),
+        "task_loss": [finite_or_none(t) for t in records[0].task_loss],
         "stages": crit_stages,
     }
     peak = peak_section(records, summary)  # adds summary["mfu_host"]
-    sections, metrics = {}, flat_metrics(records[0]["counters"]) if records[0]["counters"] else {}
+    sections, metrics = {}, flat_metrics(records[0].counters) if records[0].counters else {}
     if sharded is not None:
         run_section.update(
             sharding=sharded.sharding or "auto",
@@ -206,79 +250,84 @@ def build_result(
         diverged=diverged,
     )
     # rank 0's (every rank's are under ranks[r].counters): ranks run the same code
-    result["counters"] = records[0]["counters"]
+    result["counters"] = records[0].counters
     return result
 
 
-def _summed(records: list[dict], key: str) -> dict:
-    return {k: sum(r[key][k] for r in records) for k in records[0][key]}
+def _summed(records: list[ProcessRecord], key: str) -> dict:
+    return {k: sum(getattr(r, key)[k] for r in records) for k in getattr(records[0], key)}
 
 
-def _memory(records: list[dict]) -> dict:
+def _memory(records: list[ProcessRecord]) -> dict:
     """The job's memory figures: the largest process's peak, estimate against the process whose
     run rose most, the largest activations and dense state."""
     many = len(records) > 1
     out = {
-        "peak_memory_bytes": max(r["peak_memory_bytes"] for r in records),
-        "peak_memory_source": records[0]["peak_memory_source"] + (", max over ranks" if many else ""),
-        "activation_bytes": max(r["activation_bytes"] for r in records),  # saved for backward
+        "peak_memory_bytes": max(r.peak_memory_bytes for r in records),
+        "peak_memory_source": records[0].peak_memory_source + (", max over ranks" if many else ""),
+        "activation_bytes": max(r.activation_bytes for r in records),  # saved for backward
         # the largest process's dense weights, gradients and optimizer state
-        "dense_state_bytes": max(r["dense_state_bytes"]["total"] for r in records),
+        "dense_state_bytes": max(r.dense_state_bytes["total"] for r in records),
     }
-    if all(r.get("peak_memory_run_bytes") for r in records):
-        worst = max(records, key=lambda r: r["peak_memory_run_bytes"])
+    if all(r.peak_memory_run_bytes for r in records):
+        worst = max(records, key=lambda r: r.peak_memory_run_bytes)
         keys = (
             "peak_memory_estimate_bytes",
             "peak_memory_run_bytes",
             "peak_memory_run_source",
             "memory_estimate_ratio",
         )
-        out.update({k: worst[k] for k in keys})
+        out.update({k: getattr(worst, k) for k in keys})
         if many:
             out["peak_memory_run_source"] += ", the rank that rose most"
     return out
 
 
-def ranks_section(records: list[dict], stage_means: list[dict], global_batch: int, summary: dict) -> list[dict]:
+def ranks_section(
+    records: list[ProcessRecord], stage_means: list[dict], global_batch: int, summary: dict
+) -> list[dict]:
     world, p50 = len(records), summary["step_time_s"]["p50"]
     ranks = []
     for r, means in zip(records, stage_means):
-        train = train_flops(float(np.mean(r["forward_flops"])))
-        steps = len(r["step_s"])
+        train = train_flops(float(np.mean(r.forward_flops)))
+        steps = len(r.step_s)
         ranks.append(
             {
-                "rank": r["rank"],
-                "host": r["host"],
-                "device": r["device"],
-                "device_name": r["device_name"],
-                "torch_threads": r["torch_threads"],
-                "peak_tflops": r["peak_tflops"],
-                "peak_source": r["peak_source"],
+                "rank": r.rank,
+                "host": r.host,
+                "device": r.device,
+                "device_name": r.device_name,
+                "torch_threads": r.torch_threads,
+                "peak_tflops": r.peak.tflops_per_device,
+                "peak_source": r.peak.source,
                 "per_rank_batch": global_batch // world,
-                "samples": {"step_s": r["step_s"], "stages": r["stages"], "loss": finite_or_none(r["loss"])},
+                "samples": {"step_s": r.step_s, "stages": r.stages, "loss": finite_or_none(r.loss)},
                 "stage_means_s": means,
-                "step_time_p50_s": float(np.median(r["step_s"])),
+                "step_time_p50_s": float(np.median(r.step_s)),
                 # this rank's stages over its own step: < 100% (its untimed gaps), unlike the
                 # critical path, whose slowest-rank-per-stage sum can exceed the step
                 "stage_coverage": float(
-                    np.mean([sum(r["stages"][s][i] for s in means) / r["step_s"][i] for i in range(steps)])
+                    np.mean([sum(r.stages[s][i] for s in means) / r.step_s[i] for i in range(steps)])
                 ),
                 "model_flops_per_step": train,
                 # its share of the job's FLOPs over the job's step time: what this rank achieved
                 "tflops": tflops(train, p50),
-                "mfu": mfu(train, p50, r["peak_tflops"]),
-                "loads": r["loads"],
-                "comm": r["comm"],
-                "peak_memory_bytes": r["peak_memory_bytes"],
-                "dense_state_bytes": r["dense_state_bytes"],
-                **{k: r[k] for k in ("peak_memory_estimate_bytes", "peak_memory_run_bytes", "memory_estimate_ratio")},
-                "counters": r["counters"],
+                "mfu": mfu(train, p50, r.peak.tflops_per_device),
+                "loads": r.loads,
+                "comm": r.comm,
+                "peak_memory_bytes": r.peak_memory_bytes,
+                "dense_state_bytes": r.dense_state_bytes,
+                **{
+                    k: getattr(r, k)
+                    for k in ("peak_memory_estimate_bytes", "peak_memory_run_bytes", "memory_estimate_ratio")
+                },
+                "counters": r.counters,
             }
         )
     return ranks
 
 
-def peak_section(records: list[dict], summary: dict) -> dict:
+def peak_section(records: list[ProcessRecord], summary: dict) -> dict:
     """The job's peak: per-process figures and the MFU basis (hardware.peak_basis).
 
     Headline MFU is against the sum of the processes' peaks (N x peak(T threads) on one CPU host,
@@ -287,58 +336,58 @@ def peak_section(records: list[dict], summary: dict) -> dict:
     threads is measured on, so the two compare. Adds mfu_host to ``summary``.
     """
     world = len(records)
-    peaks = [r["peak_tflops"] for r in records]
+    peaks = [r.peak.tflops_per_device for r in records]
     first = records[0]
     section = {
         "tflops_per_device": sum(peaks) / world,
         "devices": world,
-        "dtype": first["peak_dtype"],
-        "source": first["peak_source"] + (" (per rank)" if world > 1 else ""),
+        "dtype": first.peak.dtype,
+        "source": first.peak.source + (" (per rank)" if world > 1 else ""),
         "per_rank": peaks,
-        "provisional": any(r.get("peak_provisional") for r in records),
-        "calibration": first.get("peak_calibration"),
+        "provisional": any(r.peak.provisional for r in records),
+        "calibration": first.peak.calibration,
     }
     section.update(
         peak_basis(
-            torch.device(first["device"]),
+            torch.device(first.device),
             world,
-            first["torch_threads"],
+            first.torch_threads,
             None,
-            override=first["peak_source"].startswith("override"),
+            override=first.peak.source.startswith("override"),
         )
     )
-    hosts = {r["host"]: r for r in records if r.get("host_peak_tflops")}
-    if hosts and len(hosts) == len({r["host"] for r in records}):
+    hosts = {r.host: r for r in records if r.host_peak is not None}
+    if hosts and len(hosts) == len({r.host for r in records}):
         section["host"] = {
-            "tflops": sum(r["host_peak_tflops"] for r in hosts.values()),
-            "threads": first["host_peak_threads"],
+            "tflops": sum(r.host_peak.tflops_per_device for r in hosts.values()),
+            "threads": first.host_peak.calibration["threads"],
             "hosts": len(hosts),
-            "source": first["host_peak_source"],
-            "provisional": any(r["host_peak_provisional"] for r in hosts.values()),
+            "source": first.host_peak.source,
+            "provisional": any(r.host_peak.provisional for r in hosts.values()),
         }
         summary["mfu_host"] = summary["mfu"] * sum(peaks) / section["host"]["tflops"]
     return section
 
 
 def imbalance_section(records, planned, stage_means, step_s: float) -> dict:
-    loads = {k: [r["loads"][k] for r in records] for k in records[0]["loads"]}
+    loads = {k: [r.loads[k] for r in records] for k in records[0].loads}
     planned_loads = {"perf_ms": planned.perf, "storage_bytes": planned.storage}
-    lookups = sum(r["hot"]["lookups"] for r in records)
+    lookups = sum(r.hot["lookups"] for r in records)
     return {
         "primary": PRIMARY_LOAD,
         "measured": {"loads": loads, "metrics": {k: imbalance(v) for k, v in loads.items()}},
         "planned": {"loads": planned_loads, "metrics": {k: imbalance(v) for k, v in planned_loads.items()}},
         "critical_path_s": critical_path(stage_means),
         "stall_cost": stall_cost(stage_means, step_s),
-        "hot_1pct_share": sum(r["hot"]["hot_1pct"] for r in records) / lookups if lookups else 0.0,
+        "hot_1pct_share": sum(r.hot["hot_1pct"] for r in records) / lookups if lookups else 0.0,
     }
 
 
 def comm_section(records) -> dict:
-    kinds = sorted({k for r in records for k in r["comm"]["by_kind"]})
+    kinds = sorted({k for r in records for k in r.comm["by_kind"]})
     by_kind = {}
     for kind in kinds:
-        rows = [r["comm"]["by_kind"].get(kind) for r in records]
+        rows = [r.comm["by_kind"].get(kind) for r in records]
         rows = [x for x in rows if x]
         mean = lambda key: float(np.mean([x[key] for x in rows]))  # noqa: E731
         time_s, size = mean("time_s"), mean("bytes")
@@ -356,12 +405,12 @@ def comm_section(records) -> dict:
         if all("exposed_s" in x for x in rows):  # traces analysed before per-kind exposure lack it
             by_kind[kind]["overlapped_s"] = mean("overlapped_s")
             by_kind[kind]["exposed_s"] = mean("exposed_s")
-    exposure = [dict(r["comm"]["exposure"], rank=r["rank"], step_s=r["comm"]["step_s"]) for r in records]
+    exposure = [dict(r.comm["exposure"], rank=r.rank, step_s=r.comm["step_s"]) for r in records]
     return {
-        "profiled_steps": records[0]["comm"]["profiled_steps"],
+        "profiled_steps": records[0].comm["profiled_steps"],
         "by_kind": by_kind,
         "exposure": exposure,
         "exposed_comm_fraction": float(np.mean([e["exposed_fraction"] for e in exposure])),
         "overlap_fraction": float(np.mean([e["overlap_fraction"] for e in exposure])),
-        "calls": [r["comm_calls"] for r in records],
+        "calls": [r.comm_calls for r in records],
     }

@@ -16,26 +16,22 @@ import torch
 
 from gembench.errors import UsageError
 from gembench.harness.device.hardware import Peak, memory_available, reference_peak, resolve_device
-from gembench.harness.metrics import counters as C
-from gembench.harness.metrics import trace as TR
+from gembench.harness.metrics import counters, trace
 from gembench.harness.regression.stats import paired_ratio_interval
-from gembench.harness.train import model as M
-from gembench.harness.train import nvtx
+from gembench.harness.train import model, nvtx
+from gembench.harness.train.measure import Measurement, RunMemory, World, measure
 from gembench.harness.train.memory import (
     FIT_SHARE,
-    SavedForBackward,
     check_fits,
     fit_hint,
-    memory_fields,
     peak_memory_bytes,
     reset_peak_memory,
-    run_memory_bytes,
 )
 from gembench.harness.train.parallelize import dense_state_bytes, sparse_modules
-from gembench.harness.train.result import build_result, process_record, recheck, timed_batches
+from gembench.harness.train.result import ProcessRecord, build_result, process_record, recheck, timed_batches
 from gembench.harness.train.runconfig import RunConfig
 from gembench.harness.train.stack import STACKS, StackOptions, autocast_for, build_train_state
-from gembench.harness.train.step import NoClock, StepSamples, out_of_memory, run_steps, train_step
+from gembench.harness.train.step import ProcessEngine, StepSamples, out_of_memory
 from gembench.workload import Workload
 
 MAX_DISTINCT_BATCHES = 32  # batches are prepared up front and cycled, like a prefetching loader
@@ -48,7 +44,7 @@ class Setup:
 
     run: RunConfig
     workload: Workload
-    ident: M.Identity
+    ident: model.Identity
     device: torch.device
     peak: Peak
     batches: list
@@ -67,10 +63,10 @@ class Setup:
         """The per-batch FLOPs of what a stack runs: its formula over the batches, or the count."""
         if variant is self.workload or self.basis != "formula":
             return self.flops
-        return M.formula_flops(variant, self.batches)
+        return model.formula_flops(variant, self.batches)
 
-    def identity(self, variant: Workload) -> M.Identity:
-        return self.ident if variant is self.workload else M.identity(variant, self.run.seed)
+    def identity(self, variant: Workload) -> model.Identity:
+        return self.ident if variant is self.workload else model.identity(variant, self.run.seed)
 
 
 def prepare(run: RunConfig, stacks: list[StackOptions]) -> Setup:
@@ -82,19 +78,19 @@ def prepare(run: RunConfig, stacks: list[StackOptions]) -> Setup:
     """
     run.check(distributed=False)
     dev = resolve_device(run.device)
-    workload = M.workload_of(run.config, run.model, run.model_args, run.batch).on_device(dev.type)
+    workload = model.workload_of(run.config, run.model, run.model_args, run.batch).on_device(dev.type)
     for options in stacks:  # a switch the model cannot take is refused before anything is built
-        M.applied_switches(workload.for_stack(options), options)
+        model.applied_switches(workload.for_stack(options), options)
     meta = workload.build(torch.device("meta"))
-    counts, sparse = M.parameter_shapes(workload, meta), len(sparse_modules(meta))
+    counts, sparse = model.parameter_shapes(workload, meta), len(sparse_modules(meta))
     estimate = check_fits(workload, counts, workload.global_batch, dev, stacks)
     available = float(memory_available(dev))
     peak = reference_peak(dev, run.peak_tflops)
     count = min(run.steps + run.warmup, MAX_DISTINCT_BATCHES)
-    batches, ident = M.prepared(workload, run.seed, count=count, meta=meta)
+    batches, ident = model.prepared(workload, run.seed, count=count, meta=meta)
     del meta
     counting = next((o for o in stacks if o.bf16), stacks[0])  # a model may need its stack's precision
-    flops, basis = M.stack_flops(workload, workload, batches, autocast_for(counting, dev), dev, run.seed)
+    flops, basis = model.stack_flops(workload, workload, batches, autocast_for(counting, dev), dev, run.seed)
     return Setup(run, workload, ident, dev, peak, batches, flops, basis, estimate, counts, sparse, available)
 
 
@@ -105,21 +101,13 @@ def build_state(setup: Setup, options: StackOptions):
 
 @dataclass
 class Measured:
-    """One stack's measured steps, before they are summarized against the peak."""
+    """One stack's measurement on this process, before it is summarized against the peak."""
 
     name: str
     options: StackOptions
-    samples: StepSamples
-    memory: tuple  # (peak bytes, its source, the run's rise, its source), right after the timed steps
-    counters: dict | None = None  # step_costs: on extra steps after the timed ones
-    profile: dict | None = None
-    activation_bytes: int = 0  # saved for backward in the counted step (memory.SavedForBackward)
-    dense_state: dict | None = None  # parallelize.dense_state_bytes of the dense part
-
-
-def memory_now(setup: Setup, start_bytes: int) -> tuple:
-    """The run's memory figures now (taken before the counted and profiled steps add theirs)."""
-    return (*peak_memory_bytes(setup.device), *run_memory_bytes(setup.device, start_bytes))
+    measurement: Measurement
+    dense_state: dict  # parallelize.dense_state_bytes of the dense part
+    profile: dict | None = None  # --trace: the kept trace and its top ops, for the report
 
 
 def dense_state(state) -> dict:
@@ -128,49 +116,55 @@ def dense_state(state) -> dict:
     return dense_state_bytes(state.dense_params, state.optimizers[-1])
 
 
+def trace_path(trace_dir) -> Path | None:
+    return None if trace_dir is None else Path(trace_dir) / "trace.json"
+
+
+def profile_of(setup: Setup, measurement: Measurement, trace_dir) -> dict | None:
+    """--trace DIR: where the profiled step's trace is kept and its top ops (the report's table)."""
+    if trace_dir is None:
+        return None
+    ranked, rows = trace.top_rows(measurement.events, setup.device)
+    return {"trace": str(trace_path(trace_dir)), "ranked": ranked, "top": rows}
+
+
 def measure_stack(setup: Setup, options: StackOptions, name: str, progress=None, pace=None, trace=None) -> Measured:
-    """The one way a stack is measured on one process: build it, warm up, time the steps, take
-    the memory, then count the step's costs (and with ``trace``, keep the profiled one).
-    `gembench run` and `gembench ablate` (one variant each) go through here; --ab takes turns
-    between two stacks (run_ab) and then follows the same summary, peak check and counters."""
+    """A stack built and measured on this process (measure.measure, a world of one): `gembench
+    run` and `gembench ablate` (one variant each) go through here; --ab takes turns between two
+    stacks (run_ab) and then follows the same summary."""
     run = setup.run
     nvtx.enable_from_env(setup.device)  # gembench run --nsys: ranges for Nsight Systems
     start = reset_peak_memory(setup.device)
-    since = C.fresh_compile_state()  # this stack's compile counts are its own
+    since = counters.fresh_compile_state()  # this stack's compile counts are its own
     with out_of_memory_guard(setup, [options]):
         state = build_state(setup, options)
-        samples = run_steps(state, setup.batches, run.steps, run.warmup, progress=progress, pace=pace)
-    memory = memory_now(setup, start)
-    with out_of_memory_guard(setup, [options]):
-        counts, profile, saved = step_costs(setup, state, run.warmup + run.steps, since, options.compile, trace)
-    return Measured(name, options, samples, memory, counts, profile, saved, dense_state(state))
+        measured = measure(
+            ProcessEngine(state, setup.batches),
+            World(),
+            run.warmup,
+            run.steps,
+            start_bytes=start,
+            compile_since=since if options.compile else None,
+            trace_path=trace_path(trace),
+            progress=progress,
+            pace=pace,
+        )
+    return Measured(name, options, measured, dense_state(state), profile_of(setup, measured, trace))
 
 
-def record_of(setup: Setup, m: Measured, estimate: dict | None = None) -> dict:
+def record_of(setup: Setup, m: Measured, estimate: dict | None = None) -> ProcessRecord:
     """The process record (train/result.py) of one measured stack. ``estimate``: the memory
     estimate to hold the run against (default: this stack's own)."""
     run, variant = setup.run, setup.variant(m.options)
-    timed = timed_batches(setup.batches, run.warmup, len(m.samples.step_s))
-    per_block = timed_batches(setup.flops_of(variant), run.warmup, len(m.samples.step_s))
-    shape = M.described(variant, per_block, timed, m.options)
-    estimate = estimate or M.memory_estimate(variant, setup.counts, variant.global_batch, m.options, setup.device.type)
-    memory, memory_source, run_bytes, run_source = m.memory
-    host_peak = setup.peak if setup.peak.calibration else None  # one process: the host's own peak
-    return process_record(
-        setup.device,
-        0,
-        m.samples,
-        setup.peak,
-        host_peak,
-        **shape,
-        peak_memory_bytes=memory,
-        peak_memory_source=memory_source,
-        **memory_fields(estimate, run_bytes, run_source),
-        memory_estimate=estimate,
-        activation_bytes=m.activation_bytes,
-        dense_state_bytes=m.dense_state,
-        counters=m.counters,
+    steps = len(m.measurement.samples.step_s)
+    timed = timed_batches(setup.batches, run.warmup, steps)
+    per_block = timed_batches(setup.flops_of(variant), run.warmup, steps)
+    shape = model.described(variant, per_block, timed, m.options)
+    estimate = estimate or model.memory_estimate(
+        variant, setup.counts, variant.global_batch, m.options, setup.device.type
     )
+    host_peak = setup.peak if setup.peak.calibration else None  # one process: the host's own peak
+    return process_record(setup.device, World(), m.measurement, setup.peak, host_peak, shape, estimate, m.dense_state)
 
 
 def summarized(setup: Setup, measured: list[Measured], estimate: dict | None = None) -> list[dict]:
@@ -189,7 +183,7 @@ def summarized(setup: Setup, measured: list[Measured], estimate: dict | None = N
         result = build_result(ident, setup.run, [r], m.options, stack=m.name)
         if m.profile is not None:
             result["profile"] = m.profile
-        result["workload"] = M.section(variant, ident, setup.basis, m.options, setup.batches[0], setup.sparse)
+        result["workload"] = model.section(variant, ident, setup.basis, m.options, setup.batches[0], setup.sparse)
         results.append(result)
     return results
 
@@ -208,7 +202,7 @@ def out_of_memory_guard(setup: Setup, stacks: list[StackOptions]):
         peak, source = peak_memory_bytes(setup.device)
         batch = setup.workload.global_batch
         capacity = FIT_SHARE * setup.available * min(1.0, setup.estimate["total"] / max(peak, 1))
-        if M.activations_estimated(setup.workload):
+        if model.activations_estimated(setup.workload):
             hint = fit_hint(setup.workload, setup.counts, stacks, setup.device.type, capacity, max(batch - 1, 1))
         else:
             hint = "try a smaller --batch (the workload's activations are not estimated)"
@@ -218,40 +212,6 @@ def out_of_memory_guard(setup: Setup, stacks: list[StackOptions]):
             f"peak {peak / gib:,.2f} GiB ({source}) of {setup.available / gib:,.1f} GiB free at the start, "
             f"estimate {setup.estimate['total'] / gib:,.2f} GiB; {hint}; no result was written"
         ) from None
-
-
-def step_costs(
-    setup: Setup, state, index: int, compiled_since: dict, compiles: bool = True, trace_dir=None
-) -> tuple[dict, dict | None]:
-    """Cost counters (metrics/counters.py) of two extra steps on batch ``index``, after the
-    timed ones: the first counted (ops, host syncs), the second under torch.profiler (kernels,
-    host-to-device bytes; with ``trace_dir`` its trace is kept as trace_dir/trace.json). Not one
-    step: the counting dispatch mode re-dispatches every op, which the profiler records twice.
-
-    Returns (counters, profile, activation bytes): profile = {trace, ranked, top} for the report,
-    or None; the bytes the counted step saved for its backward (memory.SavedForBackward).
-    ``compiles``: whether this stack uses torch.compile (its compile counts are the run's).
-    """
-    batch = setup.batches[index % len(setup.batches)]
-    with C.StepCounter(setup.device, state.optimizers) as counted, SavedForBackward(state.model.parameters()) as saved:
-        train_step(state, batch, NoClock())
-    if setup.device.type == "cuda":
-        torch.cuda.synchronize(setup.device)
-    prof = TR.profiler(setup.device)
-    with prof:
-        with torch.autograd.profiler.record_function(TR.STEP_SPAN):
-            train_step(state, batch, NoClock())
-        if setup.device.type == "cuda":
-            torch.cuda.synchronize(setup.device)  # the step's kernels end inside the profile
-    path = None if trace_dir is None else Path(trace_dir) / "trace.json"
-    events = TR.trace_events(prof, path)
-    compiled = C.compile_counts(compiled_since) if compiles else {"graph_breaks": 0, "recompiles": 0}
-    counts = C.counters(counted, events, compiled)
-    profile = None
-    if path is not None:
-        what, rows = TR.top_rows(events, setup.device)
-        profile = {"trace": str(path), "ranked": what, "top": rows}
-    return counts, profile, saved.bytes
 
 
 def run_benchmark(run: RunConfig, progress=None, on_prepared=None, pace=None) -> dict:
@@ -291,7 +251,7 @@ def run_ab(run: RunConfig, progress=None, on_prepared=None) -> dict:
     if on_prepared is not None:
         on_prepared()
     start = reset_peak_memory(setup.device)
-    since = C.fresh_compile_state()
+    since = counters.fresh_compile_state()
     with out_of_memory_guard(setup, list(opts.values())):
         return _run_ab(setup, opts, progress, start, since)
 
@@ -299,18 +259,17 @@ def run_ab(run: RunConfig, progress=None, on_prepared=None) -> dict:
 def _run_ab(setup: Setup, opts: dict[str, StackOptions], progress, start, since) -> dict:
     run = setup.run
     names, steps_per_round = list(opts), run.steps // run.rounds
-    states = {n: build_state(setup, opts[n]) for n in names}
+    engines = {n: ProcessEngine(build_state(setup, opts[n]), setup.batches) for n in names}
     collected = {n: StepSamples() for n in names}
     per_round = {n: [] for n in names}
     for n in names:  # warm-up (and compilation) outside the measurement
-        run_steps(states[n], setup.batches, 0, run.warmup)
+        measure(engines[n], World(), run.warmup, 0, costs=False)
     done, total = 0, 2 * run.steps
     for r in range(run.rounds):
         order = names if r % 2 == 0 else names[::-1]
         for n in order:
             first = run.warmup + r * steps_per_round
-            batches = [setup.batches[(first + i) % len(setup.batches)] for i in range(steps_per_round)]
-            s = run_steps(states[n], batches, steps_per_round, 0)
+            s = measure(engines[n], World(), 0, steps_per_round, costs=False, first=first).samples
             per_round[n].append(float(np.median(s.step_s)))
             collected[n].step_s += s.step_s
             collected[n].loss += s.loss
@@ -325,12 +284,22 @@ def _run_ab(setup: Setup, opts: dict[str, StackOptions], progress, start, since)
     ratios = [b / o for b, o in zip(per_round["baseline"], per_round["optimized"])]
     center, lo, hi = paired_ratio_interval(ratios)
     # One process held both stacks: its peak is theirs together, against their combined estimate.
-    memory = memory_now(setup, start)
+    memory = RunMemory.now(setup.device, start)
     measured = []
     for n in names:  # only the measured stack may compile, so the run's compile counts are its own
-        trace = run.trace if n == "optimized" else None
-        counts, profile, saved = step_costs(setup, states[n], run.warmup + run.steps, since, opts[n].compile, trace)
-        measured.append(Measured(n, opts[n], collected[n], memory, counts, profile, saved, dense_state(states[n])))
+        trace_dir = run.trace if n == "optimized" else None
+        costs = measure(
+            engines[n],
+            World(),
+            0,
+            0,
+            compile_since=since if opts[n].compile else None,
+            trace_path=trace_path(trace_dir),
+            first=run.warmup + run.steps,
+        )
+        costs = replace(costs, samples=collected[n], memory=memory)
+        state = engines[n].state
+        measured.append(Measured(n, opts[n], costs, dense_state(state), profile_of(setup, costs, trace_dir)))
     base, doc = summarized(setup, measured, setup.estimate)
     doc["ab"] = {
         "rounds": run.rounds,

@@ -206,7 +206,7 @@ def timed_steps(
         if pace is not None and i in kept:
             pace(i - kept.start)
         sync()
-        if i == kept.start:
+        if kept and i == kept.start:
             capture.enter_context(nvtx.captured())
         start = time.perf_counter()
         loss, durations = one_step(i)
@@ -233,27 +233,40 @@ def timed_steps(
     return samples
 
 
-def run_steps(
-    state: TrainState, batches, steps: int, warmup: int, timed: bool = True, progress=None, pace=None
-) -> StepSamples:
-    """Run ``warmup`` discarded steps then ``steps`` measured ones over ``batches`` (cycled), one
-    process's staged step (train_step) in the one loop (timed_steps).
+class ProcessEngine:
+    """One process's staged step (train_step) as the measurement's engine: step i trains on
+    ``batches[i % len(batches)]``, host batches prepared beforehand as a prefetching loader would
+    hand them over (the data stage is the copy to the device). ``timed=False`` reads no stage
+    clock (the untimed reference of benchmarks/stage_timing_overhead.py)."""
 
-    ``batches`` is a list of host batches prepared beforehand, as a prefetching loader would
-    hand them over; the data stage is the copy to the device. ``timed=False`` reads no stage
-    clock (the untimed reference of benchmarks/stage_timing_overhead.py).
-    """
+    stages = STAGES
 
-    def one_step(i: int):
-        clock = StageClock(state.device) if timed else NoClock()
+    def __init__(self, state: TrainState, batches: list, timed: bool = True):
+        self.state, self.batches, self.timed = state, batches, timed
+        self.device = state.device
+        self.optimizers = state.optimizers
+
+    def parameters(self):
+        return self.state.model.parameters()
+
+    def step(self, i: int):
+        clock = StageClock(self.device) if self.timed else NoClock()
         try:
-            loss = train_step(state, batches[i % len(batches)], clock)
+            loss = train_step(self.state, self.batches[i % len(self.batches)], clock)
         except RuntimeError as err:
             if out_of_memory(err) is not None and not hasattr(err, "stage"):
                 err.stage = failing_stage(clock)  # the runner names it in its one-line report
             raise
         return loss, clock.durations()
 
+
+def run_steps(
+    state: TrainState, batches, steps: int, warmup: int, timed: bool = True, progress=None, pace=None
+) -> StepSamples:
+    """``warmup`` discarded steps then ``steps`` timed ones of one process over ``batches`` (cycled),
+    without the counted and profiled steps of a measurement (measure.py): for tests and benchmarks
+    that time the step alone."""
+    engine = ProcessEngine(state, batches, timed)
     return timed_steps(
-        one_step, warmup + steps, range(warmup, warmup + steps), state.device, progress=progress, pace=pace
+        engine.step, warmup + steps, range(warmup, warmup + steps), state.device, progress=progress, pace=pace
     )

@@ -125,3 +125,21 @@ def carry_state(old: nn.Module, new: nn.Module, old_dense_opt, new_dense_opt) ->
         new.fused_optimizer.load_state_dict(new_opt)
         new_dense_opt.load_state_dict(old_dense_opt.state_dict())
     return carried
+
+
+def load_unsharded(dmp, state: dict) -> int:
+    """Write the unsharded model's tensors (``state``: its state_dict, taken before DMP) into the
+    sharded one, so that every rank starts from the weights one process would: DMP initialises
+    its shards afresh. Each rank copies the slices its shards cover; returns the tensors written."""
+    written = 0
+    with torch.no_grad():
+        for key, value in dmp.state_dict().items():
+            source = state.get(key.removeprefix("module.").removeprefix("_dmp_wrapped_module."))
+            if source is None or source is value:
+                continue
+            if isinstance(value, _sharded()):
+                _slices(value.local_shards(), source, into_shards=True)
+            else:
+                value.copy_(source)
+            written += 1
+    return written

@@ -104,7 +104,7 @@ def check_job(args: RunConfig, nnodes: int):
     """What the ranks of a job of ``args.nproc`` ranks on ``nnodes`` nodes would refuse, wherever
     they run (no device is looked at): the model, the batch split, the sharding spec, --rebalance,
     the pipeline's fields, HSDP on one node. The workload, as the ranks will load it."""
-    from gembench.harness.train.distributed.rank import check as check_ranks
+    from gembench.harness.train.distributed.checks import check as check_ranks
     from gembench.harness.train.parallelize import HSDP_ONE_NODE
 
     if args.options.dense_parallel == "hsdp" and nnodes < 2:  # --nproc starts every rank on this one host

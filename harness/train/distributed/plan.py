@@ -15,6 +15,7 @@ from torch import nn
 
 from gembench.errors import UsageError
 from gembench.harness.train.stack import ADAGRAD_EPS, EMBEDDING_LR
+from gembench.workload import Workload
 
 POOLING_DEFAULT = 1.0  # TorchRec's own default pooling factor
 MIN_POOLING = 1e-3  # a table no example looks up still needs a positive factor
@@ -244,3 +245,26 @@ def data_parallel_tables(dmp: nn.Module) -> set[int]:
 
 
 sharders = default_sharders  # the name the rest of the harness imports
+
+
+def shard_workload(
+    workload: Workload, model, env: dict, dev, local_batch: int, sharding, pooling, measured, ddp, sharded_only=False
+):
+    """TorchRec's plan for the workload's model (told ``pooling``; ``measured``, ``sharded_only``:
+    --rebalance's estimator and its plans) and DMP over it, with DDP over the dense part
+    (``ddp``) or the dense part plain (the staged step syncs it, or FSDP2 shards it next)."""
+    forced = parse_sharding(sharding, table_names(model))
+    sharders = workload.sharders()
+    plan, planned = plan_sharding(
+        model,
+        forced,
+        env,
+        dev,
+        local_batch,
+        pooling,
+        measured,
+        sharders=sharders,
+        constraints=workload.constraints(),
+        sharded_only=sharded_only,
+    )
+    return shard(model, plan, dev, ddp=ddp, sharders=sharders), planned

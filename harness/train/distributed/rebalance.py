@@ -29,6 +29,8 @@ import numpy as np
 from gembench.errors import UsageError
 from gembench.harness.regression.stats import interval, relative_change
 from gembench.harness.report.tables import placement
+from gembench.harness.train.distributed.plan import POOLING_DEFAULT
+from gembench.workload import Workload
 
 RESOLUTION = 256  # row bins per table: shard boundaries fall between bins to 0.4% of the rows
 BYTES = 4  # fp32 tables (loads.lookup_load reads the same)
@@ -231,3 +233,10 @@ def section(
             "step_not_worse": lo <= 0.0,
         },
     }
+
+
+def declared_pooling(workload: Workload) -> dict[str, float]:
+    """The pooling the workload declares per table (pooling(); TorchRec's default 1 elsewhere):
+    what --rebalance's section sets the measured pooling beside."""
+    given = workload.pooling()
+    return {t.name: float(given.get(t.name, POOLING_DEFAULT)) for t in workload.tables()}
