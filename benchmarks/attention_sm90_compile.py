@@ -77,7 +77,7 @@ def main() -> int:
     import triton
     from triton.backends.compiler import GPUTarget
 
-    from gembench.models.ops.triton import hstu_attention_kernels as K
+    from gembench.models.ops.triton import hstu_attention_kernels
 
     target = GPUTarget("cuda", 90, 32)
     t = TYPES[args.dtype]
@@ -91,9 +91,12 @@ def main() -> int:
         HAS_RAB=not args.no_rab,
     )
     kernels = [
-        (K.hstu_fwd_kernel, {**{n: f"*{t}" for n in ("Q", "K", "V", "OUT")}, "RAB": "*fp32", "OFFSETS": "*i64"}),
         (
-            K.hstu_bwd_kernel,
+            hstu_attention_kernels.hstu_fwd_kernel,
+            {**{n: f"*{t}" for n in ("Q", "K", "V", "OUT")}, "RAB": "*fp32", "OFFSETS": "*i64"},
+        ),
+        (
+            hstu_attention_kernels.hstu_bwd_kernel,
             {
                 **{n: f"*{t}" for n in ("Q", "K", "V", "DO", "DQ", "DK", "DV")},
                 "RAB": "*fp32",

@@ -24,16 +24,20 @@ def _small_peak_cache(tmp_path_factory):
     os.environ["GEMBENCH_CACHE"] = str(tmp_path_factory.mktemp("cache"))
     import datetime as dt
 
-    from gembench.harness.device import calibration as C
+    from gembench.harness.device import calibration
 
     cores = os.cpu_count() or 1
     for threads in sorted({1, max(1, cores // 2), cores, torch.get_num_threads()}):
-        with C.torch_threads(threads):
-            tflops = C.time_gemm(1024, C.DTYPES["bf16"], 0.2)  # the reference peak is bf16's
-        entry = C.Entry(C.cpu_model(), "bf16", threads, torch.__version__)
+        with calibration.torch_threads(threads):
+            tflops = calibration.time_gemm(1024, calibration.DTYPES["bf16"], 0.2)  # the reference peak is bf16's
+        entry = calibration.Entry(calibration.cpu_model(), "bf16", threads, torch.__version__)
         now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-        entry.add(C.Measurement(round(1.25 * tflops, 4), 1024, 1, threads, now, [0.0] * 3, 0.0, cores, True, "tests"))
-        C.save_entry(entry)
+        entry.add(
+            calibration.Measurement(
+                round(1.25 * tflops, 4), 1024, 1, threads, now, [0.0] * 3, 0.0, cores, True, "tests"
+            )
+        )
+        calibration.save_entry(entry)
 
 
 # -- real runs made once per session, for tests that only read their result -------------------

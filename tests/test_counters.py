@@ -8,7 +8,7 @@ import pytest
 import torch
 from synthetic import zoo_state
 
-from gembench.harness.metrics import counters as C
+from gembench.harness.metrics import counters
 from gembench.harness.metrics.trace import kineto_marks_dropped, self_times, top_rows
 from gembench.harness.train.runconfig import RunConfig
 from gembench.harness.train.runner import run_benchmark
@@ -21,7 +21,7 @@ from gembench.models.ops.pytorch.hstu_attention import hstu_jagged_attention
 
 def test_host_reads_are_counted_where_a_gpu_would_wait():
     x = torch.arange(6.0)
-    with C.StepCounter("cpu") as c:
+    with counters.StepCounter("cpu") as c:
         y = (x * 2).sum()
         y.item()  # _local_scalar_dense
         bool(y > 0)  # another
@@ -45,12 +45,12 @@ def test_reads_inside_a_custom_op_and_of_optimizer_step_counters_are_not_counted
     opt = torch.optim.Adam([p], lr=0.1, foreach=False)  # reads its CPU step counter with item()
     p.sum().backward()
     opt.step()
-    with C.StepCounter("cpu", [opt]) as c:
+    with counters.StepCounter("cpu", [opt]) as c:
         hstu_jagged_attention(q, k, v, torch.zeros(H, 11), offsets)
         (p * 2).sum().backward()
         opt.step()
     assert c.host_reads == 0
-    with C.StepCounter("cpu") as c:  # without the optimizer named, its step read shows
+    with counters.StepCounter("cpu") as c:  # without the optimizer named, its step read shows
         opt.step()
     assert c.host_reads == 1
 
@@ -78,8 +78,8 @@ def test_device_counts_from_trace_events():
         {"ph": "X", "cat": "kernel", "name": "late", "ts": 100, "dur": 5},
         {"ph": "i", "cat": "kernel", "name": "instant", "ts": 12},
     ]
-    assert C.device_counts(events) == {"kernels": 3, "h2d_bytes": 4096}
-    assert C.device_counts(events, window=(0, 50)) == {"kernels": 2, "h2d_bytes": 4096}
+    assert counters.device_counts(events) == {"kernels": 3, "h2d_bytes": 4096}
+    assert counters.device_counts(events, window=(0, 50)) == {"kernels": 2, "h2d_bytes": 4096}
 
 
 def test_self_times_subtract_nested_events_per_thread():
@@ -110,11 +110,13 @@ def test_counters_of_real_steps_are_deterministic_and_see_a_planted_op(monkeypat
     a, b = _tiny_baseline(), _tiny_baseline()
     assert a["counters"] == b["counters"]  # same seed, same code: the same counts
     c = a["counters"]
-    assert set(c) == set(C.KEYS) | {"source", "aten_op_counts"}
+    assert set(c) == set(counters.KEYS) | {"source", "aten_op_counts"}
     assert sum(c["aten_op_counts"].values()) == c["aten_ops"] and "aten.mm.default" in c["aten_op_counts"]
     assert c["aten_ops"] > 100 and c["kernels"] is None and c["h2d_bytes"] == 0
     assert c["host_syncs"] == 0 and c["graph_breaks"] == 0 and c["recompiles"] == 0
-    assert {k: a["metrics"][k] for k in C.KEYS if k != "kernels"} == {k: c[k] for k in C.KEYS if k != "kernels"}
+    assert {k: a["metrics"][k] for k in counters.KEYS if k != "kernels"} == {
+        k: c[k] for k in counters.KEYS if k != "kernels"
+    }
     assert "kernels" not in a["metrics"]
 
     from gembench.models.zoo import ZooWorkload
@@ -152,9 +154,9 @@ def test_batches_carry_their_kjt_layout_so_torchrec_reads_nothing_back():
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
     bare.sparse = KeyedJaggedTensor(bare.sparse.keys(), bare.sparse.values(), lengths=bare.sparse.lengths())
-    with C.StepCounter("cpu", state.optimizers) as with_layout:
+    with counters.StepCounter("cpu", state.optimizers) as with_layout:
         train_step(state, batch, NoClock())
-    with C.StepCounter("cpu", state.optimizers) as without:
+    with counters.StepCounter("cpu", state.optimizers) as without:
         train_step(state, bare, NoClock())
     assert with_layout.host_reads == 0 and without.host_reads >= 1
 
@@ -178,7 +180,7 @@ def test_one_tiny_step_on_cuda_makes_no_host_sync():
 
 
 def test_compile_counts_see_graph_breaks_and_recompiles():
-    since = C.fresh_compile_state()
+    since = counters.fresh_compile_state()
 
     @torch.compile(backend="eager")
     def f(x):
@@ -187,11 +189,11 @@ def test_compile_counts_see_graph_breaks_and_recompiles():
         return y + 1
 
     f(torch.ones(3))
-    assert C.compile_counts(since) == {"graph_breaks": 1, "recompiles": 0}
+    assert counters.compile_counts(since) == {"graph_breaks": 1, "recompiles": 0}
     f(torch.ones(3, 4))  # another rank: the guards fail, dynamo compiles f again
-    counts = C.compile_counts(since)
+    counts = counters.compile_counts(since)
     assert counts["recompiles"] >= 1 and counts["graph_breaks"] >= 1
-    assert C.compile_counts(C.fresh_compile_state()) == {"graph_breaks": 0, "recompiles": 0}
+    assert counters.compile_counts(counters.fresh_compile_state()) == {"graph_breaks": 0, "recompiles": 0}
 
 
 def test_compiled_code_runs_compiled_under_the_counter():
@@ -199,15 +201,15 @@ def test_compiled_code_runs_compiled_under_the_counter():
     def f(x):
         return ((x.sin() + 1).cos() * 3).exp()
 
-    C.fresh_compile_state()
+    counters.fresh_compile_state()
     x = torch.ones(4)
     f(x)
-    before = C.compile_snapshot()
-    with C.StepCounter("cpu") as c:
+    before = counters.compile_snapshot()
+    with counters.StepCounter("cpu") as c:
         f(x)
     # one fused inductor kernel (its output allocated by an op or none), not 5 eager ops: the
     # dispatch mode did not send torch.compile back to eager
-    assert c.aten_ops <= 1 and C.compile_counts(before)["recompiles"] == 0
+    assert c.aten_ops <= 1 and counters.compile_counts(before)["recompiles"] == 0
 
 
 def test_fused_sequence_tables_split_their_rows_by_host_sizes():
@@ -239,9 +241,9 @@ def test_fused_sequence_tables_split_their_rows_by_host_sizes():
     kjt = KeyedJaggedTensor(
         ["a", "b"], torch.arange(9), lengths=lengths, stride=3, length_per_key=[6, 3], offset_per_key=[0, 6, 9]
     )
-    with C.StepCounter("cpu") as theirs:
+    with counters.StepCounter("cpu") as theirs:
         want = modules[0](kjt)
-    with C.StepCounter("cpu") as ours:
+    with counters.StepCounter("cpu") as ours:
         got = modules[1](kjt)
     assert set(got) == set(want) == {"a", "b"}
     for f in want:

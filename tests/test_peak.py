@@ -10,14 +10,14 @@ import pytest
 import torch
 from synthetic import run_cli
 
-from gembench.harness.device import calibration as C
+from gembench.harness.device import calibration
 from gembench.harness.device.hardware import cpu_peak
 
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("GEMBENCH_CACHE", str(tmp_path))
-    monkeypatch.setattr(C, "_this_process", {})
+    monkeypatch.setattr(calibration, "_this_process", {})
     return tmp_path
 
 
@@ -26,22 +26,24 @@ class FakeMachine:
 
     def __init__(self, monkeypatch, tflops: float, others_busy: float = 0.0):
         self.tflops, self.others_busy, self.gemms = tflops, others_busy, 0
-        monkeypatch.setattr(C, "time_gemm", self.time_gemm)
-        monkeypatch.setattr(C.LoadProbe, "start", lambda probe: None)
-        monkeypatch.setattr(C.LoadProbe, "stop", lambda probe: self.others_busy)
+        monkeypatch.setattr(calibration, "time_gemm", self.time_gemm)
+        monkeypatch.setattr(calibration.LoadProbe, "start", lambda probe: None)
+        monkeypatch.setattr(calibration.LoadProbe, "stop", lambda probe: self.others_busy)
 
     def time_gemm(self, n, dtype, seconds):
         self.gemms += 1
-        return self.tflops * n / max(C.CALIBRATION_SIZES)  # the largest size is the fastest
+        return self.tflops * n / max(calibration.CALIBRATION_SIZES)  # the largest size is the fastest
 
 
 def plant(tflops: float, quiet=True, threads=None) -> None:
     threads = threads or torch.get_num_threads()
-    entry = C.Entry(C.cpu_model(), "bf16", threads, torch.__version__)
+    entry = calibration.Entry(calibration.cpu_model(), "bf16", threads, torch.__version__)
     entry.add(
-        C.Measurement(tflops, 2048, 1, threads, "2026-01-01T00:00:00+00:00", [3.0, 2.0, 1.0], 1.5, 2, quiet, "run")
+        calibration.Measurement(
+            tflops, 2048, 1, threads, "2026-01-01T00:00:00+00:00", [3.0, 2.0, 1.0], 1.5, 2, quiet, "run"
+        )
     )
-    C.save_entry(entry)
+    calibration.save_entry(entry)
 
 
 def test_a_quiet_calibration_is_cached_and_served(cache, monkeypatch):
@@ -51,7 +53,7 @@ def test_a_quiet_calibration_is_cached_and_served(cache, monkeypatch):
     assert first.calibration["size"] == 3072 and first.calibration["quiet"] is True
     # served from the cache now: only the start-of-run probe, which does not beat it
     assert cpu_peak("bf16").tflops_per_device == 0.4
-    assert machine.gemms == len(C.CALIBRATION_SIZES) + 1
+    assert machine.gemms == len(calibration.CALIBRATION_SIZES) + 1
 
 
 def test_a_busy_calibration_is_provisional_and_not_cached(cache, monkeypatch):
@@ -60,31 +62,31 @@ def test_a_busy_calibration_is_provisional_and_not_cached(cache, monkeypatch):
     assert peak.provisional and "PROVISIONAL" in peak.source and peak.tflops_per_device == 0.3
     assert not list(cache.glob("*.json"))
     cpu_peak("bf16")  # once per process: a second run in it reuses the provisional figure
-    assert machine.gemms == len(C.CALIBRATION_SIZES)
+    assert machine.gemms == len(calibration.CALIBRATION_SIZES)
 
 
 def test_best_of_keeps_the_higher_figure(cache, monkeypatch):
     machine = FakeMachine(monkeypatch, 0.3)
     threads = torch.get_num_threads()
-    C.recalibrate("bf16", threads, rounds=2)
+    calibration.recalibrate("bf16", threads, rounds=2)
     machine.tflops = 0.2  # a slower (noisier) later measurement does not lower the peak
-    m, entry, stored = C.recalibrate("bf16", threads, rounds=2)
+    m, entry, stored = calibration.recalibrate("bf16", threads, rounds=2)
     assert stored and m.tflops == 0.2 and entry.best.tflops == 0.3
     machine.tflops, machine.others_busy = 0.5, 9.0  # busy, but beats a settled entry: raises it
-    m, entry, stored = C.recalibrate("bf16", threads, rounds=1)
+    m, entry, stored = calibration.recalibrate("bf16", threads, rounds=1)
     assert stored and not m.quiet and entry.best.tflops == 0.5
     assert cpu_peak("bf16").tflops_per_device == 0.5
 
 
 def test_a_busy_machine_never_settles_an_entry(cache, monkeypatch):
     FakeMachine(monkeypatch, 0.5, others_busy=9.0)
-    m, entry, stored = C.recalibrate("bf16", 1, rounds=1)
-    assert not stored and C.load_entry("bf16", 1) is None
+    m, entry, stored = calibration.recalibrate("bf16", 1, rounds=1)
+    assert not stored and calibration.load_entry("bf16", 1) is None
 
 
 def test_a_legacy_cache_file_is_migrated_best_of(cache, monkeypatch):
     threads = torch.get_num_threads()
-    legacy = C._legacy_path(C.entry_path("bf16", threads))
+    legacy = calibration._legacy_path(calibration.entry_path("bf16", threads))
     legacy.write_text(
         json.dumps(
             {
@@ -97,7 +99,7 @@ def test_a_legacy_cache_file_is_migrated_best_of(cache, monkeypatch):
     FakeMachine(monkeypatch, 0.25)
     peak = cpu_peak("bf16")  # legacy figures are unsettled: measured again, best kept
     assert peak.tflops_per_device == 0.35 and not peak.provisional
-    entry = C.load_entry("bf16", threads)
+    entry = calibration.load_entry("bf16", threads)
     assert entry.settled and [m.how for m in entry.history] == ["legacy", "run"]
     assert json.loads(legacy.read_text())["tflops_per_device"] == 0.35  # left for older versions
 
@@ -115,7 +117,7 @@ def test_a_too_low_cached_peak_is_beaten_and_remeasured(cache, monkeypatch):
     assert peak["calibration"]["how"].startswith("beaten by")
     s = result["summary"]
     assert s["mfu"] == pytest.approx(s["tflops"] / 0.5)  # measured against the new peak
-    assert C.load_entry("bf16", torch.get_num_threads()).best.tflops == 0.5
+    assert calibration.load_entry("bf16", torch.get_num_threads()).best.tflops == 0.5
     assert result["peak"]["basis"] == "ranks" and result["metrics"]["mfu_host"] == pytest.approx(s["mfu"])
 
 
@@ -127,7 +129,7 @@ def test_a_cached_peak_three_times_too_low_is_corrected_by_the_next_run(cache, m
     peak = cpu_peak("bf16")
     assert peak.tflops_per_device == 0.5
     assert "RE-MEASURED" in peak.source and "start-of-run GEMM probe" in peak.source
-    assert C.load_entry("bf16", torch.get_num_threads()).best.tflops == 0.5  # corrected in the cache
+    assert calibration.load_entry("bf16", torch.get_num_threads()).best.tflops == 0.5  # corrected in the cache
     machine.gemms = 0
     assert cpu_peak("bf16").tflops_per_device == 0.5 and machine.gemms == 1  # then only probed
 
@@ -141,7 +143,7 @@ def test_peak_command_shows_recalibrates_and_clears(cache, monkeypatch, capsys):
     [entry] = json.loads(out)
     assert entry["threads"] == 1 and entry["history"][0]["rounds"] == 3 and entry["settled"]
     code, out, _ = run_cli(["peak", "--clear"], capsys)
-    assert code == 0 and "forgot 1" in out and C.all_entries() == []
+    assert code == 0 and "forgot 1" in out and calibration.all_entries() == []
     code, _, err = run_cli(["peak", "--recalibrate", "--threads", "x"], capsys)
     assert code == 2 and "--threads" in err
 
@@ -159,21 +161,25 @@ def test_a_distributed_run_that_beats_its_peak_remeasures_on_rank_0(cache, monke
     assert low.tflops_per_device == 1e-4
     machine.tflops = 0.5
     # rank 1's backward did 2 x 1e9 FLOPs in 1 ms: 2 TFLOP/s, far above the planted 1e-4
-    records = [
-        {
-            "rank": r,
-            "host": "h",
-            "forward_flops": [1e9],
-            "step_s": [0.01],
-            "stages": {"dense_forward": [1.0], "backward": [1e-3 if r else 1.0]},
-            "peak_tflops": low.tflops_per_device,
-        }
-        for r in (0, 1)
-    ]
+    records = [process(r, low, backward_s=1e-3 if r else 1.0, step_s=0.01) for r in (0, 1)]
     recheck(low, records, [" of rank 0", " of rank 1"])
-    assert all(r["peak_tflops"] == 0.5 and "stage backward of rank 1" in r["peak_source"] for r in records)
-    assert C.load_entry("bf16", 1).best.tflops == 0.5
+    assert all(r.peak.tflops_per_device == 0.5 and "stage backward of rank 1" in r.peak.source for r in records)
+    assert calibration.load_entry("bf16", 1).best.tflops == 0.5
     gemms = machine.gemms
-    slow = [dict(r, stages={"dense_forward": [1.0], "backward": [1.0]}, step_s=[2.0]) for r in records]
-    recheck(Peak(0.5, "bf16", "x", calibration=records[0]["peak_calibration"]), slow, [" of rank 0", " of rank 1"])
+    slow = [process(r.rank, r.peak, backward_s=1.0, step_s=2.0) for r in records]
+    recheck(Peak(0.5, "bf16", "x", calibration=records[0].peak.calibration), slow, [" of rank 0", " of rank 1"])
     assert machine.gemms == gemms  # nothing beat the peak: nothing measured
+
+
+def process(rank: int, peak, backward_s: float, step_s: float):
+    """A process record of one timed step of 1e9 forward FLOPs (its other figures empty)."""
+    from gembench.harness.train.result import ProcessRecord
+
+    return ProcessRecord(
+        rank=rank, host="h", device="cpu", device_name="cpu", torch_threads=1, peak=peak, host_peak=None,
+        step_s=[step_s], stages={"dense_forward": [1.0], "backward": [backward_s]}, loss=[0.0], task_loss=[[0.0]],
+        forward_flops=[1e9], recomputed_flops=[0.0], per_block={}, embedding_bytes={}, input_bytes=0.0,
+        peak_memory_bytes=0, peak_memory_source="", peak_memory_estimate_bytes=0.0, peak_memory_run_bytes=0,
+        peak_memory_run_source="", memory_estimate_ratio=None, memory_estimate={}, activation_bytes=0,
+        dense_state_bytes={}, counters=None,
+    )  # fmt: skip

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 from synthetic import gembench_cli, run_cli
 
-from gembench.harness.train.distributed import rebalance as R
+from gembench.harness.train.distributed import rebalance
 
 
-def measured(hist: list[float], rows: int = 100) -> R.Measured:
+def measured(hist: list[float], rows: int = 100) -> rebalance.Measured:
     h = np.asarray(hist, dtype=float)
-    return R.Measured(
+    return rebalance.Measured(
         ids={"table_a": 1000.0},
         pooling={"table_a": 10.0},
         hist={"table_a": h / h.sum()},
@@ -41,10 +41,12 @@ def test_row_skew_and_plan_change():
             "shard_sizes": [[50, 8], [50, 8]],
         }
     }
-    assert R.row_skew(m, plan) == {"table_a": pytest.approx(0.9 / 0.5)}
+    assert rebalance.row_skew(m, plan) == {"table_a": pytest.approx(0.9 / 0.5)}
     moved = {"table_a": {"sharding": "table_wise", "ranks": [1]}}
-    assert R.plan_change(plan, moved) == [{"table": "table_a", "before": "row_wise@0,1", "after": "table_wise@1"}]
-    assert R.plan_change(plan, plan) == []
+    assert rebalance.plan_change(plan, moved) == [
+        {"table": "table_a", "before": "row_wise@0,1", "after": "table_wise@1"}
+    ]
+    assert rebalance.plan_change(plan, plan) == []
 
 
 def test_measured_lookups_price_each_shard_by_the_ids_in_its_rows():
@@ -57,7 +59,7 @@ def test_measured_lookups_price_each_shard_by_the_ids_in_its_rows():
         perf=Perf(fwd_compute=1.0, fwd_comms=0.5, bwd_compute=2.0, bwd_comms=0.7),
     )
     option = SimpleNamespace(name="table_a", sharding_type="row_wise", shards=[shard(0), shard(50)])
-    R.MeasuredLookups(m).estimate([option])
+    rebalance.MeasuredLookups(m).estimate([option])
     head, tail = option.shards
     # 1000 IDs x share x 8 columns x 4 bytes x 1 ns, in ms; backward in TorchRec's 2:1 proportion; comms kept
     assert head.perf.fwd_compute == pytest.approx(1e3 * 1000 * 0.9 * 8 * 4 * 1e-9)

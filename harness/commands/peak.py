@@ -31,7 +31,7 @@ import sys
 from tabulate import tabulate
 
 from gembench.errors import UsageError
-from gembench.harness.device import calibration as C
+from gembench.harness.device import calibration
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -48,7 +48,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--dtype",
-        choices=tuple(C.DTYPES),
+        choices=tuple(calibration.DTYPES),
         default="bf16",
         help="with --recalibrate: GEMM dtype (default: bf16, the reference of MFU)",
     )
@@ -63,8 +63,8 @@ def thread_counts(spec: str | None, dtype: str) -> list[int]:
     if spec is None:
         cached = {
             e.threads
-            for _, e in C.all_entries()
-            if e.dtype == dtype and e.cpu == C.cpu_model() and 0 < e.threads <= cores
+            for _, e in calibration.all_entries()
+            if e.dtype == dtype and e.cpu == calibration.cpu_model() and 0 < e.threads <= cores
         }
         return sorted({1, cores} | cached)
     try:
@@ -119,7 +119,7 @@ def show(entries, as_json: bool) -> str:
             indent=1,
         )
     if not entries:
-        return f"no cached CPU peaks in {C.cache_dir()} (a run or --recalibrate measures them)"
+        return f"no cached CPU peaks in {calibration.cache_dir()} (a run or --recalibrate measures them)"
     table = tabulate(
         rows(entries),
         headers=[
@@ -139,8 +139,8 @@ def show(entries, as_json: bool) -> str:
     )
     unsettled = sum(not e.settled for _, e in entries)
     return (
-        f"{table}\n* the figure served (best of the entry). cache: {C.cache_dir()}\n"
-        f"busy: other processes kept more than {C.BUSY_SHARE} x (cores the GEMM leaves free, "
+        f"{table}\n* the figure served (best of the entry). cache: {calibration.cache_dir()}\n"
+        f"busy: other processes kept more than {calibration.BUSY_SHARE} x (cores the GEMM leaves free, "
         f"at least 1) busy; busy and legacy figures alone are not trusted"
         + (
             f"\n{unsettled} entr{'y' if unsettled == 1 else 'ies'} not settled by a quiet "
@@ -153,8 +153,8 @@ def show(entries, as_json: bool) -> str:
 
 def main(args: argparse.Namespace) -> int:
     if args.clear:
-        removed = C.clear()
-        print(f"forgot {len(removed)} cached CPU peak file(s) in {C.cache_dir()}")
+        removed = calibration.clear()
+        print(f"forgot {len(removed)} cached CPU peak file(s) in {calibration.cache_dir()}")
         return 0
     if args.recalibrate:
         if args.rounds < 1:
@@ -163,12 +163,12 @@ def main(args: argparse.Namespace) -> int:
             print(
                 f"gembench peak: {args.dtype} on {t} thread(s), {args.rounds} round(s)...", file=sys.stderr, flush=True
             )
-            m, entry, stored = C.recalibrate(args.dtype, t, args.rounds)
+            m, entry, stored = calibration.recalibrate(args.dtype, t, args.rounds)
             verdict = (
                 "cached"
                 if stored
                 else f"NOT cached: busy (others kept {m.others_busy:.2f} cores busy > "
-                f"{C.busy_limit(t, m.cores):.2f}); run again on a quiet machine"
+                f"{calibration.busy_limit(t, m.cores):.2f}); run again on a quiet machine"
             )
             served = f"; runs use {entry.best.tflops:.4g}" if entry.settled else ""
             print(
@@ -176,5 +176,5 @@ def main(args: argparse.Namespace) -> int:
                 file=sys.stderr,
                 flush=True,
             )
-    print(show(C.all_entries(), args.json))
+    print(show(calibration.all_entries(), args.json))
     return 0

@@ -77,6 +77,14 @@ class ProcessRecord:
     comm: dict | None = None
     comm_calls: list | None = None
 
+    def __post_init__(self):
+        steps = len(self.step_s)
+        lengths = {"loss": len(self.loss), "forward_flops": len(self.forward_flops)}
+        lengths.update({f"stages.{s}": len(v) for s, v in self.stages.items()})
+        wrong = {k: n for k, n in lengths.items() if n != steps}
+        if wrong or self.peak.tflops_per_device <= 0:
+            raise ValueError(f"rank {self.rank}'s record: {steps} timed steps, but {wrong} (peak {self.peak})")
+
 
 def process_record(
     device: torch.device,
