@@ -406,7 +406,7 @@ def resample_rounds(outcomes: dict, trials: int, seed: int = 0) -> dict | None:
 def sequential_design(outcomes: dict) -> tuple[int, float, float, int]:
     """(max pairs, budget s, seconds a batch, pairs a batch) of the comparisons measured: the
     design's limits as continuous defines them, each batch's time as the pairs took it."""
-    from gembench.harness.commands.continuous import DEFAULT_BUDGET, MAX_PAIRS
+    from gembench.harness.continuous.config import DEFAULT_BUDGET, MAX_PAIRS
 
     runs = [o for v in outcomes.values() for o in v]
     at_once = max(1, min(o.get("parallel") or 1 for o in runs))
@@ -547,22 +547,19 @@ def rates_at(
 def sequential_comparison(
     ratios: list[float], alpha: float, min_effect: float, margin: float, batch_s: float, budget_s: float, at_once: int
 ) -> tuple[str, int]:
-    """One comparison of continuous's sequential design (its looks, alpha spending, stopping rule
-    and budget: gembench.harness.regression.sequential) over pairs with these HEAD/BASE ratios, in
-    order, at most len(ratios) of them: (the verdict, the pairs it took)."""
+    """One comparison by continuous's sequential design (gembench.harness.regression.sequential's
+    SequentialDesign, the rule itself) over pairs with these HEAD/BASE ratios, in order, ``at_once``
+    a batch as run_pairs batches them, at most len(ratios): (the verdict, the pairs it took)."""
     from gembench.harness.regression import stats
-    from gembench.harness.regression.sequential import Looks, decided, worth_another_batch
+    from gembench.harness.regression.sequential import Look, SequentialDesign
 
-    max_pairs = len(ratios)
-    looks, v, n = Looks(alpha, max_pairs), stats.INCONCLUSIVE, 0
-    while n < max_pairs:
-        n = min(n + at_once, max_pairs)
-        if not looks.due(n):
-            continue
-        v = verdict(ratios[:n], looks.alpha_at(n), min_effect, margin)
-        if decided({"step_time_s": v}, False) or not worth_another_batch(n / at_once * batch_s, batch_s, budget_s):
+    design, n = SequentialDesign(alpha, len(ratios), budget_s), 0
+    while n < len(ratios):
+        n = min(n + at_once, len(ratios))
+        look = lambda level: Look({"step_time_s": verdict(ratios[:n], level, min_effect, margin)})  # noqa: E731
+        if design.after_batch(n, n / at_once * batch_s, batch_s, look):  # asks ``look`` where a look is due
             break
-    return v, n
+    return (design.last["verdicts"]["step_time_s"] if design.last else stats.INCONCLUSIVE), n
 
 
 def sequential_tally(draw, trials: int, design: tuple, batch_s: float, at_once: int) -> dict:
@@ -629,7 +626,7 @@ def sequential_rates(
 
 def sequential_main(args) -> int:
     """The sequential design's rates at given spreads of one pair (no benchmark is run)."""
-    from gembench.harness.commands.continuous import DEFAULT_BUDGET, MARGIN, MAX_PAIRS, MIN_EFFECT
+    from gembench.harness.continuous.config import DEFAULT_BUDGET, MARGIN, MAX_PAIRS, MIN_EFFECT
     from gembench.harness.regression import stats
 
     effects = [0.0, 0.02, 0.05]

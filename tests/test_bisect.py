@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from synthetic import ctrl_c_reaches, make_result, run_cli
 
-from gembench.harness.continuous import bisect as B
+from gembench.harness.continuous import bisect
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 SETUP = 'python -m pip install -q --no-deps --no-build-isolation --target "$GEMBENCH_OVERLAY" .'
@@ -146,15 +146,26 @@ def test_a_model_that_does_not_import_at_one_revision_is_named_with_it(team, cap
 
 def test_a_candidate_is_placed_against_the_midpoint_not_against_unchanged():
     mid = math.sqrt(1.5)  # BAD was 1.5x GOOD
-    assert B.classify([1.49, 1.52, 1.50, 1.51], mid, 0.01)[0] == B.BAD
+    assert bisect.classify([1.49, 1.52, 1.50, 1.51], mid, 0.01)[0] == bisect.BAD
     # 3% slower than GOOD with a wide interval: far from "unchanged within 2%", plainly nearer GOOD
-    assert B.classify([1.00, 1.06, 1.02, 1.04], mid, 0.01)[0] == B.GOOD
-    assert B.classify([1.0, 1.5], mid, 0.01)[0] == B.UNDECIDED
-    assert B.classify([1.2], mid, 0.01)[0] == B.UNDECIDED  # one pair: no interval
+    assert bisect.classify([1.00, 1.06, 1.02, 1.04], mid, 0.01)[0] == bisect.GOOD
+    assert bisect.classify([1.0, 1.5], mid, 0.01)[0] == bisect.UNDECIDED
+    assert bisect.classify([1.2], mid, 0.01)[0] == bisect.UNDECIDED  # one pair: no interval
     sha = "a" * 40
-    assert B.outcome(["Bisecting: 0 revisions left", f"{sha} is the first bad commit", "commit x"]) == (sha, [])
+    assert bisect.outcome(["Bisecting: 0 revisions left", f"{sha} is the first bad commit", "commit x"]) == (sha, [])
     skipped = ["There are only 'skip'ped commits left to test.", "The first bad commit could be any of:", sha, "b" * 40]
-    assert B.outcome(skipped) == (None, [sha, "b" * 40])
+    assert bisect.outcome(skipped) == (None, [sha, "b" * 40])
+
+
+def test_the_state_file_carries_the_checked_config_to_the_predicate():
+    """The predicate reads the command's typed config back from JSON, paths and tuples included."""
+    import json
+
+    from gembench.harness.continuous.config import BisectConfig, Measuring
+
+    measuring = Measuring(pairs=4, kernels=("wukong_fm",), keep_results=Path("kept"), alpha=0.01, margin=0.02)
+    config = BisectConfig("v1.2", "HEAD", 12, measuring)
+    assert BisectConfig.from_json(json.loads(json.dumps(config.as_json()))) == config
 
 
 def test_no_regression_is_said_and_nothing_is_bisected(team, capsys, monkeypatch):

@@ -70,3 +70,14 @@ def test_the_harness_contract_names_every_module_of_the_zoo_but_its_entry():
     modules = {f"gembench.models.{p.stem}" for p in (ROOT / "models").glob("*.py") if p.stem != "__init__"}
     modules |= {f"gembench.models.{p.name}" for p in (ROOT / "models").iterdir() if (p / "__init__.py").exists()}
     assert set(zoo["forbidden_modules"]) == modules - {"gembench.models.zoo"}
+
+
+def test_a_planted_argparse_below_the_commands_breaks_them(tmp_path):
+    """argparse stays in the cli and the commands: a library module that imports it (to read a
+    Namespace instead of its typed config) is a broken contract."""
+    parent = _copy_package(tmp_path)
+    pairs = parent / "gembench" / "harness" / "continuous" / "pairs.py"
+    pairs.write_text(pairs.read_text() + "\nimport argparse  # planted\n")
+    proc = _lint(parent / "gembench", parent)
+    assert proc.returncode != 0, proc.stdout[-3000:]
+    assert "gembench.harness.continuous.pairs -> argparse" in proc.stdout, proc.stdout[-3000:]

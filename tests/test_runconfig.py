@@ -9,6 +9,7 @@ import pytest
 
 from gembench.errors import UsageError
 from gembench.harness.commands import run as run_command
+from gembench.harness.commands.run import run_config_from
 from gembench.harness.train.runconfig import RunConfig
 
 
@@ -21,7 +22,7 @@ def parsed(*argv: str) -> argparse.Namespace:
 def test_every_run_flag_is_a_field_and_the_defaults_agree():
     ns = parsed()
     assert {f.name for f in fields(RunConfig)} == set(vars(ns))  # nothing dropped on the way in
-    assert RunConfig.from_namespace(ns) == RunConfig()
+    assert run_config_from(ns) == RunConfig()
 
 
 @pytest.mark.parametrize(
@@ -41,11 +42,11 @@ def test_every_run_flag_is_a_field_and_the_defaults_agree():
 )
 def test_what_needs_no_model_is_refused_in_one_place(argv, distributed, words):
     with pytest.raises(UsageError, match=words.replace("+", r"\+")):
-        RunConfig.from_namespace(parsed(*argv)).check(distributed)
+        run_config_from(parsed(*argv)).check(distributed)
 
 
 def test_a_good_request_passes_and_creates_its_trace_folder(tmp_path):
-    run = RunConfig.from_namespace(parsed("--config", "tiny", "--trace", str(tmp_path / "t"))).check(False)
+    run = run_config_from(parsed("--config", "tiny", "--trace", str(tmp_path / "t"))).check(False)
     assert run.options.compile and Path(tmp_path / "t").is_dir()
 
 
@@ -64,17 +65,17 @@ def test_the_one_serializer_gives_back_the_same_request(argv):
     """continuous, ablate --nproc and --nsys build `gembench run` command lines only
     through RunConfig.to_argv: parsing its output must give back the config it came from, with
     the flags that name a run always written."""
-    run = RunConfig.from_namespace(parsed(*argv))
+    run = run_config_from(parsed(*argv))
     again = run.to_argv()
-    assert RunConfig.from_namespace(parsed(*again)) == run
+    assert run_config_from(parsed(*again)) == run
     for flag in ("--config", "--steps", "--warmup", "--stack", "--seed", "--device"):
         assert flag in again
     assert again.count("--set") == len(run.switches)
 
 
 def test_the_run_config_carries_the_model_to_ranks_and_continuous():
-    run = RunConfig.from_namespace(parsed("--model", "m.py:f", "--model-arg", "batch=8", "--nproc", "2"))
+    run = run_config_from(parsed("--model", "m.py:f", "--model-arg", "batch=8", "--nproc", "2"))
     argv = run.to_argv()
     assert run.config is None and "--config" not in argv
     assert argv[:4] == ["--model", "m.py:f", "--model-arg", "batch=8"]
-    assert RunConfig.from_namespace(parsed(*argv)) == run
+    assert run_config_from(parsed(*argv)) == run

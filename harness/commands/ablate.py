@@ -127,27 +127,29 @@ def _ablate(args: argparse.Namespace) -> int:
 
     from tabulate import tabulate
 
+    from gembench.harness.commands.run import run_config_from
     from gembench.harness.device.hardware import resolve_device
     from gembench.harness.report.numbers import pct
     from gembench.harness.store.reservation import write_or_fallback
-    from gembench.harness.train import model as M
-    from gembench.harness.train.runconfig import RunConfig
+    from gembench.harness.train import model as train_model
     from gembench.harness.train.runner import measure_stack, prepare, summarized
 
-    workload = M.workload_of(args.config, args.model, args.model_args, args.batch)
+    workload = train_model.workload_of(args.config, args.model, args.model_args, args.batch)
     device_type = resolve_device(args.device).type
     workload = workload.on_device(device_type)
     skip = skipped_switches(workload)  # only the switches that act on the model
     added, removed = variants(single_process=True, skip=skip)
     chosen = choices(single_process=True, excluded=skip)
     # Variants run one at a time, and each must fit: the memory check takes the hungriest.
-    counts = M.parameter_shapes(workload)
+    counts = train_model.parameter_shapes(workload)
     hungriest = max(
         (options for _, options in added + removed),
-        key=lambda o: M.memory_estimate(workload.for_stack(o), counts, workload.global_batch, o, device_type)["total"],
+        key=lambda o: train_model.memory_estimate(workload.for_stack(o), counts, workload.global_batch, o, device_type)[
+            "total"
+        ],
     )
     # ablate's --out is its own table
-    run = RunConfig.from_namespace(args, out=None, nproc=None, model_args=tuple(args.model_args or ()))
+    run = run_config_from(args, out=None, nproc=None, model_args=tuple(args.model_args or ()))
     setup = prepare(run, [hungriest])
     runs = {}  # options -> Measured: "+ compile" is the optimized stack, measured once
     todo = added + removed + chosen

@@ -30,10 +30,10 @@ REFERENCE = RANK_VARIANTS[0][0]
 
 def run_variant(args, switches, flags, out: Path) -> tuple[dict | None, str]:
     """One `gembench run --nproc N` of a variant: (its result or None, the error's last line)."""
-    from gembench.harness.train.runconfig import RunConfig
+    from gembench.harness.commands.run import run_config_from
 
     config = None if args.config is None else str(args.config)
-    run = RunConfig.from_namespace(args, config=config, switches=switches, out=out, quiet=True, **flags)
+    run = run_config_from(args, config=config, switches=switches, out=out, quiet=True, **flags)
     cmd = [sys.executable, "-m", "gembench", "run", *run.to_argv()]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0 or not out.exists():

@@ -28,9 +28,11 @@ examples:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from gembench.errors import UsageError
+from gembench.harness.continuous.config import MARGIN, MIN_EFFECT, BisectConfig
 
 DEFAULT_PAIRS = 4  # the first look: a slowdown that is worth bisecting is usually plain by then
 DEFAULT_MAX_PAIRS = 12
@@ -58,9 +60,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     add_measuring_flags(p)
 
 
-def main(args: argparse.Namespace) -> int:
-    from gembench.harness.commands.continuous import MARGIN, MIN_EFFECT, check_args
-    from gembench.harness.continuous.bisect import bisect
+def bisect_config(args: argparse.Namespace) -> BisectConfig:
+    """The flags, checked: the measuring flags as continuous takes them, the decision's defaults set."""
+    from gembench.harness.commands.continuous import measuring_config
     from gembench.harness.regression import stats
 
     if args.benchmark != "run":
@@ -71,13 +73,23 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError("--format markdown: bisect prints a table (the default) or json")
     if args.metric not in (None, ["step_time_s"]):
         raise UsageError("--metric: bisect times step_time_s (the others are its reciprocals at equal FLOPs)")
-    check_args(args)
+    measuring = measuring_config(args, args.pairs)
     if args.max_pairs < args.pairs:
         raise UsageError(f"--max-pairs ({args.max_pairs}) must be at least --pairs ({args.pairs})")
-    if args.model is None:
-        args.config = args.config or "tiny"
-    args.alpha = stats.ALPHA if args.alpha is None else args.alpha
-    args.min_effect = MIN_EFFECT if args.min_effect is None else args.min_effect
-    args.margin = max(MARGIN, args.min_effect) if args.margin is None else args.margin
-    say = (lambda msg: None) if args.quiet else (lambda msg: print(f"bisect: {msg}", file=sys.stderr, flush=True))
-    return bisect(args, say)
+    min_effect = MIN_EFFECT if args.min_effect is None else args.min_effect
+    measuring = dataclasses.replace(
+        measuring,
+        alpha=stats.ALPHA if args.alpha is None else args.alpha,
+        min_effect=min_effect,
+        margin=max(MARGIN, min_effect) if args.margin is None else args.margin,
+    )
+    return BisectConfig(args.good, args.bad, args.max_pairs, measuring)
+
+
+def main(args: argparse.Namespace) -> int:
+    from gembench.harness.continuous.bisect import bisect
+
+    config = bisect_config(args)
+    quiet = config.measuring.quiet
+    say = (lambda msg: None) if quiet else (lambda msg: print(f"bisect: {msg}", file=sys.stderr, flush=True))
+    return bisect(config, say)

@@ -32,21 +32,23 @@ examples:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
 from pathlib import Path
 
 from gembench.errors import UsageError
-
-# The sequential design's cap and budget, from its simulated rates (benchmarks/harness_quality.py
-# --sequential; docs/continuous.md): enough for a noisy host's 2% pair spread at a minute a batch.
-MAX_PAIRS = 48
-DEFAULT_BUDGET = 1200.0  # s
-DEFAULT_STEPS = 480
-TURN_STEPS = 5  # steps per turn unless --bursts says otherwise: the noise is faster than a turn
-MIN_EFFECT = 0.01  # a 2% slowdown must be caught: the regression threshold sits below it
-MARGIN = 0.02  # "unchanged" needs the interval inside +-2%: precise enough for 1%, not for 0.2%
+from gembench.harness.continuous.config import (
+    DEFAULT_BUDGET,
+    DEFAULT_STEPS,
+    MARGIN,
+    MAX_PAIRS,
+    MIN_EFFECT,
+    TURN_STEPS,
+    ContinuousConfig,
+    Measuring,
+)
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -250,32 +252,39 @@ def add_measuring_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
 
-def check_continuous_args(args: argparse.Namespace) -> None:
-    """continuous's own flags (the revisions, --python, the design), then the measuring flags."""
+def continuous_config(args: argparse.Namespace) -> ContinuousConfig:
+    """continuous's own flags (the revisions, --python, the design), then the measuring flags: checked."""
     from gembench.harness.continuous.environments import probe_both
 
     if args.base is None and not args.python:
         raise UsageError("give BASE and HEAD revisions (or two --python to run one revision under two environments)")
-    args.base = args.base or "HEAD"
-    args.head = args.head or args.base
-    args.looking = args.pairs is None and args.benchmark == "run"  # the sequential design
-    if args.pairs is None:
-        args.pairs = 1 if args.benchmark == "instructions" else args.max_pairs  # exact counts: one decides
-    if args.looking and (args.max_pairs < 2 or args.budget <= 0):
+    base = args.base or "HEAD"
+    looking = args.pairs is None and args.benchmark == "run"  # the sequential design
+    pairs = args.pairs
+    if pairs is None:
+        pairs = 1 if args.benchmark == "instructions" else args.max_pairs  # exact counts: one decides
+    if looking and (args.max_pairs < 2 or args.budget <= 0):
         raise UsageError(f"--max-pairs must be >= 2 and --budget > 0, got {args.max_pairs} and {args.budget:g}")
     if args.loss_tolerance is not None and not 0 <= args.loss_tolerance < 1:
         raise UsageError(f"--loss-tolerance is a relative difference (1e-3 = 0.1%), got {args.loss_tolerance}")
-    check_args(args)
-    args.environments = probe_both(args.python)  # before any worktree: a bad --python costs nothing
+    measuring = measuring_config(args, pairs)
+    environments = probe_both(args.python)  # before any worktree: a bad --python costs nothing
+    if environments:
+        pythons = (environments["BASE"].python, environments["HEAD"].python)
+        measuring = dataclasses.replace(measuring, pythons=pythons)
+    return ContinuousConfig(
+        base, args.head or base, measuring, looking, args.budget, args.numerics, args.loss_tolerance, environments
+    )
 
 
-def check_args(args: argparse.Namespace) -> None:
-    """The measuring flags, which `gembench bisect` shares."""
+def measuring_config(args: argparse.Namespace, pairs: int) -> Measuring:
+    """The measuring flags, which `gembench bisect` shares, checked for runs of ``pairs`` pairs,
+    with the defaults that follow from other flags resolved."""
     from gembench.harness.commands.compare import check_decision_args
     from gembench.harness.regression.directions import METRICS
 
-    if args.pairs < (1 if args.benchmark == "instructions" else 2):
-        raise UsageError(f"--pairs must be at least 2 for an interval, got {args.pairs}")
+    if pairs < (1 if args.benchmark == "instructions" else 2):
+        raise UsageError(f"--pairs must be at least 2 for an interval, got {pairs}")
     if args.benchmark == "instructions":
         from gembench.harness.device.tools import valgrind_version
 
@@ -301,213 +310,243 @@ def check_args(args: argparse.Namespace) -> None:
             raise UsageError(
                 f"--metric {m!r} is not a timing metric; known: {', '.join(timing)} (counters are always compared)"
             )
-    if args.bursts is None:
-        args.bursts = -(-args.steps // TURN_STEPS)
-    if args.bursts < 1 or args.bursts > args.steps:
-        raise UsageError(f"--bursts must be between 1 and --steps ({args.steps}), got {args.bursts}")
-    args.burst_steps = -(-args.steps // args.bursts)  # the worker's turn; the last one may be shorter
-    args.bursts = -(-args.steps // args.burst_steps)  # turns the worker will take, so both sides agree
-    if args.benchmark == "instructions" or args.nproc is not None:
-        args.sequential = True  # nothing to interleave: exact counts; torchrun ranks are not paced
+    bursts = -(-args.steps // TURN_STEPS) if args.bursts is None else args.bursts
+    if bursts < 1 or bursts > args.steps:
+        raise UsageError(f"--bursts must be between 1 and --steps ({args.steps}), got {bursts}")
+    burst_steps = -(-args.steps // bursts)  # the worker's turn; the last one may be shorter
+    bursts = -(-args.steps // burst_steps)  # turns the worker will take, so both sides agree
+    # nothing to interleave: exact counts; torchrun ranks are not paced
+    sequential = args.sequential or args.benchmark == "instructions" or args.nproc is not None
     if args.parallel is not None and args.parallel < 1:
         raise UsageError(f"--parallel must be >= 1, got {args.parallel}")
-    if args.sequential:
-        args.parallel = 1  # one fresh process after another: nothing to run beside it
-    elif args.parallel is None:
+    parallel = args.parallel
+    if sequential:
+        parallel = 1  # one fresh process after another: nothing to run beside it
+    elif parallel is None:
         from gembench.harness.continuous.pairs import default_parallel
 
-        args.parallel = default_parallel(args.device)
-    args.parallel = min(args.parallel, args.pairs)
+        parallel = default_parallel(args.device)
     if args.json_out is not None and not args.json_out.parent.is_dir():
         raise UsageError(f"--json-out {args.json_out}: no folder {args.json_out.parent}; make it first")
     if args.keep_results is not None:
         args.keep_results.mkdir(parents=True, exist_ok=True)
+    same = {f.name: getattr(args, f.name) for f in dataclasses.fields(Measuring) if hasattr(args, f.name)}
+    return Measuring(
+        **same
+        | {
+            "pairs": pairs,
+            "parallel": min(parallel, pairs),
+            "sequential": sequential,
+            "bursts": bursts,
+            "burst_steps": burst_steps,
+            "kernels": tuple(args.kernel or ()),
+            "config": (args.config or "tiny") if args.model is None else args.config,
+            "model_args": tuple(args.model_args or ()),
+            "metrics": tuple(args.metric or ["step_time_s"]),
+        }
+    )
 
 
-def _plan(args: argparse.Namespace, first: dict) -> dict:
-    """How the pairs are judged, from the thresholds for the first result's config and hardware:
-    alpha, the metrics, and judge_rounds' arguments after alpha."""
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """How the pairs are judged, from the thresholds for the first result's config and hardware."""
+
+    alpha: float
+    min_effect: float
+    margin: float
+    limits: object  # thresholds.load's, None without a thresholds file
+
+    def judge(self, m: Measuring, rounds: list, alpha: float) -> list:
+        from gembench.harness.regression import paired
+
+        return paired.judge_rounds(
+            rounds, list(m.metrics), alpha, self.min_effect, self.limits, m.statistic, self.margin
+        )
+
+
+def _plan(m: Measuring, first: dict) -> Plan:
     from gembench.harness.regression import stats, thresholds
     from gembench.harness.store.results import field
 
     limits = None
-    if Path(args.thresholds).exists():
+    if Path(m.thresholds).exists():
         limits = thresholds.load(
-            args.thresholds, str(field(first, "config.name")), str(field(first, "env.hardware_class"))
+            m.thresholds, str(field(first, "config.name")), str(field(first, "env.hardware_class"))
         )
-    elif args.thresholds != "results/thresholds.toml":
-        raise UsageError(f"no thresholds file {args.thresholds}")
-    alpha = args.alpha if args.alpha is not None else ((limits and limits.alpha) or stats.ALPHA)
-    min_effect = MIN_EFFECT if args.min_effect is None else args.min_effect
-    margin = max(MARGIN, min_effect) if args.margin is None else args.margin
-    return {
-        "alpha": alpha,
-        "metrics": args.metric or ["step_time_s"],
-        "judging": (min_effect, limits, args.statistic, margin),
-    }
+    elif m.thresholds != "results/thresholds.toml":
+        raise UsageError(f"no thresholds file {m.thresholds}")
+    alpha = m.alpha if m.alpha is not None else ((limits and limits.alpha) or stats.ALPHA)
+    min_effect = MIN_EFFECT if m.min_effect is None else m.min_effect
+    margin = max(MARGIN, min_effect) if m.margin is None else m.margin
+    return Plan(alpha, min_effect, margin, limits)
 
 
-def _design(args: argparse.Namespace, looks) -> dict:
-    if looks is None:
-        return {"kind": "fixed", "pairs": args.pairs}
-    return {
-        "kind": "sequential",
-        "max_pairs": args.pairs,
-        "budget_s": args.budget,
-        "alpha_total": looks.alpha,
-        "spending": "pocock",
-        "looks": looks.history,
-    }
+def _pairs(cfg: ContinuousConfig, co: dict, say):
+    """The pairs, under the sequential design when cfg.looking: (rounds, whether they took turns,
+    the design or None, the plan)."""
+    from gembench.harness.continuous.pairs import run_pairs
+    from gembench.harness.regression.sequential import SequentialDesign, look_of
+
+    m = cfg.measuring
+    design, plan = None, None
+
+    def enough(rounds, elapsed, per_batch):  # run_pairs asks after each batch
+        nonlocal design, plan
+        if design is None:  # the thresholds file is read once, for the first result's config
+            plan = _plan(m, rounds[0][0])
+            design = SequentialDesign(plan.alpha, m.pairs, cfg.budget)
+        judge = lambda alpha: look_of(plan.judge(m, rounds, alpha))  # noqa: E731
+        return design.after_batch(len(rounds), elapsed, per_batch, judge, say)
+
+    rounds, interleaved = run_pairs(m, co, say, enough if cfg.looking else None)
+    return rounds, interleaved, design, plan or _plan(m, rounds[0][0])
 
 
 def main(args: argparse.Namespace) -> int:
     from gembench.harness.continuous import environments, worktrees
-    from gembench.harness.continuous.pairs import run_pairs
-    from gembench.harness.regression import numerics, opdiff, paired, stats
-    from gembench.harness.regression.sequential import Looks, decided, worth_another_batch
+    from gembench.harness.regression import numerics, opdiff, paired
     from gembench.harness.report.verdicts import render_changes, render_paired
-    from gembench.harness.store.results import differences, field
+    from gembench.harness.store.results import differences
 
-    check_continuous_args(args)
-    if args.model is None:
-        args.config = args.config or "tiny"
-    elif args.model_args is None:
-        args.model_args = []
-    repo = worktrees.repo_root(args.repo, "--repo" if args.repo != "." else None)
+    cfg = continuous_config(args)
+    m = cfg.measuring
+    repo = worktrees.repo_root(m.repo, "--repo" if m.repo != "." else None)
     started = time.perf_counter()
-    say = (lambda msg: None) if args.quiet else (lambda msg: print(f"continuous: {msg}", file=sys.stderr, flush=True))
-    with worktrees.temporary_checkouts(repo, {"BASE": args.base, "HEAD": args.head}) as co:
-        interleaved = not args.sequential
-        what = (
-            "benchmarks/instructions.py"
-            if args.benchmark == "instructions"
-            else f"gembench run {'--model ' + args.model if args.model else '--config ' + args.config} "
-            f"--steps {args.steps} --stack {args.stack}"
-        )
-        how = (
-            f"both processes started at once, then taking turns of {args.burst_steps} step(s), {args.bursts} each"
-            + (f"; {args.parallel} pairs at once, each on a CPU of its own" if args.parallel > 1 else "")
-            if interleaved
-            else "one process each, one after the other"
-        )
-        say(
-            f"BASE {args.base} = {co['BASE'].sha[:10]}, HEAD {args.head} = {co['HEAD'].sha[:10]}: {args.pairs} pairs "
-            f"of processes (ABBA) running `{what}`, {how}"
-        )
-        if args.setup:
+    say = (lambda msg: None) if m.quiet else (lambda msg: print(f"continuous: {msg}", file=sys.stderr, flush=True))
+    with worktrees.temporary_checkouts(repo, {"BASE": cfg.base, "HEAD": cfg.head}) as co:
+        say(_starting(cfg, co))
+        if m.setup:
             from gembench.harness.continuous.setup import run_setup
 
             for c in co.values():
-                run_setup(args.setup, c, args.timeout, say)
-        looks, plan = None, None
+                run_setup(m.setup, c, m.timeout, say)
+        rounds, interleaved, design, plan = _pairs(cfg, co, say)
+    environments.check_results(cfg.environments, rounds)
 
-        def enough(rounds, elapsed, per_batch):  # the sequential design's look after a batch
-            nonlocal looks, plan
-            plan = plan or _plan(args, rounds[0][0])  # the thresholds file is read once
-            looks = looks or Looks(plan["alpha"], args.pairs)
-            if not looks.due(len(rounds)):
-                return False
-            alpha = looks.alpha_at(len(rounds))
-            found = paired.judge_rounds(rounds, plan["metrics"], alpha, *plan["judging"])
-            timing = {j.metric: j.verdict for j in found if j.method == "paired"}
-            ratio = next((j.extra.get("ratio") for j in found if j.method == "paired"), None)
-            looks.record(len(rounds), alpha, timing, ratio, elapsed)
-            say(
-                f"look at {len(rounds)} pairs (alpha {alpha:.2g} of {plan['alpha']:g}): "
-                + ", ".join(f"{m} {v}" for m, v in timing.items())
-                + (f", HEAD/BASE {ratio:.4f}" if ratio else "")
-            )
-            stop = decided(timing, any(j.verdict == stats.REGRESSED for j in found if j.method != "paired"))
-            if not stop and not worth_another_batch(elapsed, per_batch, args.budget):
-                say(f"the next batch would overrun --budget {args.budget:g} s: the verdict is this look's")
-                stop = True
-            return stop
-
-        rounds, interleaved = run_pairs(args, co, say, enough if args.looking else None)
-    environments.check_results(args.environments, rounds)
-
-    first = rounds[0][0]
-    config, hw = field(first, "config.name"), field(first, "env.hardware_class")
-    plan = plan or _plan(args, first)
-    alpha, (min_effect, _, _, margin) = plan["alpha"], plan["judging"]
-    metrics = plan["metrics"]
-    if looks is not None and looks.history:  # the verdict is the last look's, at its alpha
-        alpha = looks.history[-1]["alpha"]
-    judgements = paired.judge_rounds(rounds, metrics, alpha, *plan["judging"])
-    losses, ops = numerics.judge(rounds, args.loss_tolerance), opdiff.section(rounds)
-    code = numerics.exit_status(paired.exit_status(judgements), losses, args.numerics == "fail")
+    # the verdict is the last look's, at its alpha
+    alpha = design.last["alpha"] if design is not None and design.last else plan.alpha
+    judgements = plan.judge(m, rounds, alpha)
+    losses, ops = numerics.judge(rounds, cfg.loss_tolerance), opdiff.section(rounds)
+    code = numerics.exit_status(paired.exit_status(judgements), losses, cfg.numerics == "fail")
     minutes = (time.perf_counter() - started) / 60
     notes = differences(rounds[0][0], rounds[0][1], ("config.hash", "run.global_batch", "run.dtype"))
-    verdict = {
-        0: "continuous: pass",
-        1: "continuous: REGRESSION",
-        numerics.NUMERICS_EXIT: "continuous: NUMERICS CHANGED",
-        4: "continuous: INCONCLUSIVE (too noisy: a larger --budget or --max-pairs, or a quieter machine)"
-        if args.looking
-        else "continuous: INCONCLUSIVE (too noisy: more --pairs)",
-    }[code]
-    document = {
+    document = _document(cfg, co, rounds, interleaved, design, plan, alpha, judgements, losses, ops, code)
+    document.update(notes=notes, minutes=minutes)
+    if m.json_out is not None:  # CI: the table for the job summary, the JSON kept as an artifact
+        m.json_out.write_text(json.dumps(document, indent=1) + "\n")
+    if m.format == "json":
+        print(json.dumps(document, indent=1))
+        return code
+    print(render_paired(judgements, _header(cfg, document, design, plan, judgements), m.format))
+    print(render_changes(losses, ops, m.format))
+    print(_verdict(cfg, code))
+    return code
+
+
+def _starting(cfg: ContinuousConfig, co: dict) -> str:
+    m = cfg.measuring
+    what = (
+        "benchmarks/instructions.py"
+        if m.benchmark == "instructions"
+        else f"gembench run {'--model ' + m.model if m.model else '--config ' + m.config} "
+        f"--steps {m.steps} --stack {m.stack}"
+    )
+    how = (
+        f"both processes started at once, then taking turns of {m.burst_steps} step(s), {m.bursts} each"
+        + (f"; {m.parallel} pairs at once, each on a CPU of its own" if m.parallel > 1 else "")
+        if not m.sequential
+        else "one process each, one after the other"
+    )
+    return (
+        f"BASE {cfg.base} = {co['BASE'].sha[:10]}, HEAD {cfg.head} = {co['HEAD'].sha[:10]}: {m.pairs} pairs "
+        f"of processes (ABBA) running `{what}`, {how}"
+    )
+
+
+def _document(cfg, co, rounds, interleaved, design, plan, alpha, judgements, losses, ops, code) -> dict:
+    """The JSON result; its notes and minutes, the caller's, are held None in their places."""
+    from gembench.harness.continuous import environments
+    from gembench.harness.regression import paired
+    from gembench.harness.store.results import field
+
+    m = cfg.measuring
+    first = rounds[0][0]
+    return {
         "schema": "gembench.continuous/1",
-        "base": {"revision": args.base, "sha": co["BASE"].sha},
-        "head": {"revision": args.head, "sha": co["HEAD"].sha},
-        "config": config,
-        "hardware_class": hw,
-        "stack": args.stack,
-        "steps": args.steps,
-        "warmup": args.warmup,
-        "seed": args.seed,
+        "base": {"revision": cfg.base, "sha": co["BASE"].sha},
+        "head": {"revision": cfg.head, "sha": co["HEAD"].sha},
+        "config": field(first, "config.name"),
+        "hardware_class": field(first, "env.hardware_class"),
+        "stack": m.stack,
+        "steps": m.steps,
+        "warmup": m.warmup,
+        "seed": m.seed,
         "pairs": len(rounds),
         "rounds": len(rounds),
-        "design": _design(args, looks),
+        "design": design.document() if design is not None else {"kind": "fixed", "pairs": m.pairs},
         "order": "ABBA",
-        "statistic": args.statistic,
+        "statistic": m.statistic,
         "interleaved": bool(interleaved),
-        "bursts": args.bursts if interleaved else None,
-        "parallel": args.parallel if interleaved else 1,
-        "threads": args.threads,
+        "bursts": m.bursts if interleaved else None,
+        "parallel": m.parallel if interleaved else 1,
+        "threads": m.threads,
         "alpha": alpha,
-        "min_effect": min_effect,
-        "margin": margin,
-        "notes": notes,
-        "minutes": minutes,
+        "min_effect": plan.min_effect,
+        "margin": plan.margin,
+        "notes": None,
+        "minutes": None,
         "rows": paired.rows(judgements),
         "numerics": losses,
         "op_changes": ops,
         "exit_status": code,
-    } | (environments.document(args.environments) if args.environments else {})
-    if args.json_out is not None:  # CI: the table for the job summary, the JSON kept as an artifact
-        args.json_out.write_text(json.dumps(document, indent=1) + "\n")
-    if args.format == "json":
-        print(json.dumps(document, indent=1))
-        return code
+    } | (environments.document(cfg.environments) if cfg.environments else {})
+
+
+def _header(cfg: ContinuousConfig, doc: dict, design, plan: Plan, judgements) -> list[str]:
+    from gembench.harness.continuous import environments
+
+    m = cfg.measuring
+    interleaved, alpha, minutes, pairs = doc["interleaved"], doc["alpha"], doc["minutes"], doc["pairs"]
+    hw = doc["hardware_class"]
     header = [
-        f"BASE {args.base} = {co['BASE'].sha[:10]}   HEAD {args.head} = {co['HEAD'].sha[:10]}",
-        f"{config} on {hw}, stack {args.stack}, seed {args.seed}: {len(rounds)} process pairs ABBA "
-        f"x {args.steps} steps "
-        f"(+{args.warmup} warm-up) per process, "
-        f"{f'taking turns, {args.bursts} turns each' if interleaved else 'one process after the other'}"
-        f"{f', {args.parallel} pairs at once on CPUs of their own' if interleaved and args.parallel > 1 else ''}, "
-        f"{args.threads} thread(s); one value per process = its {args.statistic} step; {minutes:.1f} min",
+        f"BASE {cfg.base} = {doc['base']['sha'][:10]}   HEAD {cfg.head} = {doc['head']['sha'][:10]}",
+        f"{doc['config']} on {hw}, stack {m.stack}, seed {m.seed}: {pairs} process pairs ABBA "
+        f"x {m.steps} steps "
+        f"(+{m.warmup} warm-up) per process, "
+        f"{f'taking turns, {m.bursts} turns each' if interleaved else 'one process after the other'}"
+        f"{f', {m.parallel} pairs at once on CPUs of their own' if interleaved and m.parallel > 1 else ''}, "
+        f"{m.threads} thread(s); one value per process = its {m.statistic} step; {minutes:.1f} min",
         f"paired one-sided t-tests on log(HEAD/BASE) per pair at alpha={alpha:g} (Holm across "
-        f"{sum(j.method == 'paired' for j in judgements)}), regression >= {100 * min_effect:g}%, unchanged within "
-        f"+-{100 * margin:g}%; counters exact",
+        f"{sum(j.method == 'paired' for j in judgements)}), regression >= {100 * plan.min_effect:g}%, unchanged "
+        f"within +-{100 * plan.margin:g}%; counters exact",
     ]
-    if looks is not None and looks.history:
+    if design is not None and design.last:
+        history = design.looks.history
         header.append(
-            f"sequential: {len(looks.history)} look(s) at "
-            + ", ".join(str(h["pairs"]) for h in looks.history)
-            + f" pairs (at most {args.pairs}, --budget {args.budget:g} s), alpha {plan['alpha']:g} spent over them "
+            f"sequential: {len(history)} look(s) at "
+            + ", ".join(str(h["pairs"]) for h in history)
+            + f" pairs (at most {m.pairs}, --budget {cfg.budget:g} s), alpha {plan.alpha:g} spent over them "
             f"(Pocock-type); the verdict is the last look's, at alpha {alpha:.2g}"
         )
-    header += [f"note: BASE and HEAD differ in {d}" for d in notes]
-    if args.benchmark == "instructions":
+    header += [f"note: BASE and HEAD differ in {d}" for d in doc["notes"]]
+    if m.benchmark == "instructions":
         header[1] = (
             f"kernel instruction counts (benchmarks/instructions.py, callgrind) on {hw}: "
-            f"{args.pairs} pair(s), {minutes:.1f} min"
+            f"{m.pairs} pair(s), {minutes:.1f} min"
         )
-    if args.environments:
-        header[1:1] = environments.header_lines(args.environments)
-    print(render_paired(judgements, header, args.format))
-    print(render_changes(losses, ops, args.format))
-    print(verdict)
-    return code
+    if cfg.environments:
+        header[1:1] = environments.header_lines(cfg.environments)
+    return header
+
+
+def _verdict(cfg: ContinuousConfig, code: int) -> str:
+    from gembench.harness.regression.numerics import NUMERICS_EXIT
+
+    return {
+        0: "continuous: pass",
+        1: "continuous: REGRESSION",
+        NUMERICS_EXIT: "continuous: NUMERICS CHANGED",
+        4: "continuous: INCONCLUSIVE (too noisy: a larger --budget or --max-pairs, or a quieter machine)"
+        if cfg.looking
+        else "continuous: INCONCLUSIVE (too noisy: more --pairs)",
+    }[code]

@@ -25,11 +25,37 @@ hbm_gib, hbm_GBps, [intra], [inter]; optional [collectives.*], [in_run.*], links
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import sys
 import uuid
 
 from gembench.errors import UsageError
+
+
+@dataclasses.dataclass(frozen=True)
+class ProjectConfig:
+    """What `gembench project` is asked to do, checked: a projection, --calibrate or --check."""
+
+    config: str | None = None
+    model: str | None = None
+    model_args: tuple[str, ...] = ()
+    worlds: tuple[int, ...] = ()  # --gpus (a projection's)
+    batch: int | None = None  # --batch N: every world's global batch
+    per_world: dict[int, int] = dataclasses.field(default_factory=dict)  # --batch W=N,...
+    cluster: str = "h100"
+    from_result: str | None = None
+    sharding: str | None = None
+    schedule: str = "pipelined"
+    switches: tuple[str, ...] = ()
+    search: str = "fast"
+    no_cache: bool = False
+    out: str | None = None
+    calibrate: bool = False
+    nproc: int = 2
+    trace: str | None = None
+    check: str | None = None
+    quiet: bool = False
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -135,36 +161,64 @@ def _batches(spec: str | None, worlds: list[int]) -> tuple[int | None, dict[int,
     return None, per
 
 
+def project_config(args: argparse.Namespace) -> ProjectConfig:
+    """The flags, checked as far as they can be without the model: --check's companions, or a
+    projection's world sizes, batches and sharding type (--calibrate checks its own)."""
+    worlds, batch, per_world = (), None, {}
+    if args.check and not args.calibrate:
+        if not args.from_result:
+            raise UsageError(
+                "--check needs --from ONE_RANK.json: a 1-rank result of the same model and stack "
+                "(gembench run --nproc 1 ...)"
+            )
+        if not args.cluster.endswith(".toml"):
+            raise UsageError("--check needs --cluster FILE.toml measured on this host (gembench project --calibrate)")
+    elif not args.calibrate:
+        if args.sharding:
+            from gembench.harness.train.distributed.plan import SHARDING_TYPES
+
+            if args.sharding not in SHARDING_TYPES:
+                raise UsageError(f"--sharding must be one of {', '.join(SHARDING_TYPES)}, got {args.sharding!r}")
+        worlds = _worlds(args.gpus)
+        batch, per_world = _batches(args.batch, worlds)
+    same = {f.name: getattr(args, f.name) for f in dataclasses.fields(ProjectConfig) if hasattr(args, f.name)}
+    return ProjectConfig(
+        **same
+        | {
+            "model_args": tuple(args.model_args or ()),
+            "worlds": tuple(worlds),
+            "batch": batch,
+            "per_world": per_world,
+            "switches": tuple(args.switches),
+        }
+    )
+
+
 def main(args: argparse.Namespace) -> int:
-    if args.calibrate:
+    config = project_config(args)
+    if config.calibrate:
         from gembench.harness.projection.calibrate import calibrate_command
 
-        return calibrate_command(args)
-    if args.check:
+        return calibrate_command(config)
+    if config.check:
         from gembench.harness.projection.check import check_command
 
-        return check_command(args)
-    return project_command(args)
+        return check_command(config.check, config.from_result, config.cluster)
+    return project_command(config)
 
 
-def project_command(args) -> int:
+def project_command(request: ProjectConfig) -> int:
     from gembench.harness.projection.cluster import load_cluster
     from gembench.harness.projection.report import print_projection, projection_document
     from gembench.harness.projection.sweep import sweep
     from gembench.harness.store.results import check_writable, load_result, write_result
     from gembench.harness.train.stack import stack_options
 
-    cluster = load_cluster(args.cluster)
-    stack = stack_options("optimized", None, tuple(args.switches))
-    if args.sharding:
-        from gembench.harness.train.distributed.plan import SHARDING_TYPES
-
-        if args.sharding not in SHARDING_TYPES:
-            raise UsageError(f"--sharding must be one of {', '.join(SHARDING_TYPES)}, got {args.sharding!r}")
-    worlds = _worlds(args.gpus)
-    batch, per_world = _batches(args.batch, worlds)
-    result = load_result(args.from_result) if args.from_result else None
-    m = _subject(args, result).at_batch(batch)
+    cluster = load_cluster(request.cluster)
+    stack = stack_options("optimized", None, request.switches)
+    worlds, batch, per_world = list(request.worlds), request.batch, request.per_world
+    result = load_result(request.from_result) if request.from_result else None
+    m = _subject(request, result).at_batch(batch)
     from gembench.harness.train.model import applied_switches
 
     applied_switches(m.workload.for_stack(stack), stack)  # as `run` takes them: one it cannot take refused
@@ -178,13 +232,13 @@ def project_command(args) -> int:
         device = result["run"].get("device", "cpu")
         if device == "cpu" and cluster.source == "preset":
             print(
-                f"gembench project: warning: --from {args.from_result} was measured on a CPU; its compute "
+                f"gembench project: warning: --from {request.from_result} was measured on a CPU; its compute "
                 f"prices {cluster.name} GPUs as that CPU (a result measured on the cluster's GPU belongs here)",
                 file=sys.stderr,
             )
-    if args.out:
-        check_writable(args.out)
-    progress = (lambda msg: print(msg, file=sys.stderr, flush=True)) if not args.quiet else (lambda msg: None)
+    if request.out:
+        check_writable(request.out)
+    progress = (lambda msg: print(msg, file=sys.stderr, flush=True)) if not request.quiet else (lambda msg: None)
     from gembench.harness.projection.cost import datasheet_compute, measured_compute
 
     compute = measured_compute(result) if result else datasheet_compute(m, cluster)
@@ -193,54 +247,54 @@ def project_command(args) -> int:
         worlds,
         cluster,
         compute,
-        args.sharding,
-        args.schedule,
-        not args.no_cache,
+        request.sharding,
+        request.schedule,
+        not request.no_cache,
         progress,
         stack,
         per_world,
-        args.search,
+        request.search,
     )
     doc = projection_document(
         m,
         cluster,
         rows,
-        args.schedule,
+        request.schedule,
         compute,
         stack,
         id=uuid.uuid4().hex[:12],
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(),
     )
     print_projection(doc)
-    if args.out:
+    if request.out:
         from gembench.harness.store.schema import validate
 
-        validate(doc, args.out)
-        write_result(args.out, doc)
-        print(f"projection: {args.out}")
+        validate(doc, request.out)
+        write_result(request.out, doc)
+        print(f"projection: {request.out}")
     return 0
 
 
-def _subject(args, result: dict | None):
+def _subject(request: ProjectConfig, result: dict | None):
     """What is projected: --model's workload, --config's config, else the model --from measured
     (else small); with --from, refused in one line when it measured another model."""
     from gembench.harness.projection.subject import Subject, subject_of_result, workload_as_measured
 
-    if args.model is not None:
+    if request.model is not None:
         from gembench.workload import load_workload
 
-        workload = load_workload(args.model, args.model_args)
+        workload = load_workload(request.model, request.model_args)
         if result is not None:
-            return workload_as_measured(workload, result, args.from_result)
+            return workload_as_measured(workload, result, request.from_result)
         return Subject.of(workload)
-    if args.config is None and result is not None:
-        return subject_of_result(result, args.from_result)
+    if request.config is None and result is not None:
+        return subject_of_result(result, request.from_result)
     from gembench.harness.train.model import workload_of
 
-    m = Subject.of(workload_of(args.config or "small"))
+    m = Subject.of(workload_of(request.config or "small"))
     if result is not None and result["config"]["name"] != m.name:
         raise UsageError(
-            f"--from {args.from_result} measured {result['config']['name']!r}, "
+            f"--from {request.from_result} measured {result['config']['name']!r}, "
             f"not {m.name!r}: project the model it measured (leave out --config)"
         )
     return m

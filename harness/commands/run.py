@@ -28,8 +28,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gembench.harness.store.results import RUNS_DIR as DEFAULT_OUT_DIR  # one name for the runs folder
+
+if TYPE_CHECKING:
+    from gembench.harness.train.runconfig import RunConfig
 
 
 def add_model_flags(p: argparse.ArgumentParser, config_help: str = "") -> None:
@@ -237,12 +241,26 @@ def under_nsys(args) -> int:
     return subprocess.call(cmd, env={**os.environ, ENV: "1"})
 
 
+def run_config_from(args: argparse.Namespace, **overrides) -> RunConfig:
+    """A RunConfig from parsed arguments: `gembench run`'s, or another command's (ablate, submit),
+    whose flags of the same name mean the same; ``overrides`` set the rest. Not yet checked."""
+    from dataclasses import fields
+
+    from gembench.harness.train.runconfig import DEFAULT_CONFIG, RunConfig
+
+    values = {f.name: getattr(args, f.name) for f in fields(RunConfig) if hasattr(args, f.name)}
+    values.update(overrides)
+    values["switches"] = tuple(values.get("switches") or ())
+    values["model_args"] = tuple(values.get("model_args") or ())
+    if values.get("config") is None:  # the parser leaves --config unset: the default, unless --model
+        values["config"] = None if values.get("model") else DEFAULT_CONFIG
+    return RunConfig(**values)
+
+
 def main(args: argparse.Namespace) -> int:
     import os
 
-    from gembench.harness.train.runconfig import RunConfig
-
-    run = RunConfig.from_namespace(args)
+    run = run_config_from(args)
     distributed = run.nproc is not None or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
     run.check(distributed)  # fail before minutes of work, not after: every path it will write too
     if run.nsys is not None:

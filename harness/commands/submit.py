@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime as dt
+import datetime
 import os
 import shutil
 import sys
@@ -69,8 +69,8 @@ class _RunParser(argparse.ArgumentParser):
 def run_config(argv: list[str], world: int, nnodes: int):
     """The RunConfig of the `run ARGS` to submit, checked as `gembench run` and its ranks would."""
     from gembench.harness.commands.run import configure as configure_run
+    from gembench.harness.commands.run import run_config_from
     from gembench.harness.train.distributed.launch import check_job
-    from gembench.harness.train.runconfig import RunConfig
 
     if not argv or argv[0] != "run":
         got = f"got {' '.join(argv[:3])!r}" if argv else "got none"
@@ -81,7 +81,7 @@ def run_config(argv: list[str], world: int, nnodes: int):
     if ns.nproc is not None:
         raise UsageError("run arguments: drop --nproc; the ranks are --nodes x --ranks-per-node (or --gpus-per-node)")
     try:
-        run = RunConfig.from_namespace(ns).check(distributed=True)
+        run = run_config_from(ns).check(distributed=True)
     except UsageError as err:
         raise UsageError(f"run arguments: {err}") from None
     run = dataclasses.replace(run, nproc=world)
@@ -192,7 +192,7 @@ def main(args: argparse.Namespace) -> int:
     if shutil.which("sbatch") is None:
         raise UsageError("sbatch is not on PATH: submit from a Slurm login node, or print the script with --dry-run")
     check_partition(job)
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
     path = atomic_write(Path(job.log).parent / f"{job.name}-{stamp}.sbatch", script)
     job_id = slurm.submit(path)
     path = path.rename(path.with_name(f"{job.name}-{job_id}.sbatch"))

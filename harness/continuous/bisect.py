@@ -27,8 +27,7 @@ SIGTERM included.
 
 from __future__ import annotations
 
-import argparse
-import copy
+import dataclasses
 import json
 import math
 import re
@@ -37,6 +36,7 @@ import sys
 from pathlib import Path
 
 from gembench.errors import UsageError
+from gembench.harness.continuous.config import BisectConfig, Measuring
 
 GOOD, BAD, SKIP, UNDECIDED = "good", "bad", "skip", "undecided"
 STEP_EXIT = {GOOD: 0, BAD: 1, SKIP: 125, UNDECIDED: 128}  # git bisect run: 125 skips, >= 128 aborts
@@ -44,32 +44,31 @@ METRIC = "step_time_s"
 PROGRESS = "bisect: "  # the predicate's lines among git's: forwarded to the user
 
 
-def timing(rounds: list, args: argparse.Namespace):
+def timing(rounds: list, m: Measuring):
     """The paired judgement of step_time_s over ``rounds`` (None where a pair lacks it)."""
     from gembench.harness.regression import paired
 
-    judged = paired.judge_rounds(rounds, [METRIC], args.alpha, args.min_effect, None, args.statistic, args.margin)
+    judged = paired.judge_rounds(rounds, [METRIC], m.alpha, m.min_effect, None, m.statistic, m.margin)
     return next((j for j in judged if j.metric == METRIC), None)
 
 
-def measure(args: argparse.Namespace, co: dict, say, decided) -> tuple[list, object]:
+def measure(config: BisectConfig, co: dict, say, decided) -> tuple[list, object]:
     """Pairs of ``co``'s BASE and HEAD: --pairs first, then a batch more at a time until
     ``decided(judgement)`` or --max-pairs. (rounds, the step_time_s judgement)."""
     from gembench.harness.continuous.pairs import run_pairs
 
-    look = copy.copy(args)
-    look.pairs = args.max_pairs
+    m = config.measuring
     last: dict = {}
 
     def enough(rounds, elapsed, per_batch):  # run_pairs asks after every batch
-        if len(rounds) < args.pairs:
+        if len(rounds) < m.pairs:
             return False
-        last["j"] = timing(rounds, args)
+        last["j"] = timing(rounds, m)
         if last["j"] is None:
             raise UsageError(f"the results carry no {METRIC}: nothing to bisect on")
         return decided(last["j"])
 
-    rounds, _ = run_pairs(look, co, say, enough)
+    rounds, _ = run_pairs(dataclasses.replace(m, pairs=config.max_pairs), co, say, enough)
     return rounds, last["j"]
 
 
@@ -119,7 +118,8 @@ def predicate(state_file: Path) -> int:
     os.environ.clear()
     os.environ.update(kept)
     state = json.loads(state_file.read_text())
-    args = argparse.Namespace(**state["args"])
+    config = BisectConfig.from_json(state["config"])
+    m = config.measuring
     log = Path(state["log"])
     worktree = Path(state["worktree"])
     sha = worktrees.git(worktree, "rev-parse", "HEAD")
@@ -127,26 +127,27 @@ def predicate(state_file: Path) -> int:
     n = 1 + (len(log.read_text().splitlines()) if log.exists() else 0)
     candidate = worktrees.Checkout("HEAD", "candidate", sha, worktree, Path(state["pythonpath"]))
     co = {"BASE": _checkout(state["good"]), "HEAD": candidate}
-    say = (lambda msg: None) if args.quiet else (lambda msg: print(f"{PROGRESS}{msg}", file=sys.stderr, flush=True))
-    if args.keep_results:
-        args.keep_results = Path(args.keep_results) / f"step{n:02d}-{sha[:10]}"
-        args.keep_results.mkdir(parents=True, exist_ok=True)
+    say = (lambda msg: None) if m.quiet else (lambda msg: print(f"{PROGRESS}{msg}", file=sys.stderr, flush=True))
+    if m.keep_results:
+        m = dataclasses.replace(m, keep_results=m.keep_results / f"step{n:02d}-{sha[:10]}")
+        m.keep_results.mkdir(parents=True, exist_ok=True)
+        config = dataclasses.replace(config, measuring=m)
     midpoint = state["midpoint"]
     record = {"step": n, "sha": sha, "subject": subject, "midpoint": midpoint}
     try:
         with worktrees.signals_as_interrupt():
-            if args.setup:
-                run_setup(args.setup, candidate, args.timeout, say)
+            if m.setup:
+                run_setup(m.setup, candidate, m.timeout, say)
             rounds, j = measure(
-                args, co, say, lambda j: classify(j.extra["round_ratios"], midpoint, args.alpha)[0] != UNDECIDED
+                config, co, say, lambda j: classify(j.extra["round_ratios"], midpoint, m.alpha)[0] != UNDECIDED
             )
     except UsageError as err:
         record.update(verdict=SKIP, why=str(err))
     except KeyboardInterrupt:
         return 130  # >= 128: git bisect run stops
     else:
-        verdict, lo, hi = classify(j.extra["round_ratios"], midpoint, args.alpha)
-        record.update(verdict=verdict, ratio=j.extra["ratio"], lo=lo, hi=hi, level=100 * (1 - 2 * args.alpha))
+        verdict, lo, hi = classify(j.extra["round_ratios"], midpoint, m.alpha)
+        record.update(verdict=verdict, ratio=j.extra["ratio"], lo=lo, hi=hi, level=100 * (1 - 2 * m.alpha))
         record.update(pairs=len(rounds))
     with log.open("a") as f:
         f.write(json.dumps(record) + "\n")
@@ -202,50 +203,53 @@ def outcome(lines: list[str]) -> tuple[str | None, list[str]]:
     return None, []
 
 
-def bisect(args: argparse.Namespace, say) -> int:
+def bisect(config: BisectConfig, say) -> int:
     """Measure BAD against GOOD, then bisect; prints the steps and the culprit. The exit status."""
     from gembench.harness.continuous import worktrees
     from gembench.harness.continuous.setup import run_setup
     from gembench.harness.regression import stats
 
-    repo = worktrees.repo_root(args.repo, "--repo" if args.repo != "." else None)
-    good_sha = worktrees.resolve(repo, args.good, "GOOD")
-    bad_sha = worktrees.resolve(repo, args.bad, "BAD")
+    m = config.measuring
+    good, bad = config.good, config.bad
+    repo = worktrees.repo_root(m.repo, "--repo" if m.repo != "." else None)
+    good_sha = worktrees.resolve(repo, good, "GOOD")
+    bad_sha = worktrees.resolve(repo, bad, "BAD")
     if good_sha == bad_sha:
-        raise UsageError(f"GOOD {args.good} and BAD {args.bad} are one commit ({good_sha[:10]}): nothing between")
+        raise UsageError(f"GOOD {good} and BAD {bad} are one commit ({good_sha[:10]}): nothing between")
     ancestor = subprocess.run(["git", "-C", str(repo), "merge-base", "--is-ancestor", good_sha, bad_sha])
     if ancestor.returncode != 0:
-        raise UsageError(
-            f"GOOD {args.good} is not an ancestor of BAD {args.bad}: bisect needs GOOD earlier on BAD's history"
-        )
+        raise UsageError(f"GOOD {good} is not an ancestor of BAD {bad}: bisect needs GOOD earlier on BAD's history")
     report: dict = {"schema": "gembench.bisect/1", "good": good_sha, "bad": bad_sha, "steps": []}
-    with worktrees.temporary_checkouts(repo, {"BASE": args.good, "HEAD": args.bad}, "gembench-bisect-") as co:
-        if args.setup:
+    with worktrees.temporary_checkouts(repo, {"BASE": good, "HEAD": bad}, "gembench-bisect-") as co:
+        if m.setup:
             for c in co.values():
-                run_setup(args.setup, c, args.timeout, say)
-        say(f"BAD {args.bad} = {bad_sha[:10]} against GOOD {args.good} = {good_sha[:10]}, {args.pairs} pairs first")
-        rounds, j = measure(args, co, say, lambda j: j.verdict != stats.INCONCLUSIVE)
+                run_setup(m.setup, c, m.timeout, say)
+        say(f"BAD {bad} = {bad_sha[:10]} against GOOD {good} = {good_sha[:10]}, {m.pairs} pairs first")
+        rounds, j = measure(config, co, say, lambda j: j.verdict != stats.INCONCLUSIVE)
         ratio, (lo, hi) = j.extra["ratio"], j.extra["ratio_ci95"]
         report.update(ratio=ratio, ratio_ci95=[lo, hi], pairs=len(rounds), verdict=j.verdict)
         headline = (
-            f"BAD {args.bad} ({bad_sha[:10]}) against GOOD {args.good} ({good_sha[:10]}): BAD/GOOD {ratio:.4f} "
+            f"BAD {bad} ({bad_sha[:10]}) against GOOD {good} ({good_sha[:10]}): BAD/GOOD {ratio:.4f} "
             f"[{lo:.4f}, {hi:.4f}] (95%) over {len(rounds)} pairs: {j.verdict}"
         )
-        if args.format != "json":
+        if m.format != "json":
             print(headline, flush=True)
         if j.verdict == stats.INCONCLUSIVE:
-            return _done(args, report, 4, f"could not tell whether BAD is slower within --max-pairs {args.max_pairs}")
+            return _done(m, report, 4, f"could not tell whether BAD is slower within --max-pairs {config.max_pairs}")
         if j.verdict != stats.REGRESSED:
-            return _done(
-                args, report, 0, f"no regression: BAD is not slower than GOOD ({j.verdict}); nothing to bisect"
-            )
+            return _done(m, report, 0, f"no regression: BAD is not slower than GOOD ({j.verdict}); nothing to bisect")
         root = co["BASE"].path.parent
         state_file, log = root / "bisect-state.json", root / "bisect-steps.jsonl"
         head = co["HEAD"]
-        good = {k: str(v) if isinstance(v, Path) else v for k, v in vars(co["BASE"]).items()}
-        args_dict = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if not callable(v)}
-        state = {"args": args_dict, "good": good, "worktree": str(head.path), "pythonpath": str(head.pythonpath)}
-        state.update(log=str(log), midpoint=math.sqrt(ratio))
+        good_checkout = {k: str(v) if isinstance(v, Path) else v for k, v in vars(co["BASE"]).items()}
+        state = {
+            "config": config.as_json(),
+            "good": good_checkout,
+            "worktree": str(head.path),
+            "pythonpath": str(head.pythonpath),
+            "log": str(log),
+            "midpoint": math.sqrt(ratio),
+        }
         state_file.write_text(json.dumps(state))
         started = worktrees.git(head.path, "bisect", "start", bad_sha, good_sha)
         say(started.splitlines()[0] if started else "bisect started")  # "Bisecting: N revisions left ..."
@@ -259,24 +263,24 @@ def bisect(args: argparse.Namespace, say) -> int:
         if culprit is not None:
             subject = worktrees.git(repo, "log", "-1", "--format=%s", culprit)
             report["culprit"] = {"sha": culprit, "subject": subject}
-            return _done(args, report, 0, f"culprit: {culprit} {subject}")
+            return _done(m, report, 0, f"culprit: {culprit} {subject}")
         if steps and steps[-1]["verdict"] == UNDECIDED:
             s = steps[-1]
             why = (
                 f"could not decide: {s['sha'][:10]} {s['subject']!r} stayed undecided within --max-pairs "
-                f"{args.max_pairs} (its interval [{s['lo']:.4f}, {s['hi']:.4f}] holds the midpoint "
+                f"{config.max_pairs} (its interval [{s['lo']:.4f}, {s['hi']:.4f}] holds the midpoint "
                 f"{s['midpoint']:.4f}); more --max-pairs or a quieter machine"
             )
         elif several:
             why = f"could not decide: the first bad commit is one of {', '.join(c[:10] for c in several)} (skipped)"
         else:
             why = f"could not decide: git bisect run ended without a culprit: {(lines or ['no output'])[-1]}"
-        return _done(args, report, 4, why)
+        return _done(m, report, 4, why)
 
 
-def _done(args: argparse.Namespace, report: dict, code: int, why: str) -> int:
+def _done(m: Measuring, report: dict, code: int, why: str) -> int:
     report.update(exit_status=code, outcome=why)
-    if args.format == "json":
+    if m.format == "json":
         print(json.dumps(report, indent=1))
     else:
         for s in report["steps"]:

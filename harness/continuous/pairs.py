@@ -9,7 +9,6 @@ result is checked to come from its revision's commit.
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import subprocess
@@ -18,32 +17,33 @@ import time
 from pathlib import Path
 
 from gembench.errors import UsageError
+from gembench.harness.continuous.config import Measuring
 
 LABELS = ("BASE", "HEAD")
 
 
-def run_pairs(args: argparse.Namespace, co: dict, say, enough=None) -> tuple[list[tuple[dict, dict]], bool]:
-    """Up to ``args.pairs`` pairs, ``args.parallel`` at a time, progress through ``say``:
+def run_pairs(m: Measuring, co: dict, say, enough=None) -> tuple[list[tuple[dict, dict]], bool]:
+    """Up to ``m.pairs`` pairs, ``m.parallel`` at a time, progress through ``say``:
     ([(BASE result, HEAD result)] per pair, whether they took turns). ``enough(rounds, elapsed,
     per_batch)``, asked after each batch, ends the run early when it says so."""
     from gembench.harness.regression import paired
 
     rounds: list[tuple[dict, dict]] = []
-    interleaved = not args.sequential
+    interleaved = not m.sequential
     results_dir = co["BASE"].path.parent / "results"
     shutil.rmtree(results_dir, ignore_errors=True)  # no earlier comparison's file may pass for a new one's
     results_dir.mkdir()
     durations: list[float] = []  # per pair: its batch's time over the pairs in it
     began = time.perf_counter()
-    for start in range(0, args.pairs, args.parallel):
+    for start in range(0, m.pairs, m.parallel):
         t0 = time.perf_counter()
         batch = []
-        for r in range(start, min(start + args.parallel, args.pairs)):
+        for r in range(start, min(start + m.parallel, m.pairs)):
             outs = {label: results_dir / f"pair{r + 1:02d}-{label.lower()}.json" for label in LABELS}
             order = LABELS if r % 2 == 0 else LABELS[::-1]  # ABBA: who goes first alternates by pair
-            batch.append((r, outs, order, pair_cpu(r, args.parallel)))
+            batch.append((r, outs, order, pair_cpu(r, m.parallel)))
         if interleaved:
-            interleaved = interleaved_pairs(args, co, batch, results_dir)
+            interleaved = interleaved_pairs(m, co, batch, results_dir)
             if not interleaved:
                 say(
                     "a revision's `gembench run` predates --pace: every pair runs its two processes one "
@@ -51,22 +51,22 @@ def run_pairs(args: argparse.Namespace, co: dict, say, enough=None) -> tuple[lis
                 )
         if not interleaved:
             for _, outs, order, _ in batch:
-                sequential_pair(args, co, outs, order)
+                sequential_pair(m, co, outs, order)
         seconds = time.perf_counter() - t0
         for r, outs, order, cpu in batch:
             pair = {label: checked_result(co[label], label, outs[label]) for label in LABELS}
-            if args.keep_results is not None:
+            if m.keep_results is not None:
                 for out in outs.values():
-                    shutil.copy(out, args.keep_results / out.name)
+                    shutil.copy(out, m.keep_results / out.name)
             rounds.append((pair["BASE"], pair["HEAD"]))
             durations.append(seconds / len(batch))
-            eta = sum(durations) / len(durations) * (args.pairs - len(durations))
-            steps = {label: paired.process_value(pair[label], "step_time_s", args.statistic) for label in LABELS}
+            eta = sum(durations) / len(durations) * (m.pairs - len(durations))
+            steps = {label: paired.process_value(pair[label], "step_time_s", m.statistic) for label in LABELS}
             step_text = "".join(f"{label} {1e3 * v:.2f} ms, " for label, v in steps.items() if v)
             where = f" on cpu {cpu}" if interleaved and cpu is not None else ""
             beside = f" ({len(batch)} pairs at once)" if len(batch) > 1 else ""
             say(
-                f"pair {r + 1}/{args.pairs} ({order[0]} first): {args.statistic} step {step_text}"
+                f"pair {r + 1}/{m.pairs} ({order[0]} first): {m.statistic} step {step_text}"
                 f"{seconds:.0f} s{where}{beside}, ~{eta / 60:.1f} min left{' at most' if enough else ''}"
             )
         if enough is not None and enough(rounds, time.perf_counter() - began, seconds):
@@ -118,17 +118,17 @@ def error_line(stderr: str) -> str:
     return lines[-1] if lines else "no output"
 
 
-def revision_env(args: argparse.Namespace, c) -> dict:
+def revision_env(m: Measuring, c) -> dict:
     """The process environment of revision ``c``. With --model the repository is the model's, not
     gembench's: the worktree goes on the path (its pkg.mod:factory imports from there, a file path
     is relative to it) before this gembench, and the result's commit is the worktree's."""
     first = f"{c.overlay}{os.pathsep}" if getattr(c, "overlay", None) else ""  # what --setup installed
-    if getattr(args, "model", None) is None:
-        return child_env(Path(f"{first}{c.pythonpath}"), args.threads)
+    if m.model is None:
+        return child_env(Path(f"{first}{c.pythonpath}"), m.threads)
     import gembench
 
     here = Path(gembench.__file__).parent.parent  # the folder holding this gembench (a symlink kept)
-    env = child_env(Path(f"{first}{c.path}{os.pathsep}{here}"), args.threads)
+    env = child_env(Path(f"{first}{c.path}{os.pathsep}{here}"), m.threads)
     env["GEMBENCH_COMMIT"] = c.sha
     return env
 
@@ -149,34 +149,33 @@ def child_env(pythonpath: Path, threads: int | None = None) -> dict:
     return env
 
 
-def interpreter(args: argparse.Namespace, label: str) -> str:
+def interpreter(m: Measuring, label: str) -> str:
     """The Python that runs revision ``label``'s processes: its --python, else this one."""
-    envs = getattr(args, "environments", None)
-    return envs[label].python if envs else sys.executable
+    return m.pythons[LABELS.index(label)] if m.pythons else sys.executable
 
 
-def run_command(args: argparse.Namespace, out: Path, worktree: Path, python: str | None = None) -> list[str]:
+def run_command(m: Measuring, out: Path, worktree: Path, python: str | None = None) -> list[str]:
     python = python or sys.executable
-    if args.benchmark == "instructions":
-        kernels = [a for k in (args.kernel or []) for a in ("--kernel", k)]
+    if m.benchmark == "instructions":
+        kernels = [a for k in m.kernels for a in ("--kernel", k)]
         return [python, str(worktree / "benchmarks" / "instructions.py"), "--out", str(out), *kernels]
     from gembench.harness.train.runconfig import RunConfig
 
-    config = args.config
+    config = m.config
     if config is not None and (config.endswith(".toml") or Path(config).exists()):
         config = str(Path(config).resolve())  # the process runs in the worktree
     run = RunConfig(
         config=config,
-        model=getattr(args, "model", None),  # resolved in the worktree: each revision's own model
-        model_args=tuple(getattr(args, "model_args", ()) or ()),
-        steps=args.steps,
-        warmup=args.warmup,
-        stack=args.stack,
-        seed=args.seed,
-        device=args.device,
+        model=m.model,  # resolved in the worktree: each revision's own model
+        model_args=m.model_args,
+        steps=m.steps,
+        warmup=m.warmup,
+        stack=m.stack,
+        seed=m.seed,
+        device=m.device,
         out=out,
         quiet=True,
-        nproc=args.nproc,
+        nproc=m.nproc,
     )
     return [python, "-m", "gembench", "run", *run.to_argv()]
 
@@ -185,22 +184,22 @@ def failure(c, label: str, code: int, stderr: str) -> UsageError:
     return UsageError(f"{label} {c.revision} ({c.sha[:10]}) failed to run (exit {code}): {error_line(stderr)}")
 
 
-def sequential_pair(args: argparse.Namespace, co: dict, outs: dict[str, Path], order: tuple[str, str]) -> None:
+def sequential_pair(m: Measuring, co: dict, outs: dict[str, Path], order: tuple[str, str]) -> None:
     """One fresh process per revision, one after the other, in ``order``."""
     for label in order:
         c = co[label]
         code, err = run_process(
-            run_command(args, outs[label], c.path, interpreter(args, label)),
-            revision_env(args, c),
+            run_command(m, outs[label], c.path, interpreter(m, label)),
+            revision_env(m, c),
             c.path,
-            args.timeout,
+            m.timeout,
         )
         if code != 0 or not outs[label].exists():
             raise failure(c, label, code, err)
 
 
 def interleaved_pairs(
-    args: argparse.Namespace,
+    m: Measuring,
     co: dict,
     batch: list[tuple[int, dict[str, Path], tuple[str, str], int | None]],
     folder: Path,
@@ -222,16 +221,16 @@ def interleaved_pairs(
             pair = []
             for label in order:  # who goes first also starts first: which core, which pid
                 c = co[label]
-                cmd, env = run_command(args, outs[label], c.path, interpreter(args, label)), revision_env(args, c)
+                cmd, env = run_command(m, outs[label], c.path, interpreter(m, label)), revision_env(m, c)
                 with deferred_interrupts():  # held until the worker is in `workers`, where close() finds it
-                    worker = interleave.start(label, cmd, env, c.path, sub, args.burst_steps)
+                    worker = interleave.start(label, cmd, env, c.path, sub, m.burst_steps)
                     workers.append(worker)
                 if len(batch) > 1:
                     interleave.pin([worker], cpu)
                 pair.append(worker)
             pairs.append((pair, cpu))
-        interleave.take_turns_side_by_side(pairs, args.bursts, args.timeout)
-        interleave.finish(workers, args.timeout)
+        interleave.take_turns_side_by_side(pairs, m.bursts, m.timeout)
+        interleave.finish(workers, m.timeout)
     except interleave.WorkerFailed as err:
         if err.predates_pacing:
             return False

@@ -94,17 +94,11 @@ def check(measured: dict, one_rank: dict, cluster, path: str = "the checked resu
     }
 
 
-def check_command(args) -> int:
+def check_command(measured: str, one_rank: str, cluster: str) -> int:
+    """`gembench project --check MEASURED --from ONE_RANK --cluster FILE.toml`: the table printed."""
     from gembench.harness.store.results import load_result
 
-    if not args.from_result:
-        raise UsageError(
-            "--check needs --from ONE_RANK.json: a 1-rank result of the same model and stack "
-            "(gembench run --nproc 1 ...)"
-        )
-    if not args.cluster.endswith(".toml"):
-        raise UsageError("--check needs --cluster FILE.toml measured on this host (gembench project --calibrate)")
-    out = check(load_result(args.check), load_result(args.from_result), load_cluster(args.cluster), args.check)
+    out = check(load_result(measured), load_result(one_rank), load_cluster(cluster), measured)
     pct = lambda x: "" if x is None else f"{100 * x:+.1f}%"  # noqa: E731
     verdict = lambda r: "" if r.get("ok") is None else ("ok" if r["ok"] else "OUTSIDE")  # noqa: E731
     table = [
@@ -123,7 +117,7 @@ def check_command(args) -> int:
     )
     print(
         f"gembench project --check: {out['config']} on {out['world']} ranks, sharding {out['sharding']}, "
-        f"schedule {out['schedule']}; compute from {args.from_result}"
+        f"schedule {out['schedule']}; compute from {one_rank}"
     )
     print(f"links: {out['links']}")
     print(

@@ -14,12 +14,17 @@ conservative: the looks' statistics are correlated, so the true rates are lower.
 The run stops at the first look where every timing metric is decided (regressed, improved or
 unchanged) or a counter regressed; at ``max_pairs`` or when the time budget would be overrun
 before the next look it stops and says what it has: inconclusive if still undecided.
+
+SequentialDesign is the one rule: `gembench continuous` asks it after each batch of pairs, and
+benchmarks/harness_quality.py runs it on drawn pairs to rate it.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 FIRST_LOOK = 4  # fewer pairs give a t-test with under 3 degrees of freedom: no look is worth it
 
@@ -66,3 +71,75 @@ def decided(verdicts: dict[str, str], counters_regressed: bool) -> bool:
 def worth_another_batch(elapsed: float, per_batch: float, budget: float | None) -> bool:
     """Whether a batch of the measured duration still fits in the budget (None: no budget)."""
     return budget is None or elapsed + per_batch <= budget
+
+
+class Look(NamedTuple):
+    """What one look found: each timing metric's verdict, whether a counter regressed, HEAD/BASE."""
+
+    verdicts: dict[str, str]
+    counters_regressed: bool = False
+    ratio: float | None = None
+
+
+def look_of(judgements) -> Look:
+    """A look from paired.judge_rounds' judgements: the paired ones are the timing metrics."""
+    from gembench.harness.regression.stats import REGRESSED
+
+    timing = [j for j in judgements if j.method == "paired"]
+    return Look(
+        {j.metric: j.verdict for j in timing},
+        any(j.verdict == REGRESSED for j in judgements if j.method != "paired"),
+        next((j.extra.get("ratio") for j in timing), None),
+    )
+
+
+@dataclass
+class SequentialDesign:
+    """The looks of one comparison with up to ``max_pairs`` pairs and a time budget (None: none)."""
+
+    alpha: float
+    max_pairs: int
+    budget: float | None = None
+    looks: Looks = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.looks = Looks(self.alpha, self.max_pairs)
+
+    def after_batch(
+        self, pairs: int, elapsed: float, per_batch: float, judge: Callable[[float], Look], say=None
+    ) -> bool:
+        """Whether to stop after a batch that brought the pairs to ``pairs``, ``elapsed`` s in, the
+        batch ``per_batch`` s: where a look is due, ``judge(alpha)`` judges the pairs at its alpha."""
+        say = say or (lambda msg: None)
+        if not self.looks.due(pairs):
+            return False
+        alpha = self.looks.alpha_at(pairs)
+        look = judge(alpha)
+        self.looks.record(pairs, alpha, look.verdicts, look.ratio, elapsed)
+        say(
+            f"look at {pairs} pairs (alpha {alpha:.2g} of {self.alpha:g}): "
+            + ", ".join(f"{m} {v}" for m, v in look.verdicts.items())
+            + (f", HEAD/BASE {look.ratio:.4f}" if look.ratio else "")
+        )
+        if decided(look.verdicts, look.counters_regressed):
+            return True
+        if not worth_another_batch(elapsed, per_batch, self.budget):
+            say(f"the next batch would overrun --budget {self.budget:g} s: the verdict is this look's")
+            return True
+        return False
+
+    @property
+    def last(self) -> dict | None:
+        """The last look's record (its pairs, alpha, verdicts, ratio, seconds), None before any."""
+        return self.looks.history[-1] if self.looks.history else None
+
+    def document(self) -> dict:
+        """What a result says of the design."""
+        return {
+            "kind": "sequential",
+            "max_pairs": self.max_pairs,
+            "budget_s": self.budget,
+            "alpha_total": self.alpha,
+            "spending": "pocock",
+            "looks": self.looks.history,
+        }

@@ -65,22 +65,11 @@ class RunConfig:
     pace: str | None = None
     burst: int = 20
 
-    @classmethod
-    def from_namespace(cls, ns, **overrides) -> "RunConfig":
-        """From parsed arguments (the only place a Namespace is read): `gembench run`'s, or another
-        command's (ablate), whose flags of the same name mean the same; ``overrides`` set the rest."""
-        values = {f.name: getattr(ns, f.name) for f in fields(cls) if hasattr(ns, f.name)}
-        values.update(overrides)
-        values["switches"] = tuple(values.get("switches") or ())
-        values["model_args"] = tuple(values.get("model_args") or ())
-        if values.get("config") is None:  # the parser leaves --config unset: the default, unless --model
-            values["config"] = None if values.get("model") else DEFAULT_CONFIG
-        return cls(**values)
-
     def to_argv(self) -> list[str]:
         """This request as `gembench run` flags: the one serializer, for `gembench continuous`,
         `gembench ablate --nproc` and `--nsys`. IDENTITY always, the other fields
-        where they differ from their defaults; from_namespace(parse(to_argv())) == self."""
+        where they differ from their defaults; parsing to_argv() gives this request back
+        (commands/run.py's run_config)."""
         if self.model is None and not isinstance(self.config, str | Path):
             raise TypeError("to_argv needs a config name or path, not a ModelConfig object")
         argv = []
