@@ -1,4 +1,4 @@
-"""A model gembench did not write, through the whole harness (gembench/workload.py, docs/workload.md).
+"""A model gembench did not write, through the whole harness (workload.py and loader.py, docs/workload.md).
 
 The two examples (TorchRec's DLRM, a two-tower retrieval model) through check-model, run, run
 --nproc 2, ablate, project and continuous, at small shapes; and every bad input as one line with exit 2.
@@ -158,7 +158,7 @@ def test_project_plans_and_prices_a_workload_from_the_protocol(runs, tmp_path):
     """`project --model`: the workload's own tables planned, its counted FLOPs priced; `--from` its
     result alone projects the model it measured; another model's result is refused in one line."""
     from gembench.harness.projection.subject import Subject
-    from gembench.workload import load_workload
+    from gembench.loader import load_workload
 
     spec, args = TWO_TOWER
     out = tmp_path / "p.json"
@@ -326,7 +326,7 @@ def test_a_model_whose_collections_no_field_feeds_whole_runs_its_forward_whole_o
 def test_rebalance_replans_a_workload_from_its_own_tables(tmp_path):
     """The measured pooling of each table is what its batches hold (counted here from the
     workload's own batch source), beside the pooling it declares; the state carried over."""
-    from gembench.workload import load_workload
+    from gembench.loader import load_workload
 
     spec, args = TWO_TOWER
     path = tmp_path / "reb.json"

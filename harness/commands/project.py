@@ -227,7 +227,7 @@ def _subject(args, result: dict | None):
     from gembench.harness.projection.subject import Subject, subject_of_result, workload_as_measured
 
     if args.model is not None:
-        from gembench.workload import load_workload
+        from gembench.loader import load_workload
 
         workload = load_workload(args.model, args.model_args)
         if result is not None:

@@ -5,7 +5,7 @@ Constants and assumptions: docs/design.md section 8 and docs/projection.md. In s
 - Volumes per GPU from the plan (offline_plan.py, or a measured run's own) and the model's mean
   IDs per example (subject.py: the workload protocol, gembench's configs one provider of it); a
   row-split shard serves its rows' share of the lookups (uniform IDs) or the power law's mass
-  over its rows (row_skew(): hot rows first, gembench.workload.zipf_share).
+  over its rows (row_skew(): hot rows first, `zipf_share`).
 - Collectives as TorchRec runs them, alpha-beta per family (`collective_time`, links from the
   cluster file: `Cluster.link`): the KJT all-to-all of IDs; table- and column-wise outputs by
   one all-to-all; row-wise by a world reduce-scatter; table_row_wise and grid by a reduce-scatter
@@ -34,7 +34,6 @@ from gembench.harness.projection.cluster import Cluster
 from gembench.harness.projection.subject import Subject
 from gembench.harness.train.model import ADAM_BYTES
 from gembench.harness.train.parallelize import dense_shards as parallel_shards
-from gembench.workload import zipf_share
 
 STAGES = ("input_dist", "embedding_lookup", "output_dist", "dense_forward", "backward", "grad_sync", "optimizer")
 COMM_STAGES = ("input_dist", "output_dist", "grad_sync")
@@ -190,6 +189,22 @@ def data_parallel_params(result: dict) -> float:
     return float(
         sum(t["shard_sizes"][0][0] * t["shard_sizes"][0][1] for t in plan.values() if t["sharding"] == "data_parallel")
     )
+
+
+def zipf_share(lo: float, hi: float, rows: int, alpha: float) -> float:
+    """What row_skew()'s exponents mean: the share of lookups of a table of ``rows`` rows whose IDs
+    follow the bounded power law p(x) ~ x^-alpha (row 0 hottest) that land in rows [lo, hi).
+    The law's CDF, F(x) = ((x + 1)^(1 - alpha) - 1) / ((rows + 1)^(1 - alpha) - 1), at hi minus at lo."""
+
+    def cdf(x: float) -> float:
+        if alpha == 0:
+            return x / rows
+        if abs(alpha - 1.0) < 1e-9:
+            return math.log(x + 1) / math.log(rows + 1)
+        e = 1.0 - alpha
+        return ((x + 1) ** e - 1) / ((rows + 1) ** e - 1)
+
+    return cdf(min(hi, rows)) - cdf(max(lo, 0))
 
 
 def _lookup_shares(sizes: list, offsets: list, rows: int, alpha: float) -> np.ndarray:

@@ -51,7 +51,8 @@ from gembench.harness.train.result import Sharded, build_result, process_record,
 from gembench.harness.train.runconfig import RunConfig
 from gembench.harness.train.runner import MAX_DISTINCT_BATCHES
 from gembench.harness.train.step import StageClock, losses, timed_steps
-from gembench.workload import Workload, kjt_fields, named
+from gembench.loader import kjt_fields, named
+from gembench.workload import Workload
 
 COUNTED_STEPS = 1  # an extra step after the timed ones, its cost counters taken (no profiler:
 # the counting dispatch mode re-dispatches every op, which the profiler would record twice)
