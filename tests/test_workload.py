@@ -382,21 +382,21 @@ def test_ablate_the_dlrm_example_on_two_ranks(monkeypatch, capsys):
     """`ablate --model examples/torchrec_dlrm.py:dlrm --nproc 2`, each variant a real 2-rank run;
     the variants narrowed to DDP and FSDP2 (the pipeline is run above), compile off (minutes of CPU
     compile otherwise), plus one that does not act on a workload and must be left out."""
-    from gembench.harness.commands import ablate_ranks as AR
+    from gembench.harness.commands import ablate_ranks
 
     narrowed = [
-        (AR.REFERENCE, ("compile=off",), {}),
+        (ablate_ranks.REFERENCE, ("compile=off",), {}),
         ("dense_parallel=fsdp", ("dense_parallel=fsdp", "compile=off"), {}),
         ("activation_checkpointing=hstu", ("activation_checkpointing=hstu",), {}),
     ]
-    monkeypatch.setattr(AR, "RANK_VARIANTS", narrowed)
+    monkeypatch.setattr(ablate_ranks, "RANK_VARIANTS", narrowed)
     spec, args = DLRM
     code, out, err = run_cli(
         ["ablate", *model_flags(spec, args), "--nproc", "2", "--steps", "2", "--warmup", "1"], capsys
     )
     assert code == 0, out + err
     rows = {ln.split("  ")[0]: ln for ln in out.splitlines() if ln.startswith(("optimized", "dense_"))}
-    assert set(rows) == {AR.REFERENCE, "dense_parallel=fsdp"} and "failed" not in out, out
+    assert set(rows) == {ablate_ranks.REFERENCE, "dense_parallel=fsdp"} and "failed" not in out, out
     assert "torchrec-dlrm on 2 ranks" in out and "hstu" not in out
     assert "goal FSDP: dense state per rank" in out and "(goal <= 0.60: met)" in out, out
 
