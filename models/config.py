@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gembench.errors import UsageError, read_toml
-from gembench.workload import check_global_batch
+from gembench.loader import check_global_batch
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 KINDS = ("gem", "dlrm", "dcnv2")

@@ -157,6 +157,15 @@ def draw_lengths(rng: np.random.Generator, s, size: int) -> np.ndarray:
     return truncated_lognormal(rng, s.mean_len, SEQUENCE_SIGMA, size, 1, s.max_len)
 
 
+def expected_lengths(cfg: ModelConfig, samples: int = 65536, seed: int = 0) -> dict[str, np.ndarray]:
+    """A large seeded sample of sequence lengths: per-example FLOPs depend on E[n^2], not E[n]^2."""
+    rng = np.random.default_rng(seed)
+    out: dict[str, np.ndarray] = {}
+    for s in cfg.sequences:  # a follower has its sequence's lengths, as in the batches
+        out[s.name] = out[s.follows] if s.follows else draw_lengths(rng, s, samples)
+    return out
+
+
 def event_ages(rng: np.random.Generator, lengths: np.ndarray) -> np.ndarray:
     """Per event of sequences of these lengths, back to back: seconds before its sequence's last
     event (0 for the last), from lognormal gaps between consecutive events. float32."""
@@ -281,8 +290,6 @@ def expected_ids_per_example(cfg: ModelConfig, samples: int = 65536) -> dict[str
     """Mean IDs one example looks up per table (``table_t0``..., ``table_<sequence>``), from the
     same pooling and length distributions the batches are drawn from, for the planner and the
     projection's lookup and communication volumes."""
-    from gembench.models.flops import expected_lengths
-
     data = SyntheticData(cfg, seed=0, batch_size=samples)
     rng = np.random.default_rng(0)
     out = {f"table_t{t}": float(data.pooling_factors(rng, t).mean()) for t in range(len(cfg.sparse.rows))}

@@ -14,7 +14,7 @@ from gembench.models.candidate import contextual_arch_flops
 from gembench.models.config import ModelConfig
 from gembench.models.content import content_arch_flops, item_content_flops
 from gembench.models.cross import nonseq_summary_flops, summary_flops
-from gembench.models.data import draw_lengths
+from gembench.models.data import expected_lengths
 from gembench.models.dlrm import reference_flops_per_example
 from gembench.models.gem import followers, has_sequence_input, interaction_tokens
 from gembench.models.heads import mlp_flops, over_arch_flops, user_item_head_flops
@@ -83,15 +83,6 @@ def _candidate_flops(cfg: ModelConfig, batch_size: int, lengths: dict[str, np.nd
 
 def batch_forward_flops(cfg: ModelConfig, batch) -> dict[str, float]:
     return forward_flops(cfg, batch.size, sequence_lengths(batch, cfg))
-
-
-def expected_lengths(cfg: ModelConfig, samples: int = 65536, seed: int = 0) -> dict[str, np.ndarray]:
-    """A large seeded sample of sequence lengths: per-example FLOPs depend on E[n^2], not E[n]^2."""
-    rng = np.random.default_rng(seed)
-    out: dict[str, np.ndarray] = {}
-    for s in cfg.sequences:  # a follower has its sequence's lengths, as in the batches
-        out[s.name] = out[s.follows] if s.follows else draw_lengths(rng, s, samples)
-    return out
 
 
 def forward_flops_per_example(cfg: ModelConfig) -> dict[str, float]:

@@ -12,7 +12,7 @@ import torch
 from gembench.models.blocks import largest_block_params
 from gembench.models.config import ModelConfig
 from gembench.models.content import content_memory_bytes
-from gembench.models.flops import expected_lengths
+from gembench.models.data import expected_lengths
 from gembench.models.gem import has_sequence_input, interaction_tokens
 from gembench.models.ops.pytorch.hstu_attention import TILE_MAX, TILE_SCORES
 from gembench.models.sparse import is_embedding_parameter

@@ -198,7 +198,7 @@ def _shipped(cfg: ModelConfig) -> bool:
 def _content(cfg: ModelConfig) -> dict:
     """describe's content section: per candidate and per sequence item, and the input bytes."""
     from gembench.models.content import content_input_bytes
-    from gembench.models.flops import expected_lengths
+    from gembench.models.data import expected_lengths
 
     c = cfg.content
     if c is None:

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
+from gembench.harness.projection.cost import zipf_share
 from gembench.models.config import load_config
 from gembench.models.data import SyntheticData, id_exponents, truncated_lognormal, zipf_ids
-from gembench.workload import zipf_share
 
 
 def test_same_seed_same_batches_in_any_order():

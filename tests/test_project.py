@@ -140,8 +140,8 @@ def test_table_row_wise_reduce_scatters_in_its_node_then_sends_each_gpus_share_o
     # priced: the NIC step appears across nodes only, and the node's reduce-scatter stays on NVLink
     row = _pricer(cfg, world, batch).price({"table_t0": _twrw(cfg.sparse.rows[0], dim, node=1)})
     one = _pricer(cfg, 8, batch).price({"table_t0": _twrw(cfg.sparse.rows[0], dim, node=0)})
-    assert row["stages"]["output_dist"]["time_s"] > one["stages"]["output_dist"]["time_s"]
-    assert row["stages"]["output_dist"]["gpu"] >= 8  # a GPU of the owning node sets it
+    assert row.stages["output_dist"].time_s > one.stages["output_dist"].time_s
+    assert row.stages["output_dist"].gpu >= 8  # a GPU of the owning node sets it
 
 
 def test_a_data_parallel_table_is_looked_up_at_home_and_all_reduced_in_the_backward():
@@ -154,10 +154,10 @@ def test_a_data_parallel_table_is_looked_up_at_home_and_all_reduced_in_the_backw
     with_dp = _pricer(cfg, world, batch).price(dp)
     tw = {"table_t1": {"sharding": "table_wise", "ranks": [0], "shard_sizes": [[rows, dim]]}}
     without = _pricer(cfg, world, batch).price(tw)
-    assert with_dp["stages"]["grad_sync"]["time_s"] == without["stages"]["grad_sync"]["time_s"]
+    assert with_dp.stages["grad_sync"].time_s == without.stages["grad_sync"].time_s
     table = collective_time(H100, "all_reduce", rows * dim * 4, world, kind="dense_grad_all_reduce")
-    assert with_dp["exposed_comm_s"] == pytest.approx(table + with_dp["stages"]["grad_sync"]["exposed_s"])
-    assert with_dp["imbalance"]["max_mean"] == pytest.approx(1.0) and without["imbalance"]["max_mean"] == 4.0
+    assert with_dp.exposed_comm_s == pytest.approx(table + with_dp.stages["grad_sync"].exposed_s)
+    assert with_dp.imbalance.max_mean == pytest.approx(1.0) and without.imbalance.max_mean == 4.0
 
 
 def test_table_row_wise_crosses_the_nodes_in_a_group_of_one_gpu_per_node():
@@ -171,7 +171,7 @@ def test_table_row_wise_crosses_the_nodes_in_a_group_of_one_gpu_per_node():
     node_rs = collective_time(H100, "reduce_scatter", float(v["rs_in"].max()), 8, kind="embedding_reduce_scatter")
     cross = float(np.maximum(v["cross_send"], v["cross_recv"]).max())
     over_nodes = collective_time(H100, "all_to_all", cross, nodes, per_node=1, kind="embedding_all_to_all")
-    assert row["stages"]["output_dist"]["time_s"] == pytest.approx(node_rs + over_nodes)
+    assert row.stages["output_dist"].time_s == pytest.approx(node_rs + over_nodes)
     assert over_nodes < collective_time(H100, "all_to_all", cross, world, per_node=1)  # (N-1)/N, not (W-1)/W
 
 
@@ -187,26 +187,26 @@ def test_a_data_parallel_table_has_no_all_to_all_and_its_gradient_is_all_reduced
     streams = Compute({"dense_forward": 1e-9, "backward": 2e-9}, 1e-5, 1e-9, "test", optimizer_s_per_param=3e-10)
     pricer = _pricer(cfg, world, batch, compute=streams)
     row = pricer.price(dp)
-    assert row["stages"]["input_dist"]["time_s"] == 0.0 and row["stages"]["output_dist"]["time_s"] == 0.0
+    assert row.stages["input_dist"].time_s == 0.0 and row.stages["output_dist"].time_s == 0.0
     dense = collective_time(H100, "all_reduce", pricer.counts["dense_params"] * 4, world, kind="dense_grad_all_reduce")
     table = collective_time(H100, "all_reduce", rows * dim * 4, world, kind="dense_grad_all_reduce")
-    assert row["stages"]["grad_sync"]["time_s"] == pytest.approx(dense)
+    assert row.stages["grad_sync"].time_s == pytest.approx(dense)
     looked = batch * expected_ids_per_example(cfg)["table_t1"] * dim * EMB_BYTES
     rate, c = pricer.compute.lookup_s_per_byte, pricer.compute
     dense_bwd = c.per_example["backward"] * batch
     zeroed = rows * dim * EMB_BYTES * c.optimizer_s_per_param / ADAM_STEP_BYTES  # streamed, as Adam streams
     gradient = UPDATE_PER_LOOKUP * looked * rate + zeroed
-    assert row["stages"]["backward"]["time_s"] == pytest.approx(dense_bwd + gradient + table)
-    assert row["stages"]["optimizer"]["time_s"] == pytest.approx(c.optimizer_s + rows * dim * c.optimizer_s_per_param)
+    assert row.stages["backward"].time_s == pytest.approx(dense_bwd + gradient + table)
+    assert row.stages["optimizer"].time_s == pytest.approx(c.optimizer_s + rows * dim * c.optimizer_s_per_param)
     # a cluster file that measured its memory (--calibrate): a table's state streams no faster than
     # that, however fast a small dense part's Adam ran from the caches
     import dataclasses
 
     slow = dataclasses.replace(H100, memory_Bps=ADAM_STEP_BYTES / 3e-9)  # 10x slower than the compute's rate
     dram = _pricer(cfg, world, batch, cluster=slow, compute=streams).price(dp)
-    assert dram["stages"]["optimizer"]["time_s"] == pytest.approx(c.optimizer_s + rows * dim * 3e-9)
+    assert dram.stages["optimizer"].time_s == pytest.approx(c.optimizer_s + rows * dim * 3e-9)
     zeroed_dram = rows * dim * EMB_BYTES * 3e-9 / ADAM_STEP_BYTES
-    assert dram["stages"]["backward"]["time_s"] == pytest.approx(
+    assert dram.stages["backward"].time_s == pytest.approx(
         dense_bwd + UPDATE_PER_LOOKUP * looked * rate + zeroed_dram + table
     )
     # a compute measured with the same tables data-parallel (a 1-rank reference of the checked plan)
@@ -219,11 +219,11 @@ def test_a_data_parallel_table_has_no_all_to_all_and_its_gradient_is_all_reduced
     )
     held = dataclasses.replace(streams, dp_params=float(rows * dim))
     same = _pricer(cfg, world, batch, compute=held).price(dp)
-    assert same["stages"]["optimizer"]["time_s"] == pytest.approx(c.optimizer_s)
-    assert same["stages"]["backward"]["time_s"] == pytest.approx(dense_bwd + UPDATE_PER_LOOKUP * looked * rate + table)
+    assert same.stages["optimizer"].time_s == pytest.approx(c.optimizer_s)
+    assert same.stages["backward"].time_s == pytest.approx(dense_bwd + UPDATE_PER_LOOKUP * looked * rate + table)
     fast = dataclasses.replace(H100, memory_Bps=ADAM_STEP_BYTES / 3e-11)  # faster than the compute: it stands
-    assert _pricer(cfg, world, batch, cluster=fast, compute=streams).price(dp)["stages"]["optimizer"]["time_s"] == (
-        pytest.approx(row["stages"]["optimizer"]["time_s"])
+    assert _pricer(cfg, world, batch, cluster=fast, compute=streams).price(dp).stages["optimizer"].time_s == (
+        pytest.approx(row.stages["optimizer"].time_s)
     )
 
 
@@ -255,11 +255,12 @@ def test_the_critical_path_names_the_stage_and_the_gpu_that_sets_it():
     from gembench.harness.projection.cost import Pricer
 
     row = Pricer(of(cfg), ids, 8, 64, H100, slow_hbm).price(plan)
-    assert row["critical_path"] == {**row["critical_path"], "stage": "backward", "gpu": 3, "set_by": "lookup bytes"}
-    assert row["most_loaded"]["lookup_bytes"]["gpu"] == 3 and row["stages"]["embedding_lookup"]["gpu"] == 3
+    cp = row.critical_path
+    assert (cp.stage, cp.gpu, cp.set_by) == ("backward", 3, "lookup bytes")
+    assert row.most_loaded.lookup_bytes.gpu == 3 and row.stages["embedding_lookup"].gpu == 3
     heavy = Compute({"dense_forward": 1e-3, "backward": 2e-3}, 1e-6, 1e-15, "test")
     row = Pricer(of(cfg), ids, 8, 64, H100, heavy).price(plan)
-    assert row["critical_path"]["stage"] == "backward" and row["critical_path"]["set_by"] == "dense compute"
+    assert row.critical_path.stage == "backward" and row.critical_path.set_by == "dense compute"
 
 
 def test_the_planner_is_offered_what_torchrec_has_where_it_applies():
@@ -317,7 +318,7 @@ def test_the_planner_keeps_the_plan_the_cost_model_prices_fastest(skew_config):
     """Every plan TorchRec's planner partitions is rated by the projected step: the one it keeps
     is the fastest of those rated, and on the skewed table (64 IDs per example) it is not the
     table-wise plan that piles them on one GPU."""
-    from gembench.harness.projection import offline_plan as op
+    from gembench.harness.projection import offline_plan
     from gembench.harness.projection.cost import datasheet_compute
 
     cfg = load_config(str(skew_config))
@@ -325,45 +326,47 @@ def test_the_planner_keeps_the_plan_the_cost_model_prices_fastest(skew_config):
     ids = expected_ids_per_example(cfg)
     steps = []
 
-    class Recorded(op.ProjectedStep):
+    class Recorded(offline_plan.ProjectedStep):
         def rate(self, plan):
             steps.append(super().rate(plan))
             return steps[-1]
 
     pricer = _pricer(cfg, world, batch, compute=datasheet_compute(of(cfg), H100))
-    original = op.ProjectedStep
-    op.ProjectedStep = Recorded
+    original = offline_plan.ProjectedStep
+    offline_plan.ProjectedStep = Recorded
     try:
-        plan = op.plan_offline(of(cfg), world, batch, H100, 0.0, pricer, "test", ids, use_cache=False)
+        plan = offline_plan.plan_offline(of(cfg), world, batch, H100, 0.0, pricer, "test", ids, use_cache=False)
     finally:
-        op.ProjectedStep = original
+        offline_plan.ProjectedStep = original
     kept = pricer.price(plan.tables)
     assert plan.fits and plan.proposals == len(steps) > 1
-    assert kept["step_time_s"] == pytest.approx(min(steps))
-    tw = op.plan_offline(of(cfg), world, batch, H100, 0.0, pricer, "test", ids, forced="table_wise", use_cache=False)
-    assert kept["step_time_s"] < pricer.price(tw.tables)["step_time_s"]
-    assert kept["imbalance"]["max_mean"] < pricer.price(tw.tables)["imbalance"]["max_mean"]
+    assert kept.step_time_s == pytest.approx(min(steps))
+    tw = offline_plan.plan_offline(
+        of(cfg), world, batch, H100, 0.0, pricer, "test", ids, forced="table_wise", use_cache=False
+    )
+    assert kept.step_time_s < pricer.price(tw.tables).step_time_s
+    assert kept.imbalance.max_mean < pricer.price(tw.tables).imbalance.max_mean
 
 
 def test_the_descent_moves_a_class_of_identical_tables_together():
     """tiny's seven 5,000-row tables pool alike: one class, one sharding type in every plan rated."""
-    from gembench.harness.projection import offline_plan as op
+    from gembench.harness.projection import offline_plan
 
     cfg = load_config("tiny")
     ids = expected_ids_per_example(cfg)
     kinds = []
 
-    class Recorded(op.ProjectedStep):
+    class Recorded(offline_plan.ProjectedStep):
         def rate(self, plan):
             kinds.append({so.sharding_type for so in plan if so.name in {f"table_t{i}" for i in range(1, 8)}})
             return super().rate(plan)
 
-    original = op.ProjectedStep
-    op.ProjectedStep = Recorded
+    original = offline_plan.ProjectedStep
+    offline_plan.ProjectedStep = Recorded
     try:
-        plan = op.plan_offline(of(cfg), 4, 16, H100, 0.0, _pricer(cfg, 4, 16), "test", ids, use_cache=False)
+        plan = offline_plan.plan_offline(of(cfg), 4, 16, H100, 0.0, _pricer(cfg, 4, 16), "test", ids, use_cache=False)
     finally:
-        op.ProjectedStep = original
+        offline_plan.ProjectedStep = original
     assert plan.fits and len(kinds) == plan.proposals > 3 and all(len(k) == 1 for k in kinds)
     assert len(set().union(*kinds)) >= 3  # the class tried several types
 
@@ -371,21 +374,21 @@ def test_the_descent_moves_a_class_of_identical_tables_together():
 def test_the_fast_search_stops_at_its_cpu_budget_whatever_the_wall_clock(monkeypatch):
     """The budget counts this process's CPU time from the first proposal: a machine busy with other
     jobs (the wall clock running on) rates the same plans; past the budget the row says so."""
-    from gembench.harness.projection import offline_plan as op
+    from gembench.harness.projection import offline_plan
 
     cfg = load_config("tiny")
     ids = expected_ids_per_example(cfg)
 
     def plan():
-        return op.plan_offline(of(cfg), 4, 16, H100, 0.0, _pricer(cfg, 4, 16), "test", ids, use_cache=False)
+        return offline_plan.plan_offline(of(cfg), 4, 16, H100, 0.0, _pricer(cfg, 4, 16), "test", ids, use_cache=False)
 
     whole = plan()
-    monkeypatch.setattr(op, "PLAN_BUDGET_S", 0.5)
-    monkeypatch.setattr(op.ClassDescent, "clock", staticmethod(lambda: 0.0))  # no CPU time spent
+    monkeypatch.setattr(offline_plan, "PLAN_BUDGET_S", 0.5)
+    monkeypatch.setattr(offline_plan.ClassDescent, "clock", staticmethod(lambda: 0.0))  # no CPU time spent
     idle = plan()
     assert idle.proposals == whole.proposals > 3 and not [r for r in idle.restrictions if "CPU budget" in r["what"]]
     ticks = iter(range(10**6))  # a CPU second per proposal
-    monkeypatch.setattr(op.ClassDescent, "clock", staticmethod(lambda: float(next(ticks))))
+    monkeypatch.setattr(offline_plan.ClassDescent, "clock", staticmethod(lambda: float(next(ticks))))
     cut = plan()
     assert cut.fits and cut.proposals == 1 and [r for r in cut.restrictions if "CPU budget" in r["what"]]
 

@@ -1,4 +1,4 @@
-"""A model gembench did not write, through the whole harness (gembench/workload.py, docs/workload.md).
+"""A model gembench did not write, through the whole harness (workload.py and loader.py, docs/workload.md).
 
 The two examples (TorchRec's DLRM, a two-tower retrieval model) through check-model, run, run
 --nproc 2, ablate, project and continuous, at small shapes; and every bad input as one line with exit 2.
@@ -158,7 +158,7 @@ def test_project_plans_and_prices_a_workload_from_the_protocol(runs, tmp_path):
     """`project --model`: the workload's own tables planned, its counted FLOPs priced; `--from` its
     result alone projects the model it measured; another model's result is refused in one line."""
     from gembench.harness.projection.subject import Subject
-    from gembench.workload import load_workload
+    from gembench.loader import load_workload
 
     spec, args = TWO_TOWER
     out = tmp_path / "p.json"
@@ -326,7 +326,7 @@ def test_a_model_whose_collections_no_field_feeds_whole_runs_its_forward_whole_o
 def test_rebalance_replans_a_workload_from_its_own_tables(tmp_path):
     """The measured pooling of each table is what its batches hold (counted here from the
     workload's own batch source), beside the pooling it declares; the state carried over."""
-    from gembench.workload import load_workload
+    from gembench.loader import load_workload
 
     spec, args = TWO_TOWER
     path = tmp_path / "reb.json"
@@ -382,21 +382,21 @@ def test_ablate_the_dlrm_example_on_two_ranks(monkeypatch, capsys):
     """`ablate --model examples/torchrec_dlrm.py:dlrm --nproc 2`, each variant a real 2-rank run;
     the variants narrowed to DDP and FSDP2 (the pipeline is run above), compile off (minutes of CPU
     compile otherwise), plus one that does not act on a workload and must be left out."""
-    from gembench.harness.commands import ablate_ranks as AR
+    from gembench.harness.commands import ablate_ranks
 
     narrowed = [
-        (AR.REFERENCE, ("compile=off",), {}),
+        (ablate_ranks.REFERENCE, ("compile=off",), {}),
         ("dense_parallel=fsdp", ("dense_parallel=fsdp", "compile=off"), {}),
         ("activation_checkpointing=hstu", ("activation_checkpointing=hstu",), {}),
     ]
-    monkeypatch.setattr(AR, "RANK_VARIANTS", narrowed)
+    monkeypatch.setattr(ablate_ranks, "RANK_VARIANTS", narrowed)
     spec, args = DLRM
     code, out, err = run_cli(
         ["ablate", *model_flags(spec, args), "--nproc", "2", "--steps", "2", "--warmup", "1"], capsys
     )
     assert code == 0, out + err
     rows = {ln.split("  ")[0]: ln for ln in out.splitlines() if ln.startswith(("optimized", "dense_"))}
-    assert set(rows) == {AR.REFERENCE, "dense_parallel=fsdp"} and "failed" not in out, out
+    assert set(rows) == {ablate_ranks.REFERENCE, "dense_parallel=fsdp"} and "failed" not in out, out
     assert "torchrec-dlrm on 2 ranks" in out and "hstu" not in out
     assert "goal FSDP: dense state per rank" in out and "(goal <= 0.60: met)" in out, out
 

@@ -89,20 +89,6 @@ def choices(single_process: bool, excluded=()):
     ]
 
 
-def skipped_switches(workload) -> set[str]:
-    """The switches that do not act on the workload: those not applicable to it (the zoo's
-    attention kernel and content where it has none; compile where it names nothing to compile),
-    and each checkpointing mode that wraps none of its blocks (``activation_checkpointing=hstu``)."""
-    from gembench.harness.train.model import applied_switches
-    from gembench.harness.train.stack import CHOICES, STACKS
-
-    skip = set(applied_switches(workload, STACKS["baseline"]).not_applicable)
-    for mode in CHOICES["activation_checkpointing"][1:]:
-        if not workload.checkpointed(mode):
-            skip.add(f"activation_checkpointing={mode}")
-    return skip
-
-
 def main(args: argparse.Namespace) -> int:
     from gembench.errors import UsageError
     from gembench.harness.store.reservation import Reservation
@@ -127,26 +113,25 @@ def _ablate(args: argparse.Namespace) -> int:
 
     from tabulate import tabulate
 
+    from gembench.harness.commands.ablate_ranks import skipped_switches
     from gembench.harness.commands.run import run_config_from
     from gembench.harness.device.hardware import resolve_device
     from gembench.harness.report.numbers import pct
     from gembench.harness.store.reservation import write_or_fallback
-    from gembench.harness.train import model as train_model
+    from gembench.harness.train.model import memory_estimate, parameter_shapes, workload_of
     from gembench.harness.train.runner import measure_stack, prepare, summarized
 
-    workload = train_model.workload_of(args.config, args.model, args.model_args, args.batch)
+    workload = workload_of(args.config, args.model, args.model_args, args.batch)
     device_type = resolve_device(args.device).type
     workload = workload.on_device(device_type)
     skip = skipped_switches(workload)  # only the switches that act on the model
     added, removed = variants(single_process=True, skip=skip)
     chosen = choices(single_process=True, excluded=skip)
     # Variants run one at a time, and each must fit: the memory check takes the hungriest.
-    counts = train_model.parameter_shapes(workload)
+    counts = parameter_shapes(workload)
     hungriest = max(
         (options for _, options in added + removed),
-        key=lambda o: train_model.memory_estimate(workload.for_stack(o), counts, workload.global_batch, o, device_type)[
-            "total"
-        ],
+        key=lambda o: memory_estimate(workload.for_stack(o), counts, workload.global_batch, o, device_type)["total"],
     )
     # ablate's --out is its own table
     run = run_config_from(args, out=None, nproc=None, model_args=tuple(args.model_args or ()))

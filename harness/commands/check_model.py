@@ -48,7 +48,7 @@ def main(args: argparse.Namespace) -> int:
     from gembench.harness.train.parallelize import sparse_modules
     from gembench.harness.train.stack import build_train_state, stack_options
     from gembench.harness.train.step import losses
-    from gembench.workload import check_batch, load_workload
+    from gembench.loader import check_batch, load_workload
 
     failed = False
 
@@ -150,7 +150,7 @@ def _same(a, b) -> bool:
     import torch
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-    from gembench.workload import batch_fields
+    from gembench.loader import batch_fields
 
     fa, fb = batch_fields(a), batch_fields(b)
     if fa.keys() != fb.keys():
@@ -181,7 +181,7 @@ def rank_check(args, out: Path) -> int:
     from gembench.harness.train.distributed.plan import shard_workload
     from gembench.harness.train.distributed.process_group import init_process_group, torchrun_env
     from gembench.harness.train.step import losses
-    from gembench.workload import load_workload
+    from gembench.loader import load_workload
 
     library_logs.install(False)
     env = torchrun_env()

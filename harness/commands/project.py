@@ -281,7 +281,7 @@ def _subject(request: ProjectConfig, result: dict | None):
     from gembench.harness.projection.subject import Subject, subject_of_result, workload_as_measured
 
     if request.model is not None:
-        from gembench.workload import load_workload
+        from gembench.loader import load_workload
 
         workload = load_workload(request.model, request.model_args)
         if result is not None:

@@ -63,7 +63,7 @@ def check(measured: dict, one_rank: dict, cluster, path: str = "the checked resu
     step = measured["summary"]["step_time_s"]["p50"]
     rows = []
     for s in STAGES:
-        p, m = projected["stages"][s]["exposed_s"], got.get(s, {}).get("time_s", 0.0)
+        p, m = projected.stages[s].exposed_s, got.get(s, {}).get("time_s", 0.0)
         held = m >= MINOR_SHARE * step
         rows.append(
             {
@@ -75,7 +75,7 @@ def check(measured: dict, one_rank: dict, cluster, path: str = "the checked resu
                 "ok": (abs(p - m) <= STAGE_GOAL * m) if held else None,
             }
         )
-    step_p = projected["step_time_s"]
+    step_p = projected.step_time_s
     return {
         "stages": rows,
         "step": {
@@ -90,7 +90,7 @@ def check(measured: dict, one_rank: dict, cluster, path: str = "the checked resu
         "world": world,
         "config": model.name,
         "sharding": run.get("sharding"),
-        "mfu": {"projected": projected["mfu"], "measured": measured["summary"]["mfu"]},
+        "mfu": {"projected": projected.mfu, "measured": measured["summary"]["mfu"]},
     }
 
 

@@ -5,7 +5,7 @@ Constants and assumptions: docs/design.md section 8 and docs/projection.md. In s
 - Volumes per GPU from the plan (offline_plan.py, or a measured run's own) and the model's mean
   IDs per example (subject.py: the workload protocol, gembench's configs one provider of it); a
   row-split shard serves its rows' share of the lookups (uniform IDs) or the power law's mass
-  over its rows (row_skew(): hot rows first, gembench.workload.zipf_share).
+  over its rows (row_skew(): hot rows first, `zipf_share`).
 - Collectives as TorchRec runs them, alpha-beta per family (`collective_time`, links from the
   cluster file: `Cluster.link`): the KJT all-to-all of IDs; table- and column-wise outputs by
   one all-to-all; row-wise by a world reduce-scatter; table_row_wise and grid by a reduce-scatter
@@ -34,7 +34,6 @@ from gembench.harness.projection.cluster import Cluster
 from gembench.harness.projection.subject import Subject
 from gembench.harness.train.model import ADAM_BYTES
 from gembench.harness.train.parallelize import dense_shards as parallel_shards
-from gembench.workload import zipf_share
 
 STAGES = ("input_dist", "embedding_lookup", "output_dist", "dense_forward", "backward", "grad_sync", "optimizer")
 COMM_STAGES = ("input_dist", "output_dist", "grad_sync")
@@ -192,6 +191,22 @@ def data_parallel_params(result: dict) -> float:
     )
 
 
+def zipf_share(lo: float, hi: float, rows: int, alpha: float) -> float:
+    """What row_skew()'s exponents mean: the share of lookups of a table of ``rows`` rows whose IDs
+    follow the bounded power law p(x) ~ x^-alpha (row 0 hottest) that land in rows [lo, hi).
+    The law's CDF, F(x) = ((x + 1)^(1 - alpha) - 1) / ((rows + 1)^(1 - alpha) - 1), at hi minus at lo."""
+
+    def cdf(x: float) -> float:
+        if alpha == 0:
+            return x / rows
+        if abs(alpha - 1.0) < 1e-9:
+            return math.log(x + 1) / math.log(rows + 1)
+        e = 1.0 - alpha
+        return ((x + 1) ** e - 1) / ((rows + 1) ** e - 1)
+
+    return cdf(min(hi, rows)) - cdf(max(lo, 0))
+
+
 def _lookup_shares(sizes: list, offsets: list, rows: int, alpha: float) -> np.ndarray:
     """The share of a row-split table's lookups each shard serves: its share of the rows when IDs
     are uniform over them (hashed), the power law's mass over its row range when hot rows come first."""
@@ -320,6 +335,108 @@ def _offsets(t: dict) -> list:
     return [[0, 0]] * len(sizes)
 
 
+@dataclass(frozen=True)
+class StageCost:
+    """One stage of a projected step: its time, what the schedule leaves of it on the critical
+    path, and the GPU that sets it and by what (SET_BY's kinds)."""
+
+    time_s: float
+    exposed_s: float
+    gpu: int
+    set_by: str
+
+
+@dataclass(frozen=True)
+class CriticalPath:
+    """The stage the schedule hides least, the GPU that sets it, and its share of the step."""
+
+    stage: str
+    gpu: int
+    set_by: str
+    exposed_s: float
+    share: float
+
+
+@dataclass(frozen=True)
+class MostBytes:
+    """The GPU with the most of some bytes of the step, its bytes and the mean over the GPUs."""
+
+    gpu: int
+    bytes: float
+    mean_bytes: float
+
+
+@dataclass(frozen=True)
+class DenseCompute:
+    """The dense forward and backward of one GPU (alike on every GPU: the one ending last named)."""
+
+    gpu: int
+    s: float
+    alike: bool = True
+
+
+@dataclass(frozen=True)
+class MostLoaded:
+    lookup_bytes: MostBytes
+    all_to_all_bytes: MostBytes
+    dense_compute: DenseCompute
+
+
+@dataclass(frozen=True)
+class Imbalance:
+    """Max over mean of the GPUs' embedding lookup bytes, and the two."""
+
+    max_mean: float
+    lookup_bytes_max: float
+    lookup_bytes_mean: float
+
+
+@dataclass(frozen=True)
+class StepMemory:
+    """HBM per GPU: the largest GPU's embedding shards plus the dense side, against the cluster's."""
+
+    per_gpu_bytes: float
+    embeddings_bytes: float
+    dense_bytes: float
+    activations_bytes: float
+    hbm_bytes: float
+    fits: bool
+
+
+@dataclass(frozen=True)
+class PricedStep:
+    """One projected step of a plan (`Pricer.price`); ``to_dict()`` is a projection row's figures
+    (gembench.projection/1), in this order."""
+
+    world: int
+    nodes: int
+    per_rank_batch: int
+    global_batch: int
+    schedule: str
+    stages: dict[str, StageCost]  # by STAGES
+    step_time_s: float
+    examples_per_s: float
+    mfu: float
+    hfu: float | None  # executed FLOPs over the step (None: nothing checkpointed runs again)
+    critical_path: CriticalPath
+    most_loaded: MostLoaded
+    imbalance: Imbalance
+    exposed_comm_s: float
+    exposed_comm_fraction: float
+    memory: StepMemory
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Rating:
+    """A plan as the planner rates it (`Pricer.rate`): the projected step and its imbalance (max/mean)."""
+
+    step_time_s: float
+    imbalance: float
+
+
 class Pricer:
     """Prices plans of one setup (model, world, per-rank batch, cluster, compute, schedule, stack):
     what does not depend on the plan is computed once."""
@@ -382,9 +499,16 @@ class Pricer:
             "grad_cross": most("all_to_all", "embedding_grad_all_to_all", cross, self.volumes.nodes, per_node=1),
         }
 
-    def price(self, tables: dict[str, dict], rating: bool = False) -> dict:
+    def rate(self, tables: dict[str, dict]) -> Rating:
+        """The step and imbalance only: the planner's perf model (offline_plan.ProjectedStep)."""
+        return self._price(tables, rating=True)
+
+    def price(self, tables: dict[str, dict]) -> PricedStep:
         """One projected step: stages (time, exposed time, the GPU that sets it and by what), step,
-        MFU, imbalance, memory. ``rating``: the step and imbalance only (the planner's perf model)."""
+        MFU, imbalance, memory."""
+        return self._price(tables, rating=False)
+
+    def _price(self, tables: dict[str, dict], rating: bool) -> PricedStep | Rating:
         c, w, cl, batch = self.compute, self.world, self.cluster, self.batch
         v = self.volumes(tables)
         over = c.overhead_s
@@ -432,7 +556,7 @@ class Pricer:
         mean = v["lookup"].mean()
         imbalance = float(v["lookup"].max() / mean) if mean > 0 else 1.0
         if rating:
-            return {"step_time_s": step, "imbalance": imbalance}
+            return Rating(step, imbalance)
         comm_exposed = exposed["input_dist"] + exposed["output_dist"] + grad_comm + dp_sync + exposed["grad_sync"]
         a2a_bytes = v["kjt_send"] + v["kjt_recv"] + v["a2a_send"] + v["a2a_recv"] + v["cross_send"] + v["cross_recv"]
         # who sets each stage: the GPU with the most of what the stage's largest part moves
@@ -448,50 +572,38 @@ class Pricer:
         critical = max(STAGES, key=lambda k: exposed[k])
         memory = float(v["held"].max()) + sum(self.side.values())
         flops = train_flops(self.fwd * w * batch)
-        return {
-            "world": w,
-            "nodes": self.volumes.nodes,
-            "per_rank_batch": batch,
-            "global_batch": w * batch,
-            "schedule": self.schedule,
-            "stages": {
-                k: {"time_s": stages[k], "exposed_s": exposed[k], "gpu": gpu[k], "set_by": by[k]} for k in STAGES
-            },
-            "step_time_s": step,
-            "examples_per_s": w * batch / step if step else 0.0,
-            "mfu": mfu(flops, step, cl.peak_tflops, w),
+        return PricedStep(
+            world=w,
+            nodes=self.volumes.nodes,
+            per_rank_batch=batch,
+            global_batch=w * batch,
+            schedule=self.schedule,
+            stages={k: StageCost(stages[k], exposed[k], gpu[k], by[k]) for k in STAGES},
+            step_time_s=step,
+            examples_per_s=w * batch / step if step else 0.0,
+            mfu=mfu(flops, step, cl.peak_tflops, w),
             # executed FLOPs: the model's plus the checkpointed blocks' forward run again
-            "hfu": mfu(flops + self.recomputed_share * self.fwd * w * batch, step, cl.peak_tflops, w)
+            hfu=mfu(flops + self.recomputed_share * self.fwd * w * batch, step, cl.peak_tflops, w)
             if self.recomputed_share
             else None,
-            "critical_path": {
-                "stage": critical,
-                "gpu": gpu[critical],
-                "set_by": by[critical],
-                "exposed_s": exposed[critical],
-                "share": exposed[critical] / step if step else 0.0,
-            },
-            "most_loaded": {
-                "lookup_bytes": _most(v["lookup"]),
-                "all_to_all_bytes": _most(a2a_bytes),
-                "dense_compute": {"gpu": heavy, "s": dense_fwd + dense_bwd, "alike": True},
-            },
-            "imbalance": {
-                "max_mean": imbalance,
-                "lookup_bytes_max": float(v["lookup"].max()),
-                "lookup_bytes_mean": float(mean),
-            },
-            "exposed_comm_s": comm_exposed,
-            "exposed_comm_fraction": min(comm_exposed / step, 1.0) if step else 0.0,
-            "memory": {
-                "per_gpu_bytes": memory,
-                "embeddings_bytes": float(v["held"].max()),
-                "dense_bytes": self.side["dense"],
-                "activations_bytes": self.side["activations"],
-                "hbm_bytes": cl.hbm_bytes,
-                "fits": memory <= cl.hbm_bytes,
-            },
-        }
+            critical_path=CriticalPath(
+                critical, gpu[critical], by[critical], exposed[critical], exposed[critical] / step if step else 0.0
+            ),
+            most_loaded=MostLoaded(
+                _most(v["lookup"]), _most(a2a_bytes), DenseCompute(heavy, dense_fwd + dense_bwd, alike=True)
+            ),
+            imbalance=Imbalance(imbalance, float(v["lookup"].max()), float(mean)),
+            exposed_comm_s=comm_exposed,
+            exposed_comm_fraction=min(comm_exposed / step, 1.0) if step else 0.0,
+            memory=StepMemory(
+                per_gpu_bytes=memory,
+                embeddings_bytes=float(v["held"].max()),
+                dense_bytes=self.side["dense"],
+                activations_bytes=self.side["activations"],
+                hbm_bytes=cl.hbm_bytes,
+                fits=memory <= cl.hbm_bytes,
+            ),
+        )
 
     def _dp_sync(self, dp_params: float) -> float:
         """The data-parallel tables' gradient all-reduce. TorchRec wraps their lookup in a DDP of its
@@ -523,9 +635,9 @@ class Pricer:
         return sync, first, last
 
 
-def _most(x: np.ndarray) -> dict:
+def _most(x: np.ndarray) -> MostBytes:
     r = int(np.argmax(x))
-    return {"gpu": r, "bytes": float(x[r]), "mean_bytes": float(x.mean())}
+    return MostBytes(r, float(x[r]), float(x.mean()))
 
 
 def volumes(
@@ -556,7 +668,7 @@ def project(
     compute: Compute,
     schedule: str = "pipelined",
     stack=None,
-) -> dict:
+) -> PricedStep:
     """One projected step of ``tables`` (a plan): `Pricer.price`."""
     return Pricer(m, m.ids, world, batch, cluster, compute, schedule, stack).price(tables)
 

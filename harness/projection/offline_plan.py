@@ -210,10 +210,10 @@ class ProjectedStep:
             }
             for so in plan
         }
-        r = self.pricer.price(tables, rating=True)
+        r = self.pricer.rate(tables)
         self.rated += 1
-        self.best_imbalance = min(self.best_imbalance, r["imbalance"])
-        return r["step_time_s"]
+        self.best_imbalance = min(self.best_imbalance, r.imbalance)
+        return r.step_time_s
 
 
 class ClassDescent:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gembench.harness.projection.cost import Exchange
+from gembench.harness.projection.cost import Exchange, PricedStep
 
 
 @dataclass(frozen=True)
@@ -77,18 +77,18 @@ EXCHANGES = (
 DP_THRESHOLD_GIB = {1: 0.008, 8: 0.0125, 16: 0.0125}  # nodes -> HugeCTR's DP_SHARDING_THRESHOLD
 
 
-def held_against(pub: Published, row: dict, priced: list[tuple[str, dict]]) -> dict:
-    """The published figure beside the row, and beside each difference priced (what, its row)."""
-    ratio = lambda r: r["examples_per_s"] / pub.examples_per_s  # noqa: E731
+def held_against(pub: Published, step: PricedStep, priced: list[tuple[str, PricedStep]]) -> dict:
+    """The published figure beside the row's step, and beside each difference priced (what, its step)."""
+    ratio = lambda r: r.examples_per_s / pub.examples_per_s  # noqa: E731
     return {
         "system": pub.system,
         "source": pub.source,
         "global_batch": pub.global_batch,
         "examples_per_s": pub.examples_per_s,
-        "ratio": ratio(row),
-        "same_batch": row["global_batch"] == pub.global_batch,
+        "ratio": ratio(step),
+        "same_batch": step.global_batch == pub.global_batch,
         "differences": [
-            {"what": what, "examples_per_s": r["examples_per_s"], "ratio": ratio(r), "step_time_s": r["step_time_s"]}
+            {"what": what, "examples_per_s": r.examples_per_s, "ratio": ratio(r), "step_time_s": r.step_time_s}
             for what, r in priced
         ],
     }

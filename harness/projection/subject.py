@@ -1,4 +1,4 @@
-"""What the projection reads of a model, from the workload protocol alone (gembench/workload.py).
+"""What the projection reads of a model, from the workload protocol alone (workload.py).
 
 A config of the zoo and a team's own ``--model`` workload are projected by the same code: the
 tables (TorchRec configs; an EmbeddingConfig table is an unpooled sequence), the mean IDs per
@@ -141,7 +141,7 @@ def subject_of_result(result: dict, path: str, as_run: bool = False) -> Subject:
 
         workload = workload_of(measured["name"], batch=batch)
         return Subject.of(workload.on_device(result["run"].get("device", "cpu")) if as_run else workload)
-    from gembench.workload import load_workload
+    from gembench.loader import load_workload
 
     recorded = result.get("workload") or {}
     workload = load_workload(recorded.get("import_path", measured.get("source", "")), recorded.get("args") or {})

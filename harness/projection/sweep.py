@@ -60,13 +60,14 @@ def sweep(
             },
         }
         if plan.fits:
-            row |= pricer.price(plan.tables)
+            step = pricer.price(plan.tables)
+            row |= step.to_dict()
             row["imbalance"]["best_found"] = plan.best_imbalance
             pub = published(m.name, cluster.name, world) if m.source == "config" else None
             if pub:
                 row["published"] = _held_against(
                     pub,
-                    row,
+                    step,
                     plan.tables,
                     wm,
                     ids,
@@ -91,8 +92,8 @@ def sweep(
     return rows
 
 
-def _held_against(pub, row, tables, m, ids, world, batch, cluster, compute, schedule, stack, reserved, key, use_cache):
-    """The published system beside the row, and the row priced with each of its differences."""
+def _held_against(pub, step, tables, m, ids, world, batch, cluster, compute, schedule, stack, reserved, key, use_cache):
+    """The published system beside the row's step, and the row priced with each of its differences."""
     priced = [
         (what, Pricer(m, ids, world, batch, cluster, compute, schedule, stack, x).price(tables))
         for what, x in EXCHANGES
@@ -107,4 +108,4 @@ def _held_against(pub, row, tables, m, ids, world, batch, cluster, compute, sche
             rows = int(limit / (max(t.embedding_dim for t in m.tables) * 4))
             what = f"data_parallel only under HugeCTR's threshold ({rows:,} rows), planned again"
             priced.append((what, pricer.price(again.tables)))
-    return held_against(pub, row, priced)
+    return held_against(pub, step, priced)

@@ -14,7 +14,8 @@ import torch
 from gembench.errors import UsageError
 from gembench.harness.device.hardware import memory_available
 from gembench.harness.train.stack import STACKS, StackOptions, stack_label
-from gembench.workload import Workload, named
+from gembench.loader import named
+from gembench.workload import Workload
 
 FIT_SHARE = 0.9  # of the free memory a run may plan to use: the allocator fragments the rest
 

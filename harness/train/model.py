@@ -23,8 +23,7 @@ from gembench.errors import UsageError
 from gembench.harness.metrics.imbalance import hot_share
 from gembench.harness.train import nvtx
 from gembench.harness.train.parallelize import embedding_parameters, fsdp_units, sparse_modules, submodule
-from gembench.workload import (
-    Workload,
+from gembench.loader import (
     batch_fields,
     batch_spec,
     check_batch,
@@ -35,6 +34,7 @@ from gembench.workload import (
     named,
     workload_hash,
 )
+from gembench.workload import Workload
 
 FLOPS_TOLERANCE = 0.01  # a formula the counter contradicts by more than this is refused
 ADAM_BYTES = 8  # Adam's m and v, fp32, per dense parameter

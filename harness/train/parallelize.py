@@ -17,7 +17,8 @@ import torch
 from torch import nn
 
 from gembench.errors import UsageError
-from gembench.workload import Workload, dense_roots, named, torchrec_types
+from gembench.loader import named
+from gembench.workload import Workload, dense_roots, torchrec_types
 
 
 def sparse_modules(model: nn.Module) -> list[nn.Module]:

@@ -46,7 +46,7 @@ from gembench.harness.train.runconfig import RunConfig
 from gembench.harness.train.runner import MAX_DISTINCT_BATCHES
 from gembench.harness.train.stack import StackOptions, autocast_for, on_ranks, seeded_model
 from gembench.harness.train.step import StageClock, losses
-from gembench.workload import kjt_fields
+from gembench.loader import kjt_fields
 
 LOAD_BATCHES = 8  # batches whose real input dist is counted for the measured load
 
