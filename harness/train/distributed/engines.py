@@ -261,6 +261,7 @@ class PipelineStep:
         )
         self.optimizer = CombinedOptimizer([dmp.fused_optimizer, dense])
         self.pipeline = TrainPipelineSparseDist(dmp, self.optimizer, device, execute_all_batches=True)
+        self.device = device
         self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
         self.times: dict[str, float] = {}
         for method, phase in self.PHASES.items():
