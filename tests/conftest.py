@@ -29,12 +29,12 @@ def _small_peak_cache(tmp_path_factory):
     cores = os.cpu_count() or 1
     for threads in sorted({1, max(1, cores // 2), cores, torch.get_num_threads()}):
         with calibration.torch_threads(threads):
-            tflops = calibration.time_gemm(1024, calibration.DTYPES["bf16"], 0.2)  # the reference peak is bf16's
+            tflops, size = calibration.time_gemm(1024, calibration.DTYPES["bf16"], 0.2)  # the reference peak is bf16's
         entry = calibration.Entry(calibration.cpu_model(), "bf16", threads, torch.__version__)
         now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         entry.add(
             calibration.Measurement(
-                round(1.25 * tflops, 4), 1024, 1, threads, now, [0.0] * 3, 0.0, cores, True, "tests"
+                round(1.25 * tflops, 4), size, 1, threads, now, [0.0] * 3, 0.0, cores, True, "tests"
             )
         )
         calibration.save_entry(entry)

@@ -32,7 +32,7 @@ class FakeMachine:
 
     def time_gemm(self, n, dtype, seconds):
         self.gemms += 1
-        return self.tflops * n / max(calibration.CALIBRATION_SIZES)  # the largest size is the fastest
+        return self.tflops * n / max(calibration.CALIBRATION_SIZES), n  # the largest size is the fastest
 
 
 def plant(tflops: float, quiet=True, threads=None) -> None:
@@ -183,3 +183,12 @@ def process(rank: int, peak, backward_s: float, step_s: float):
         peak_memory_run_source="", memory_estimate_ratio=None, memory_estimate={}, activation_bytes=0,
         dense_state_bytes={}, counters=None,
     )  # fmt: skip
+
+
+def test_a_gemm_this_machine_cannot_afford_is_timed_smaller(monkeypatch):
+    """bf16 with no fast path runs at about a GFLOP/s: 3072^3 would take a minute a GEMM."""
+    real = calibration.time.perf_counter
+    clock = iter([1.0, 2.0])  # the 256^3 GEMM "takes" a second: 1024^3 would take a minute
+    monkeypatch.setattr(calibration.time, "perf_counter", lambda: next(clock, None) or real())
+    assert calibration.affordable_size(3072, torch.float32, 0.5) == 192  # 3072 halved four times
+    assert calibration.affordable_size(3072, torch.float32, 1e9) == 3072

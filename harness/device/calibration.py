@@ -231,8 +231,24 @@ def clear() -> list[Path]:
 # -- measuring ---------------------------------------------------------------------------------
 
 
-def time_gemm(n: int, dtype: torch.dtype, seconds: float) -> float:
-    """TFLOP/s of repeated n x n x n GEMMs for about ``seconds`` (after one warm-up)."""
+def affordable_size(n: int, dtype: torch.dtype, seconds: float) -> int:
+    """``n``, halved (down to 128) while one n x n x n GEMM would take over 4 x ``seconds``, as
+    predicted from a 256^3 GEMM timed first. Where ``dtype`` has no fast path (bf16 on a CPU
+    without AVX-512 BF16 or AMX runs at about a GFLOP/s) the largest size would take minutes."""
+    a = torch.randn(256, 256, dtype=dtype)
+    torch.mm(a, a)
+    start = time.perf_counter()
+    torch.mm(a, a)
+    small = time.perf_counter() - start
+    while n > 128 and small * (n / 256) ** 3 > 4 * seconds:
+        n //= 2
+    return n
+
+
+def time_gemm(n: int, dtype: torch.dtype, seconds: float) -> tuple[float, int]:
+    """(TFLOP/s, size) of repeated GEMMs for about ``seconds`` (after one warm-up), at n x n x n or
+    the smaller size this machine affords in that time (affordable_size)."""
+    n = affordable_size(n, dtype, seconds)
     a = torch.randn(n, n, dtype=dtype)
     b = torch.randn(n, n, dtype=dtype)
     torch.mm(a, b)  # warm-up: thread pool, packing buffers
@@ -242,7 +258,7 @@ def time_gemm(n: int, dtype: torch.dtype, seconds: float) -> float:
         reps += 1
         elapsed = time.perf_counter() - start
         if elapsed >= seconds and reps >= 2:
-            return 2 * n**3 * reps / elapsed / 1e12
+            return 2 * n**3 * reps / elapsed / 1e12, n
 
 
 def _busy_ticks() -> float | None:
@@ -302,9 +318,9 @@ def measure(
         for _ in range(rounds):
             probe.start()
             for n in CALIBRATION_SIZES:
-                tflops = time_gemm(n, DTYPES[dtype], seconds)
+                tflops, size = time_gemm(n, DTYPES[dtype], seconds)
                 if tflops > best:
-                    best, best_size = tflops, n
+                    best, best_size = tflops, size
             busy = probe.stop()
             others = busy if others is None else min(others, busy)
     return Measurement(
@@ -339,7 +355,7 @@ _this_process: dict = {}  # (dtype, threads) -> provisional Calibrated: one busy
 def probe(m: Measurement, dtype: str, threads: int) -> float:
     """A short GEMM at the cached best's size (PROBE_SECONDS): what this machine does now."""
     with torch_threads(threads):
-        return time_gemm(m.size or max(CALIBRATION_SIZES), DTYPES[dtype], PROBE_SECONDS)
+        return time_gemm(m.size or max(CALIBRATION_SIZES), DTYPES[dtype], PROBE_SECONDS)[0]
 
 
 def peak(dtype: str, threads: int | None = None) -> Calibrated:
