@@ -8,6 +8,7 @@ besides tensors. Each run is its own process, so one run's caches do not hide in
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from synthetic import gembench_cli
@@ -20,7 +21,7 @@ from gembench.models.memory import memory_estimate
 
 # AVX-512 BF16 or AMX; without them torch emulates bf16 (about a GFLOP/s), and the bf16 stack's
 # estimate, checked where the instructions are, came to 2.2x the run's memory on an AVX2-only EPYC
-NATIVE_BF16 = any(flag in open("/proc/cpuinfo").read() for flag in ("avx512_bf16", "amx_bf16"))
+NATIVE_BF16 = bool({"avx512_bf16", "amx_bf16"} & set(Path("/proc/cpuinfo").read_text().split()))
 
 pytestmark = pytest.mark.reads_shared_runs("tiny_run")  # by request.getfixturevalue
 
