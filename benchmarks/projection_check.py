@@ -49,7 +49,7 @@ def sharding(config: str, plan: str) -> str:
     is one an EmbeddingCollection cannot take."""
     from torchrec import EmbeddingBagConfig
 
-    from gembench.harness.train.model import workload_of
+    from gembench.harness.train.workloads import workload_of
 
     if plan not in POOLED_ONLY:
         return plan
@@ -83,7 +83,7 @@ def checked(run: Path, one: Path, cluster: Path) -> dict:
 def measure(config: str, root: Path, isolated: Path, common: list[str], twin: bool) -> list[dict]:
     """One round of ``config``: its references, a 2-rank run per plan, the in-run links fitted on
     the planner's-plan run's trace, and ``--check`` of every run with both links."""
-    from gembench.harness.train.model import workload_of
+    from gembench.harness.train.workloads import workload_of
 
     batch, trace = workload_of(config).global_batch, root / f"{config}-trace"
     for old in root.glob(f"{config}-*.json"):  # results are never overwritten: a round starts clean

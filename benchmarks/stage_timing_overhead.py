@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gembench.harness.train.model import workload_of
 from gembench.harness.train.stack import STACKS, build_train_state, with_switches
 from gembench.harness.train.step import run_steps
+from gembench.harness.train.workloads import workload_of
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 EXAMPLE_SPECS = [(f"{EXAMPLES}/torchrec_dlrm.py:dlrm", ("max_rows=10000",)), (f"{EXAMPLES}/two_tower.py:two_tower", ())]

@@ -283,6 +283,7 @@ def test_the_staged_step_leaves_a_data_parallel_tables_gradient_to_torchrec(tmp_
 
     from gembench.harness.train.distributed.engines import StagedStep
     from gembench.harness.train.distributed.plan import data_parallel_tables, dense_parameters, shard
+    from gembench.harness.train.measure import World
     from gembench.harness.train.stack import STACKS
 
     class Model(torch.nn.Module):
@@ -307,7 +308,7 @@ def test_the_staged_step_leaves_a_data_parallel_tables_gradient_to_torchrec(tmp_
         names = {id(p): n for n, p in dmp.named_parameters()}
         assert {names[i] for i in data_parallel_tables(dmp)} == {"ebc.embedding_bags.t0.weight"}
         assert "ebc.embedding_bags.t0.weight" in {names[id(p)] for p in dense_parameters(dmp)}  # Adam steps it
-        step = StagedStep(dmp, torch.device("cpu"), 1, STACKS["optimized"], None, [])
+        step = StagedStep(dmp, torch.device("cpu"), World(), STACKS["optimized"], None, [])
         assert {names[id(p)] for p in step.replicated} == {"head.weight", "head.bias"}
     finally:
         dist.destroy_process_group()

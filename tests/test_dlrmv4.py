@@ -204,12 +204,12 @@ def test_capped_training_step_and_its_flops_per_example(tmp_path):
     layout's blocks, and the runner's model FLOPs per example (flops.model_per_step over
     run.global_batch) at 3 x the expected forward (every sequence max_len long, "fixed")."""
     from gembench.harness.metrics.mfu import train_flops
-    from gembench.harness.train.model import described
     from gembench.harness.train.result import timed_batches
     from gembench.harness.train.runconfig import RunConfig
     from gembench.harness.train.runner import build_state, prepare
     from gembench.harness.train.stack import STACKS
     from gembench.harness.train.step import run_steps
+    from gembench.harness.train.work import described
 
     options = dataclasses.replace(STACKS["optimized"], compile=False)
     run = RunConfig(str(small_copy(tmp_path)), steps=1, warmup=0, device="cpu", peak_tflops=1.0)

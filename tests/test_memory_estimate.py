@@ -74,7 +74,7 @@ def test_what_does_not_fit_is_refused_naming_the_batch_that_would(monkeypatch):
     import torch
 
     import gembench.harness.train.memory as memory
-    from gembench.harness.train.model import parameter_shapes
+    from gembench.harness.train.memory import parameter_shapes
     from gembench.models.zoo import ZooWorkload
 
     cfg = load_config("medium")

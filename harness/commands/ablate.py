@@ -118,8 +118,9 @@ def _ablate(args: argparse.Namespace) -> int:
     from gembench.harness.device.hardware import resolve_device
     from gembench.harness.report.numbers import pct
     from gembench.harness.store.reservation import write_or_fallback
-    from gembench.harness.train.model import memory_estimate, parameter_shapes, workload_of
+    from gembench.harness.train.memory import memory_estimate, parameter_shapes
     from gembench.harness.train.runner import measure_stack, prepare, summarized
+    from gembench.harness.train.workloads import workload_of
 
     workload = workload_of(args.config, args.model, args.model_args, args.batch)
     device_type = resolve_device(args.device).type

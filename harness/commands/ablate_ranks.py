@@ -50,8 +50,8 @@ def skipped_switches(workload) -> set[str]:
     """The switches that do not act on the workload: those not applicable to it (the zoo's
     attention kernel and content where it has none; compile where it names nothing to compile),
     and each checkpointing mode that wraps none of its blocks (``activation_checkpointing=hstu``)."""
-    from gembench.harness.train.model import applied_switches
     from gembench.harness.train.stack import CHOICES, STACKS
+    from gembench.harness.train.workloads import applied_switches
 
     skip = set(applied_switches(workload, STACKS["baseline"]).not_applicable)
     for mode in CHOICES["activation_checkpointing"][1:]:
@@ -64,7 +64,7 @@ def rank_variants(args) -> list:
     """RANK_VARIANTS that act on the model (skipped_switches): content=off for a config with
     a [content] section, HSTU checkpointing where it has HSTU layers, checkpointing all where it
     names blocks, compile where it names what to compile."""
-    from gembench.harness.train.model import workload_of
+    from gembench.harness.train.workloads import workload_of
 
     skip = skipped_switches(workload_of(args.config, args.model, args.model_args))
     return [v for v in RANK_VARIANTS if not any(s in skip or s.partition("=")[0] in skip for s in v[1])]

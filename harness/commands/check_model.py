@@ -44,10 +44,12 @@ def main(args: argparse.Namespace) -> int:
     if not args.no_ranks:
         torch.set_num_threads(1)  # before any op: the 2-rank check forks its ranks from this process
 
-    from gembench.harness.train import model as M
+    from gembench.harness.train.memory import parameter_shapes
     from gembench.harness.train.parallelize import sparse_modules
     from gembench.harness.train.stack import build_train_state, stack_options
     from gembench.harness.train.step import losses
+    from gembench.harness.train.work import counted_flops, flops_of
+    from gembench.harness.train.workloads import prepared, seeded
     from gembench.loader import check_batch, load_workload
 
     failed = False
@@ -63,7 +65,7 @@ def main(args: argparse.Namespace) -> int:
     meta = workload.build(torch.device("meta"))
     sparse = sparse_modules(meta) if isinstance(meta, torch.nn.Module) else []
     on_meta = isinstance(meta, torch.nn.Module) and all(p.is_meta for p in meta.parameters())
-    counts = M.parameter_shapes(workload, meta) if on_meta else {}
+    counts = parameter_shapes(workload, meta) if on_meta else {}
     line(
         on_meta and bool(sparse),
         "builds on meta",
@@ -72,7 +74,7 @@ def main(args: argparse.Namespace) -> int:
         if on_meta
         else "build(meta) must return an nn.Module whose parameters are all on the meta device",
     )
-    batches, ident = M.prepared(workload, args.seed, count=2, meta=meta if on_meta else None)  # shapes: exit 2
+    batches, ident = prepared(workload, args.seed, count=2, meta=meta if on_meta else None)  # shapes: exit 2
     for r in (0, 1):
         check_batch(workload, workload.batch(0, r, 2, args.seed), r, 2)
     same = _same(workload.batch(0, 0, 1, args.seed), batches[0]) and _same(
@@ -81,11 +83,11 @@ def main(args: argparse.Namespace) -> int:
     line(same, "seeded batches", f"batch 0 and 1 drawn twice {'equal' if same else 'DIFFER'}; hash {ident.hash}")
 
     torch.manual_seed(args.seed)
-    model = M.seeded(workload, torch.device("cpu"), args.seed)
-    per_block, basis = M.flops_of(workload, model, batches[:1])  # a contradicting formula: exit 2
+    model = seeded(workload, torch.device("cpu"), args.seed)
+    per_block, basis = flops_of(workload, model, batches[:1])  # a contradicting formula: exit 2
     total = sum(per_block[0].values())
     if basis == "formula":
-        counted = sum(M.counted_flops(workload, model, batches[0]).values())
+        counted = sum(counted_flops(workload, model, batches[0]).values())
         line(
             True,
             "FLOPs",
@@ -122,11 +124,11 @@ def _ranks(args, workload) -> tuple[bool, str, str]:
     slices (mean over the ranks' slices: each rank's loss is over its own examples)."""
     import torch
 
-    from gembench.harness.train import model as M
     from gembench.harness.train.distributed.launch import relaunch
     from gembench.harness.train.step import losses
+    from gembench.harness.train.workloads import seeded
 
-    model = M.seeded(workload, torch.device("cpu"), args.seed)
+    model = seeded(workload, torch.device("cpu"), args.seed)
     with torch.no_grad():
         slices = [workload.batch(0, r, 2, args.seed) for r in (0, 1)]
         want = sum(float(losses(workload, workload.forward(model, b), b)[0]) for b in slices) / 2
@@ -175,12 +177,12 @@ def rank_check(args, out: Path) -> int:
     import torch
     import torch.distributed as dist
 
-    from gembench.harness.train import model as M
     from gembench.harness.train.distributed import library_logs
     from gembench.harness.train.distributed.carry import load_unsharded
     from gembench.harness.train.distributed.plan import shard_workload
     from gembench.harness.train.distributed.process_group import init_process_group, torchrun_env
     from gembench.harness.train.step import losses
+    from gembench.harness.train.workloads import seeded
     from gembench.loader import load_workload
 
     library_logs.install(False)
@@ -190,7 +192,7 @@ def rank_check(args, out: Path) -> int:
     try:
         workload = load_workload(args.spec, args.model_args)
         rank, world = env["rank"], env["world_size"]
-        model = M.seeded(workload, dev, args.seed)
+        model = seeded(workload, dev, args.seed)
         unsharded = {k: v.detach() for k, v in model.state_dict().items()}
         dmp, planned = shard_workload(
             workload, model, env, dev, workload.global_batch // world, None, workload.pooling(), None, False

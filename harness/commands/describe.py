@@ -49,26 +49,28 @@ def configure(p: argparse.ArgumentParser) -> None:
 def describe(workload) -> dict:
     """A workload's sizes, FLOPs per example and block, and memory estimates, from the protocol:
     tables and parameters from the meta build; FLOPs from flops_per_example(), else its batch
-    formula, else counted; memory by stack and by switch (model.memory_estimate)."""
+    formula, else counted; memory by stack and by switch (memory_estimate)."""
     from dataclasses import replace
 
     import torch
     from torchrec import EmbeddingBagConfig
 
     from gembench.harness.metrics.mfu import TRAIN_FLOPS_PER_FORWARD
-    from gembench.harness.train import model as M
+    from gembench.harness.train.memory import activations_estimated, memory_estimate, parameter_shapes
     from gembench.harness.train.stack import STACKS
+    from gembench.harness.train.work import flops_per_example
+    from gembench.harness.train.workloads import identity
 
     meta = workload.build(torch.device("meta"))
-    counts = M.parameter_shapes(workload, meta)
-    ident = M.identity(workload, meta=meta)
-    per_example, basis = M.flops_per_example(workload)
+    counts = parameter_shapes(workload, meta)
+    ident = identity(workload, meta=meta)
+    per_example, basis = flops_per_example(workload)
     forward = sum(per_example.values())
     batch = workload.global_batch
     opt, n = STACKS["optimized"], SWITCH_RANKS
 
     def estimate(options, batch=batch, shards=1, share=1.0, device_type="cuda"):
-        return M.memory_estimate(workload.for_stack(options), counts, batch, options, device_type, shards, share)
+        return memory_estimate(workload.for_stack(options), counts, batch, options, device_type, shards, share)
 
     cells = [
         (f"activation_checkpointing={mode}", replace(opt, activation_checkpointing=mode), batch, 1, 1.0)
@@ -114,7 +116,7 @@ def describe(workload) -> dict:
         "memory_estimate_bytes_by_switch": {
             label: estimate(options, b, shards, share) for label, options, b, shards, share in cells
         },
-        "activations_estimated": M.activations_estimated(workload),
+        "activations_estimated": activations_estimated(workload),
         "details": workload.details(),
     }
 
@@ -126,7 +128,7 @@ def main(args: argparse.Namespace) -> int:
     from tabulate import tabulate
 
     from gembench.harness.report.numbers import si
-    from gembench.harness.train.model import workload_of
+    from gembench.harness.train.workloads import workload_of
 
     d = describe(workload_of(args.config, args.model, args.model_args, args.batch))
     if args.json:

@@ -219,7 +219,7 @@ def project_command(request: ProjectConfig) -> int:
     worlds, batch, per_world = list(request.worlds), request.batch, request.per_world
     result = load_result(request.from_result) if request.from_result else None
     m = _subject(request, result).at_batch(batch)
-    from gembench.harness.train.model import applied_switches
+    from gembench.harness.train.workloads import applied_switches
 
     applied_switches(m.workload.for_stack(stack), stack)  # as `run` takes them: one it cannot take refused
     for w in worlds:
@@ -289,7 +289,7 @@ def _subject(request: ProjectConfig, result: dict | None):
         return Subject.of(workload)
     if request.config is None and result is not None:
         return subject_of_result(result, request.from_result)
-    from gembench.harness.train.model import workload_of
+    from gembench.harness.train.workloads import workload_of
 
     m = Subject.of(workload_of(request.config or "small"))
     if result is not None and result["config"]["name"] != m.name:

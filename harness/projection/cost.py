@@ -32,7 +32,7 @@ from gembench.harness.metrics.comm import bus_factor
 from gembench.harness.metrics.mfu import STAGE_FLOP_SHARE, mfu, train_flops
 from gembench.harness.projection.cluster import Cluster
 from gembench.harness.projection.subject import Subject
-from gembench.harness.train.model import ADAM_BYTES
+from gembench.harness.train.memory import ADAM_BYTES
 from gembench.harness.train.parallelize import dense_shards as parallel_shards
 
 STAGES = ("input_dist", "embedding_lookup", "output_dist", "dense_forward", "backward", "grad_sync", "optimizer")

@@ -6,7 +6,7 @@ example of each (pooling(), else one per feature), the power law of their IDs (r
 uniform), forward FLOPs per example per block (flops_per_example(), else forward_flops() of one
 batch, else FlopCounterMode on one), parameter counts from the meta build, and the memory beside
 the tables (memory_estimate(), else the dense state from the parameter counts, activations not
-estimated). The identity is a run's (model.identity): a config's name and hash, a workload's
+estimated). The identity is a run's (workloads.identity): a config's name and hash, a workload's
 name and the hash of its tables, parameter shapes and batch spec.
 """
 
@@ -33,7 +33,7 @@ class Subject:
     @classmethod
     def of(cls, workload: Workload) -> Subject:
         """A workload (a config's or a ``--model``), identified as its results are."""
-        from gembench.harness.train.model import identity
+        from gembench.harness.train.workloads import identity
 
         ident = identity(workload)
         return cls(workload, ident.name, ident.hash, "workload" if ident.kind == "workload" else "config")
@@ -77,13 +77,13 @@ class Subject:
     @functools.cached_property
     def counts(self) -> dict[str, int]:
         """Embedding and dense parameters (the meta build) and the largest FSDP unit's."""
-        from gembench.harness.train.model import parameter_shapes
+        from gembench.harness.train.memory import parameter_shapes
 
         return parameter_shapes(self.workload, self._meta)
 
     @functools.cached_property
     def _flops(self) -> tuple[dict[str, float], str]:
-        from gembench.harness.train.model import flops_per_example
+        from gembench.harness.train.work import flops_per_example
 
         return flops_per_example(self.workload, _world_for(self.global_batch, FLOPS_SAMPLE))
 
@@ -101,14 +101,14 @@ class Subject:
         """HBM of one GPU beside its embedding shards, at ``batch`` examples per rank: the dense
         weights, gradients and optimizer state (over ``shards`` under FSDP), and the activations
         saved for the backward with the largest transient (0 where the workload gives no estimate)."""
-        from gembench.harness.train.model import memory_estimate
+        from gembench.harness.train.memory import memory_estimate
 
         m = memory_estimate(self.workload.for_stack(stack), self.counts, batch, stack, "cuda", dense_shards=shards)
         return {"dense": m["dense"], "activations": m["activations"] + m["transient"]}
 
     @property
     def activations_estimated(self) -> bool:
-        from gembench.harness.train.model import activations_estimated
+        from gembench.harness.train.memory import activations_estimated
 
         return activations_estimated(self.workload)
 
@@ -137,7 +137,7 @@ def subject_of_result(result: dict, path: str, as_run: bool = False) -> Subject:
     measured = result["config"]
     batch = result["run"].get("global_batch") or measured.get("global_batch")
     if measured.get("kind") != "workload":
-        from gembench.harness.train.model import workload_of
+        from gembench.harness.train.workloads import workload_of
 
         workload = workload_of(measured["name"], batch=batch)
         return Subject.of(workload.on_device(result["run"].get("device", "cpu")) if as_run else workload)

@@ -1,7 +1,7 @@
 """Memory of a run: will it fit (the estimate against the device's free memory, before anything
 is allocated), and what it really took (the measured peak, comparable with the estimate).
 
-The estimate itself is model.memory_estimate: the workload's own where it gives one (the zoo's,
+The estimate itself is ``memory_estimate``: the workload's own where it gives one (the zoo's,
 models/memory.py), else from its parameter shapes.
 """
 
@@ -10,14 +10,84 @@ from __future__ import annotations
 import resource
 
 import torch
+from torch import nn
 
 from gembench.errors import UsageError
 from gembench.harness.device.hardware import memory_available
+from gembench.harness.train.parallelize import embedding_parameters, fsdp_units
 from gembench.harness.train.stack import STACKS, StackOptions, stack_label
 from gembench.loader import named
 from gembench.workload import Workload
 
 FIT_SHARE = 0.9  # of the free memory a run may plan to use: the allocator fragments the rest
+ADAM_BYTES = 8  # Adam's m and v, fp32, per dense parameter
+ADAGRAD_BYTES = 4  # exact Adagrad's sum, fp32, per embedding element
+
+
+def parameter_shapes(workload: Workload, model: nn.Module | None = None) -> dict[str, int]:
+    """Table and dense parameter counts and the largest FSDP unit's, from the meta build (``model``,
+    if one is at hand)."""
+    model = workload.build(torch.device("meta")) if model is None else model
+    tables = embedding_parameters(model)
+    emb = sum(p.numel() for p in model.parameters() if id(p) in tables)
+    dense = sum(p.numel() for p in model.parameters() if id(p) not in tables)
+    blocks, _ = fsdp_units(workload, model) if dense else ([], [])
+    largest = max((sum(p.numel() for p in m.parameters()) for _, m in blocks), default=0)
+    return {
+        "embedding_rows": sum(t.num_embeddings for t in workload.tables()),
+        "embedding_params": emb,
+        "dense_params": dense,
+        "total_params": emb + dense,
+        "largest_block_params": largest,
+    }
+
+
+PARTS = ("embeddings", "dense", "activations", "transient", "build", "runtime")
+
+
+def memory_estimate(
+    workload: Workload,
+    counts: dict,
+    batch: int,
+    options,
+    device_type: str,
+    dense_shards: int = 1,
+    embedding_share: float = 1.0,
+    on_rank: bool = False,
+) -> dict[str, float]:
+    """Training memory of one process or rank at ``batch`` examples, by part, and its total, as
+    models/memory.py defines them: total = max(build, embeddings + dense + activations +
+    transient) + runtime. What the workload estimates itself (memory_estimate(); the zoo: every
+    part) stands; the rest is from the parameter shapes: tables fp32 + Adagrad state (+ a dense
+    gradient without fused tables, + the plain tables while the fused ones are built), dense
+    weights, gradients, Adam m and v (+ a bf16 copy), split over ``dense_shards`` under FSDP2;
+    activations and the runtime's growth 0 (not estimated: the measured peak is the figure)."""
+    fused = getattr(options, "fused_embeddings", True)  # None: the optimized stack
+    emb = counts["embedding_params"] * (4 + ADAGRAD_BYTES + (0 if fused else 4))
+    build = emb + counts["embedding_params"] * 4 * (1 if fused else 0)
+    if embedding_share < 1.0:  # a rank builds every plain table, then DMP keeps its shards (fused)
+        emb *= embedding_share
+        build = counts["embedding_params"] * 4 + emb
+    cast = 2 if getattr(options, "bf16", True) else 0
+    parts = {
+        "embeddings": float(emb),
+        "dense": float(counts["dense_params"] * (4 + 4 + ADAM_BYTES + cast) / dense_shards),
+        "activations": 0.0,
+        "transient": 0.0,
+        "build": float(build),
+        "runtime": 0.0,
+    }
+    given = workload.memory_estimate(
+        batch, options, device_type, dense_shards, embedding_share=embedding_share, on_rank=on_rank
+    )
+    parts.update({k: float(v) for k, v in (given or {}).items() if k in PARTS})
+    steady = sum(parts[k] for k in ("embeddings", "dense", "activations", "transient"))
+    return {**parts, "total": float(max(parts["build"], steady) + parts["runtime"])}
+
+
+def activations_estimated(workload: Workload) -> bool:
+    """Whether the workload estimates its own activations (memory_estimate() overridden)."""
+    return type(workload).memory_estimate is not Workload.memory_estimate
 
 
 def combined_estimate(estimates: list[dict]) -> dict:
@@ -43,8 +113,6 @@ def stacks_estimate(
     workload: Workload, counts: dict, batch_size: int, stacks: list[StackOptions], device_type: str
 ) -> dict:
     """One process holding ``stacks`` (each as it runs the workload: for_stack), at ``batch_size``."""
-    from gembench.harness.train.model import memory_estimate
-
     return combined_estimate(
         [memory_estimate(workload.for_stack(s), counts, batch_size, s, device_type) for s in stacks]
     )
@@ -94,7 +162,7 @@ def check_fits(
     """Refuse, before allocating anything, a run whose estimated peak exceeds the device's free memory.
 
     ``stacks``: the stacks the process will hold (two for --ab); default the optimized one.
-    ``counts``: model.parameter_shapes of the workload.
+    ``counts``: parameter_shapes of the workload.
     """
     stacks = stacks or [STACKS["optimized"]]
     estimate = stacks_estimate(workload, counts, batch_size, stacks, device.type)

@@ -1,7 +1,7 @@
 """The one result of a run, for one process and N ranks alike: one process is a world of one.
 
 Every process describes what it measured in a record (`process_record`): its samples, the FLOPs
-and bytes of the batches it trained on (model.described), its memory, counters and peak. Rank 0 (or
+and bytes of the batches it trained on (work.described), its memory, counters and peak. Rank 0 (or
 the one process) turns the records into the result document (`build_result`, schema
 ``gembench.result/1``, fields in store/results.py). Job-level samples are per step: step time =
 the slowest process's, stage time = the slowest process's in that stage (the critical path), model
@@ -98,7 +98,7 @@ def process_record(
     **sharded,
 ) -> ProcessRecord:
     """The record of one process of ``world`` (measure.World) from its ``measurement``
-    (measure.Measurement) and ``shape`` (model.described of the timed batches); ``estimate``: the
+    (measure.Measurement) and ``shape`` (work.described of the timed batches); ``estimate``: the
     memory estimate it is held against; ``sharded``: hot, loads, comm, comm_calls of a rank."""
     samples, memory = measurement.samples, measurement.memory
     return ProcessRecord(

@@ -18,12 +18,15 @@ from gembench.errors import UsageError
 from gembench.harness.device.hardware import Peak, memory_available, reference_peak, resolve_device
 from gembench.harness.metrics import counters, trace
 from gembench.harness.regression.stats import paired_ratio_interval
-from gembench.harness.train import model, nvtx
+from gembench.harness.train import nvtx
 from gembench.harness.train.measure import Measurement, RunMemory, World, measure
 from gembench.harness.train.memory import (
     FIT_SHARE,
+    activations_estimated,
     check_fits,
     fit_hint,
+    memory_estimate,
+    parameter_shapes,
     peak_memory_bytes,
     reset_peak_memory,
 )
@@ -32,6 +35,8 @@ from gembench.harness.train.result import ProcessRecord, build_result, process_r
 from gembench.harness.train.runconfig import RunConfig
 from gembench.harness.train.stack import STACKS, StackOptions, autocast_for, build_train_state
 from gembench.harness.train.step import ProcessEngine, StepSamples, out_of_memory
+from gembench.harness.train.work import described, formula_flops, stack_flops
+from gembench.harness.train.workloads import Identity, applied_switches, identity, prepared, section, workload_of
 from gembench.workload import Workload
 
 MAX_DISTINCT_BATCHES = 32  # batches are prepared up front and cycled, like a prefetching loader
@@ -44,14 +49,14 @@ class Setup:
 
     run: RunConfig
     workload: Workload
-    ident: model.Identity
+    ident: Identity
     device: torch.device
     peak: Peak
     batches: list
     flops: list  # per batch {block: forward FLOPs} of the workload as given (for_stack may differ)
     basis: str  # "formula" (checked against FlopCounterMode) or "counted"
     estimate: dict
-    counts: dict  # model.parameter_shapes
+    counts: dict  # parameter_shapes
     sparse: int  # TorchRec modules in the model
     available: float = 0.0  # free device memory when the run was prepared
 
@@ -63,10 +68,10 @@ class Setup:
         """The per-batch FLOPs of what a stack runs: its formula over the batches, or the count."""
         if variant is self.workload or self.basis != "formula":
             return self.flops
-        return model.formula_flops(variant, self.batches)
+        return formula_flops(variant, self.batches)
 
-    def identity(self, variant: Workload) -> model.Identity:
-        return self.ident if variant is self.workload else model.identity(variant, self.run.seed)
+    def identity(self, variant: Workload) -> Identity:
+        return self.ident if variant is self.workload else identity(variant, self.run.seed)
 
 
 def prepare(run: RunConfig, stacks: list[StackOptions]) -> Setup:
@@ -78,19 +83,19 @@ def prepare(run: RunConfig, stacks: list[StackOptions]) -> Setup:
     """
     run.check(distributed=False)
     dev = resolve_device(run.device)
-    workload = model.workload_of(run.config, run.model, run.model_args, run.batch).on_device(dev.type)
+    workload = workload_of(run.config, run.model, run.model_args, run.batch).on_device(dev.type)
     for options in stacks:  # a switch the model cannot take is refused before anything is built
-        model.applied_switches(workload.for_stack(options), options)
+        applied_switches(workload.for_stack(options), options)
     meta = workload.build(torch.device("meta"))
-    counts, sparse = model.parameter_shapes(workload, meta), len(sparse_modules(meta))
+    counts, sparse = parameter_shapes(workload, meta), len(sparse_modules(meta))
     estimate = check_fits(workload, counts, workload.global_batch, dev, stacks)
     available = float(memory_available(dev))
     peak = reference_peak(dev, run.peak_tflops)
     count = min(run.steps + run.warmup, MAX_DISTINCT_BATCHES)
-    batches, ident = model.prepared(workload, run.seed, count=count, meta=meta)
+    batches, ident = prepared(workload, run.seed, count=count, meta=meta)
     del meta
     counting = next((o for o in stacks if o.bf16), stacks[0])  # a model may need its stack's precision
-    flops, basis = model.stack_flops(workload, workload, batches, autocast_for(counting, dev), dev, run.seed)
+    flops, basis = stack_flops(workload, workload, batches, autocast_for(counting, dev), dev, run.seed)
     return Setup(run, workload, ident, dev, peak, batches, flops, basis, estimate, counts, sparse, available)
 
 
@@ -159,10 +164,8 @@ def record_of(setup: Setup, m: Measured, estimate: dict | None = None) -> Proces
     steps = len(m.measurement.samples.step_s)
     timed = timed_batches(setup.batches, run.warmup, steps)
     per_block = timed_batches(setup.flops_of(variant), run.warmup, steps)
-    shape = model.described(variant, per_block, timed, m.options)
-    estimate = estimate or model.memory_estimate(
-        variant, setup.counts, variant.global_batch, m.options, setup.device.type
-    )
+    shape = described(variant, per_block, timed, m.options)
+    estimate = estimate or memory_estimate(variant, setup.counts, variant.global_batch, m.options, setup.device.type)
     host_peak = setup.peak if setup.peak.calibration else None  # one process: the host's own peak
     return process_record(setup.device, World(), m.measurement, setup.peak, host_peak, shape, estimate, m.dense_state)
 
@@ -183,7 +186,7 @@ def summarized(setup: Setup, measured: list[Measured], estimate: dict | None = N
         result = build_result(ident, setup.run, [r], m.options, stack=m.name)
         if m.profile is not None:
             result["profile"] = m.profile
-        result["workload"] = model.section(variant, ident, setup.basis, m.options, setup.batches[0], setup.sparse)
+        result["workload"] = section(variant, ident, setup.basis, m.options, setup.batches[0], setup.sparse)
         results.append(result)
     return results
 
@@ -202,7 +205,7 @@ def out_of_memory_guard(setup: Setup, stacks: list[StackOptions]):
         peak, source = peak_memory_bytes(setup.device)
         batch = setup.workload.global_batch
         capacity = FIT_SHARE * setup.available * min(1.0, setup.estimate["total"] / max(peak, 1))
-        if model.activations_estimated(setup.workload):
+        if activations_estimated(setup.workload):
             hint = fit_hint(setup.workload, setup.counts, stacks, setup.device.type, capacity, max(batch - 1, 1))
         else:
             hint = "try a smaller --batch (the workload's activations are not estimated)"
@@ -271,11 +274,7 @@ def _run_ab(setup: Setup, opts: dict[str, StackOptions], progress, start, since)
             first = run.warmup + r * steps_per_round
             s = measure(engines[n], World(), 0, steps_per_round, costs=False, first=first).samples
             per_round[n].append(float(np.median(s.step_s)))
-            collected[n].step_s += s.step_s
-            collected[n].loss += s.loss
-            collected[n].task_loss += s.task_loss
-            for stage, v in s.stages.items():
-                collected[n].stages[stage] += v
+            collected[n].extend(s)
             done += steps_per_round
             if progress is not None:
                 progress(done, total, s.step_s[-1])

@@ -257,7 +257,7 @@ def seeded_model(workload, options: StackOptions, device: torch.device, seed: in
     runs it (for_stack), built from ``seed`` (the same weights for every stack and rank),
     activation checkpointing applied, and its dense blocks in NVTX ranges when they are on
     (gembench run --nsys)."""
-    from gembench.harness.train.model import seeded
+    from gembench.harness.train.workloads import seeded
 
     model = seeded(workload, device, seed)
     apply_ac(workload, model, options.activation_checkpointing)
@@ -275,7 +275,7 @@ def on_ranks(options: StackOptions, pipeline: bool) -> StackOptions:
 def build_train_state(workload, options: StackOptions, device: torch.device, seed: int = 0) -> TrainState:
     """The workload's model as ``options`` runs it on one process (``workload``: as for_stack
     gave it), built from ``seed`` (same weights for every stack), the stack applied."""
-    from gembench.harness.train.model import SparseTimer, applied_switches
+    from gembench.harness.train.workloads import SparseTimer, applied_switches
 
     check_one_process(options)
     applied_switches(workload, options)

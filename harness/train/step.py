@@ -20,7 +20,7 @@ from gembench.harness.train import nvtx
 
 STAGES = ("data", "sparse_forward", "dense_forward", "loss", "backward", "optimizer")
 # NVTX: the forward is one call of the workload's, one range; the sparse timer's ranges mark its
-# sparse share inside it (model.SparseTimer)
+# sparse share inside it (workloads.SparseTimer)
 FORWARD_RANGE = {"sparse_forward": "forward", "dense_forward": "forward"}
 
 
@@ -84,7 +84,7 @@ class TrainState:
     autocast: object  # a context manager factory: () -> context
     device: torch.device
     workload: object  # gembench.workload.Workload: its forward and loss
-    timer: object  # model.SparseTimer over the model's sparse part
+    timer: object  # workloads.SparseTimer over the model's sparse part
     dense_params: list  # every parameter but the tables'
 
     def zero_grad(self) -> None:
@@ -159,6 +159,14 @@ class StepSamples:
     stages: dict[str, list[float]] = field(default_factory=lambda: {s: [] for s in STAGES})
     loss: list[float] = field(default_factory=list)  # NaN / inf where training diverged
     task_loss: list[list[float]] = field(default_factory=list)  # per step: one loss per task
+
+    def extend(self, more: "StepSamples") -> None:
+        """``more``'s steps after these: one run measured in slices (--ab's rounds)."""
+        self.step_s += more.step_s
+        self.loss += more.loss
+        self.task_loss += more.task_loss
+        for stage, seconds in more.stages.items():
+            self.stages.setdefault(stage, []).extend(seconds)
 
 
 def divergence(loss: list[float], task_loss: list[list[float]], first_step: int = 0) -> dict | None:

@@ -9,10 +9,10 @@ from __future__ import annotations
 import torch
 
 from gembench.errors import UsageError
-from gembench.harness.train import model
 from gembench.harness.train.distributed import plan
 from gembench.harness.train.runconfig import RunConfig
 from gembench.harness.train.stack import on_ranks
+from gembench.harness.train.workloads import applied_switches, module_fields, workload_of
 from gembench.workload import Workload
 
 UNPOOLED_TYPES = ("table_wise", "row_wise", "column_wise")  # what TorchRec shards an EmbeddingCollection by
@@ -32,14 +32,14 @@ def check(args: RunConfig, nproc: int) -> Workload:
     """What every rank of an ``nproc``-rank job would refuse; the workload, as the ranks load it."""
     from torchrec import EmbeddingBagConfig
 
-    workload = model.workload_of(args.config, args.model, args.model_args, args.batch, nproc)
+    workload = workload_of(args.config, args.model, args.model_args, args.batch, nproc)
     per_rank_batch(workload.global_batch, nproc)
     options = on_ranks(args.options, args.pipeline)
     variant = workload.for_stack(options)
-    model.applied_switches(variant, options)
+    applied_switches(variant, options)
     if args.pipeline:
         built = variant.build(torch.device("meta"))
-        model.module_fields(variant, built, workload.batch(0, 0, nproc, args.seed), True)
+        module_fields(variant, built, workload.batch(0, 0, nproc, args.seed), True)
     tables = variant.tables()
     forced = plan.parse_sharding(args.sharding, [t.name for t in tables])
     # TorchRec's EmbeddingCollection (unpooled tables) shards table-, row- or column-wise only

@@ -40,8 +40,8 @@ from torch.distributed.tensor import DTensor
 
 from gembench.harness.train import nvtx
 from gembench.harness.train.distributed.plan import data_parallel_tables, dense_parameters
-from gembench.harness.train.stack import StackOptions, dense_optimizer
-from gembench.harness.train.step import losses
+from gembench.harness.train.stack import StackOptions, autocast_for, dense_optimizer
+from gembench.harness.train.step import StageClock, losses
 
 STAGES = (
     "data",
@@ -94,23 +94,47 @@ def replaying(outputs: dict[nn.Module, tuple[object, object]]):
 
 
 class StagedStep:
-    """One training step, stage by stage, on one rank of a DMP model of ``workload``. ``feeds``:
-    (batch field, sharded module) for every sharded module (rank.module_fields), or None: the forward
-    runs whole, its sparse share timed by the sparse timer (``stages`` says which)."""
+    """One training step, stage by stage, on one rank of a DMP model of ``workload``, as measure.py's
+    engine: a stage clock per step, and at every stage boundary the ``world`` told where this rank is
+    (and ``fault``, an injected one, fired). ``feeds``: (batch field, sharded module) for every
+    sharded module (workloads.module_fields), or None: the forward runs whole, its sparse share timed
+    by the sparse timer (``stages`` says which)."""
 
-    def __init__(self, dmp: nn.Module, device: torch.device, world_size: int, options: StackOptions, workload, feeds):
-        from gembench.harness.train.model import SparseTimer
+    def __init__(self, dmp: nn.Module, device, world, options: StackOptions, workload, feeds, batches=(), fault=None):
+        from gembench.harness.train.workloads import SparseTimer
 
-        self.dmp, self.model, self.device, self.world_size = dmp, dmp.module, device, world_size
-        self.workload, self.feeds = workload, feeds
+        self.dmp, self.model, self.device, self.world = dmp, dmp.module, device, world
+        self.workload, self.feeds, self.batches, self.fault = workload, feeds, batches, fault
+        self.autocast = autocast_for(options, device)
         self.stages = STAGES if feeds is not None else WHOLE_STAGES
         self.timer = SparseTimer(self.model, device, workload) if feeds is None else None
         self.dense = dense_parameters(dmp)
         self.optimizer = dense_optimizer(self.dense, options)
+        self.optimizers = [self.optimizer]
         # FSDP2's parameters (DTensors) are reduce-scattered in the backward itself, and so are the
         # data_parallel tables' (by TorchRec's own DDP): the rest are the grad_sync stage's
         synced = data_parallel_tables(dmp)
         self.replicated = [p for p in self.dense if not isinstance(p, DTensor) and id(p) not in synced]
+
+    def parameters(self):
+        return self.dmp.parameters()
+
+    def step(self, i: int) -> tuple[torch.Tensor, dict[str, float]]:
+        stages, world = self.stages, self.world
+        clock = StageClock(self.device, stages)
+
+        def mark(stage):
+            clock.mark(stage)
+            following = stages[stages.index(stage) + 1] if stage != stages[-1] else "step end"
+            world.at(following, i)
+            if self.fault:
+                self.fault.trigger(world.rank, i, following)
+
+        world.at("data", i)
+        with self.autocast():
+            clock.mark("start")
+            per_task = self(self.batches[i % len(self.batches)], mark, clock.split)
+        return per_task, clock.durations()
 
     def __call__(self, batch, mark, split=None) -> torch.Tensor:
         """``mark(stage)`` is called at the end of every stage; ``split``: the stage clock's, for the
@@ -165,7 +189,7 @@ class StagedStep:
         flat = torch.cat([g.reshape(-1) for g in grads])
         with span("grad_sync"):
             dist.all_reduce(flat)
-        flat /= self.world_size
+        flat /= self.world.size
         offset = 0
         for p, g in zip(self.replicated, grads):
             n = g.numel()
@@ -239,7 +263,8 @@ class TrainModule(nn.Module):
 
 
 class PipelineStep:
-    """TorchRec's TrainPipelineSparseDist, its phases timed by wrapping the pipeline's methods."""
+    """TorchRec's TrainPipelineSparseDist as measure.py's engine, its phases timed by wrapping the
+    pipeline's methods; it reads its own ``feed`` (an iterator of batches)."""
 
     PHASES = {
         "_wait_for_batch": "data",
@@ -251,15 +276,20 @@ class PipelineStep:
         "_optimizer_step": "optimizer",
     }
 
-    def __init__(self, dmp: nn.Module, device: torch.device, options: StackOptions):
+    stages = PIPELINE_STAGES
+
+    def __init__(self, dmp: nn.Module, device, world, options: StackOptions, feed, fault=None):
         from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
         from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
         from torchrec.optim.optimizers import in_backward_optimizer_filter
 
+        self.dmp, self.world, self.feed, self.fault = dmp, world, feed, fault
+        self.autocast = autocast_for(options, device)
         dense = KeyedOptimizerWrapper(
             dict(in_backward_optimizer_filter(dmp.named_parameters())), lambda params: dense_optimizer(params, options)
         )
         self.optimizer = CombinedOptimizer([dmp.fused_optimizer, dense])
+        self.optimizers = [self.optimizer]
         self.pipeline = TrainPipelineSparseDist(dmp, self.optimizer, device, execute_all_batches=True)
         self.device = device
         self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -280,8 +310,16 @@ class PipelineStep:
 
         return wrapper
 
-    def __call__(self, batches) -> tuple[torch.Tensor, dict[str, float]]:
-        """One ``progress`` over the iterator ``batches``; the loss and its phase times."""
+    def parameters(self):
+        return self.dmp.parameters()
+
+    def step(self, i: int) -> tuple[torch.Tensor, dict[str, float]]:
+        """One ``progress`` over the feed (the pipeline holds batches in flight across steps): the
+        loss and its phase times."""
+        self.world.at("forward", i)
+        if self.fault:
+            self.fault.trigger(self.world.rank, i, "forward")
         self.times = {p: 0.0 for p in PIPELINE_STAGES}
-        loss = self.pipeline.progress(batches)
+        with self.autocast(), nvtx.span("step"):
+            loss = self.pipeline.progress(self.feed)
         return loss, dict(self.times)

@@ -25,12 +25,11 @@ import torch.distributed as dist
 from gembench.harness.device.hardware import Peak
 from gembench.harness.metrics import comm, counters
 from gembench.harness.metrics.trace import STEP_SPAN
-from gembench.harness.train import model, nvtx
 from gembench.harness.train.distributed import engines, loads, plan, rebalance, watchdog
 from gembench.harness.train.distributed.carry import carry_state, load_unsharded
 from gembench.harness.train.distributed.checks import UNTOLD, check, per_rank_batch
 from gembench.harness.train.measure import Measurement, World, measure, step_indices
-from gembench.harness.train.memory import reset_peak_memory
+from gembench.harness.train.memory import memory_estimate, parameter_shapes, reset_peak_memory
 from gembench.harness.train.parallelize import (
     apply_compile,
     apply_fsdp,
@@ -45,7 +44,9 @@ from gembench.harness.train.result import ProcessRecord, Sharded, build_result, 
 from gembench.harness.train.runconfig import RunConfig
 from gembench.harness.train.runner import MAX_DISTINCT_BATCHES
 from gembench.harness.train.stack import StackOptions, autocast_for, on_ranks, seeded_model
-from gembench.harness.train.step import StageClock, losses
+from gembench.harness.train.step import losses
+from gembench.harness.train.work import described, stack_flops
+from gembench.harness.train.workloads import hot_counts, identity, module_fields, section
 from gembench.loader import kjt_fields
 
 LOAD_BATCHES = 8  # batches whose real input dist is counted for the measured load
@@ -70,58 +71,6 @@ class Built:
         return self.engine.optimizer
 
 
-class StagedEngine:
-    """The staged step (engines.StagedStep) as measure.py's engine: a stage clock per step, and at
-    every stage boundary the watchdog told where this rank is (and an injected fault fired)."""
-
-    def __init__(self, step: engines.StagedStep, dmp, batches: list, world: World, fault, autocast):
-        self.inner, self.dmp, self.batches, self.world = step, dmp, batches, world
-        self.fault, self.autocast = fault, autocast
-        self.stages, self.device, self.optimizers = step.stages, step.device, [step.optimizer]
-
-    def parameters(self):
-        return self.dmp.parameters()
-
-    def step(self, i: int):
-        stages, world = self.stages, self.world
-        clock = StageClock(self.device, stages)
-
-        def mark(stage):
-            clock.mark(stage)
-            following = stages[stages.index(stage) + 1] if stage != stages[-1] else "step end"
-            world.at(following, i)
-            if self.fault:
-                self.fault.trigger(world.rank, i, following)
-
-        world.at("data", i)
-        with self.autocast():
-            clock.mark("start")
-            loss = self.inner(self.batches[i % len(self.batches)], mark, clock.split)
-        return loss, clock.durations()
-
-
-class PipelinedEngine:
-    """TorchRec's pipeline (engines.PipelineStep) as measure.py's engine: its phases timed by the
-    pipeline itself; it holds batches in flight across steps, so it reads its own feed."""
-
-    stages = engines.PIPELINE_STAGES
-
-    def __init__(self, step: engines.PipelineStep, dmp, feed, world: World, fault, autocast):
-        self.inner, self.dmp, self.feed, self.world = step, dmp, feed, world
-        self.fault, self.autocast = fault, autocast
-        self.device, self.optimizers = step.device, [step.optimizer]
-
-    def parameters(self):
-        return self.dmp.parameters()
-
-    def step(self, i: int):
-        self.world.at("forward", i)
-        if self.fault:
-            self.fault.trigger(self.world.rank, i, "forward")
-        with self.autocast(), nvtx.span("step"):
-            return self.inner(self.feed)
-
-
 class RankJob:
     """This rank's job: the request, its world, the workload as the stack runs it, its batches and
     their FLOPs, and its peak; ``build`` shards a model, ``measure`` measures one build, ``result``
@@ -143,8 +92,8 @@ class RankJob:
         count = min(self.total, MAX_DISTINCT_BATCHES)
         self.batches = [workload.batch(i, world.rank, world.size, args.seed) for i in range(count)]
         meta = self.variant.build(torch.device("meta"))  # its shapes, for the identity and the estimate
-        self.ident = model.identity(self.variant, args.seed, meta)
-        self.counts = model.parameter_shapes(self.variant, meta)
+        self.ident = identity(self.variant, args.seed, meta)
+        self.counts = parameter_shapes(self.variant, meta)
         del meta
         self.flops: list = []  # per batch {block: forward FLOPs}, from the first build's unsharded model
         self.basis = ""
@@ -170,10 +119,8 @@ class RankJob:
         built = seeded_model(variant, options, dev, args.seed)  # same seed on every rank: identical weights
         if not self.flops:  # on the unsharded model, before DMP takes it
             autocast = autocast_for(options, dev)
-            self.flops, self.basis = model.stack_flops(
-                self.workload, variant, self.batches, autocast, dev, args.seed, built
-            )
-        fields = model.module_fields(variant, built, self.batches[0], required=args.pipeline)
+            self.flops, self.basis = stack_flops(self.workload, variant, self.batches, autocast, dev, args.seed, built)
+        fields = module_fields(variant, built, self.batches[0], required=args.pipeline)
         modules = len(sparse_modules(built))
         sharded = built
         if args.pipeline:  # its TorchRec modules lifted out where the pipeline's tracer finds them
@@ -194,7 +141,10 @@ class RankJob:
             apply_fsdp(built, mesh, options.bf16, *fsdp_units(variant, built))
         apply_compile(variant, built, options)  # the dense part, after DMP has taken the tables
         feeds = None if fields is None else [(field, dmp.module.get_submodule(path)) for path, field in fields.items()]
-        engine = None if args.pipeline else engines.StagedStep(dmp, dev, world.size, options, variant, feeds)
+        if args.pipeline:
+            engine = None
+        else:
+            engine = engines.StagedStep(dmp, dev, world, options, variant, feeds, self.batches, self.fault)
         return Built(dmp, planned, feeds, engine, start_bytes, modules)
 
     def measure(self, built: Built) -> ProcessRecord:
@@ -205,18 +155,16 @@ class RankJob:
         # before the pipeline rewrites the modules' input dist for its own schedule
         lookup_loads = loads.measure_loads(built.feeds or [], timed[:LOAD_BATCHES], dev)
         per_block = timed_batches(self.flops, args.warmup, args.steps)
-        shape = model.described(self.variant, per_block, timed, options)  # once, before any step
+        shape = described(self.variant, per_block, timed, options)  # once, before any step
         since = counters.fresh_compile_state()
-        autocast = autocast_for(options, dev)
         if args.pipeline:
             # the pipeline holds batches in flight across steps: its own batch objects, regenerated
             # (same seed, same data) rather than the list measured above
             n = len(batches)
             feed = iter([self.workload.batch(i % n, world.rank, world.size, args.seed) for i in range(self.total)])
-            step = engines.PipelineStep(built.dmp, dev, options)
-            engine = PipelinedEngine(step, built.dmp, feed, world, self.fault, autocast)
+            engine = engines.PipelineStep(built.dmp, dev, world, options, feed, self.fault)
         else:
-            engine = StagedEngine(built.engine, built.dmp, batches, world, self.fault, autocast)
+            engine = built.engine
         watchdog.STAGE_ORDER.update({s: i for i, s in enumerate(engine.stages)})
         measured = measure(
             engine,
@@ -233,14 +181,14 @@ class RankJob:
         if not args.pipeline:
             lookup = "embedding_lookup" if "embedding_lookup" in engine.stages else "sparse_forward"
             lookup_loads["lookup_s"] = float(np.mean(measured.samples.stages[lookup]))
-        hot = model.hot_counts(self.variant, timed)
+        hot = hot_counts(self.variant, timed)
         return self._record(built, engine.optimizers[0], measured, shape, hot, lookup_loads, comm_stats)
 
     def _record(
         self, built: Built, optimizer, measured: Measurement, shape, hot, lookup_loads, comm_stats
     ) -> ProcessRecord:
         world, storage = self.world, built.planned.storage
-        estimate = model.memory_estimate(
+        estimate = memory_estimate(
             self.variant,
             self.counts,
             self.local_batch,
@@ -280,9 +228,7 @@ class RankJob:
             built.planned, self.batch_indices(), dist.get_backend(), args.sharding, args.pipeline, args.timeout
         )
         result = build_result(self.ident, args, records, self.options, sharded)
-        result["workload"] = model.section(
-            self.variant, self.ident, self.basis, self.options, self.batches[0], built.modules
-        )
+        result["workload"] = section(self.variant, self.ident, self.basis, self.options, self.batches[0], built.modules)
         return result
 
     def batch_indices(self) -> dict:
