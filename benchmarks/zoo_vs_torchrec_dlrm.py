@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gembench.harness.train.measure import run_steps
 from gembench.harness.train.stack import STACKS, build_train_state, with_switches
-from gembench.harness.train.step import run_steps
 from gembench.harness.train.workloads import workload_of
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "torchrec_dlrm.py"

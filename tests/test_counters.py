@@ -10,10 +10,11 @@ from synthetic import zoo_state
 
 from gembench.harness.metrics import counters
 from gembench.harness.metrics.trace import kineto_marks_dropped, self_times, top_rows
+from gembench.harness.train.measure import run_steps
 from gembench.harness.train.runconfig import RunConfig
 from gembench.harness.train.runner import run_benchmark
 from gembench.harness.train.stack import STACKS
-from gembench.harness.train.step import NoClock, run_steps, train_step
+from gembench.harness.train.step import NoClock, train_step
 from gembench.models.config import load_config
 from gembench.models.data import SyntheticData
 from gembench.models.ops.pytorch.hstu_attention import hstu_jagged_attention

@@ -204,11 +204,10 @@ def test_capped_training_step_and_its_flops_per_example(tmp_path):
     layout's blocks, and the runner's model FLOPs per example (flops.model_per_step over
     run.global_batch) at 3 x the expected forward (every sequence max_len long, "fixed")."""
     from gembench.harness.metrics.mfu import train_flops
-    from gembench.harness.train.result import timed_batches
+    from gembench.harness.train.measure import run_steps
     from gembench.harness.train.runconfig import RunConfig
     from gembench.harness.train.runner import build_state, prepare
     from gembench.harness.train.stack import STACKS
-    from gembench.harness.train.step import run_steps
     from gembench.harness.train.work import described
 
     options = dataclasses.replace(STACKS["optimized"], compile=False)
@@ -220,7 +219,7 @@ def test_capped_training_step_and_its_flops_per_example(tmp_path):
     samples = run_steps(build_state(setup, options), setup.batches, 1, 0)
     assert torch.isfinite(torch.tensor(samples.loss)).all()
     variant = setup.variant(options)
-    shape = described(variant, setup.flops_of(variant), timed_batches(setup.batches, 0, 1), options)
+    shape = described(variant, setup.flops_of(variant), setup.batches, 0, 1, options)
     blocks = shape["per_block"]
     assert set(blocks) == {"contextual_arch", "sequence_input", "sequence_arch", "item_arch", "over_arch"}
     assert shape["forward_flops"] == [pytest.approx(sum(blocks.values()))]

@@ -20,10 +20,10 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from gembench.errors import UsageError
 from gembench.harness.metrics.mfu import summarize, train_flops
+from gembench.harness.train.measure import run_steps
 from gembench.harness.train.parallelize import apply_ac
 from gembench.harness.train.runconfig import RunConfig
 from gembench.harness.train.stack import stack_options
-from gembench.harness.train.step import run_steps
 from gembench.models.config import load_config
 from gembench.models.data import SyntheticData
 from gembench.models.flops import batch_forward_flops

@@ -15,8 +15,9 @@ from synthetic import cli_in_process
 from gembench.errors import UsageError
 from gembench.harness.metrics.comm import bus_factor
 from gembench.harness.projection.cluster import KINDS, PRESETS, load_cluster
-from gembench.harness.projection.cost import EMB_BYTES, collective_time, volumes
+from gembench.harness.projection.rates import collective_time
 from gembench.harness.projection.subject import Subject
+from gembench.harness.projection.volumes import EMB_BYTES, volumes
 from gembench.harness.store.schema import validate
 from gembench.models.config import load_config
 from gembench.models.data import expected_ids_per_example
@@ -110,7 +111,8 @@ def test_expected_ids_follow_the_configs_distributions():
 
 
 def _pricer(cfg, world, batch, cluster=H100, compute=None, **kw):
-    from gembench.harness.projection.cost import Compute, Pricer
+    from gembench.harness.projection.cost import Pricer
+    from gembench.harness.projection.rates import Compute
 
     compute = compute or Compute({"dense_forward": 1e-9, "backward": 2e-9}, 1e-5, 1.0 / 1.6e12, "test")
     return Pricer(of(cfg), expected_ids_per_example(cfg), world, batch, cluster, compute, **kw)
@@ -179,7 +181,7 @@ def test_a_data_parallel_table_has_no_all_to_all_and_its_gradient_is_all_reduced
     """DMP's data-parallel sharding: input and output dists pass through; the table's gradient
     (dense kernel: as large as the table) is written in the backward and all-reduced there by the
     DDP TorchRec wraps its lookup in, apart from the dense gradients; the dense optimizer steps it."""
-    from gembench.harness.projection.cost import ADAM_STEP_BYTES, UPDATE_PER_LOOKUP, Compute
+    from gembench.harness.projection.rates import ADAM_STEP_BYTES, UPDATE_PER_LOOKUP, Compute
 
     cfg = load_config("tiny")
     world, batch, rows, dim = 4, 8, 5000, cfg.sparse.dim
@@ -211,7 +213,7 @@ def test_a_data_parallel_table_has_no_all_to_all_and_its_gradient_is_all_reduced
     )
     # a compute measured with the same tables data-parallel (a 1-rank reference of the checked plan)
     # holds their gradients and Adam already: nothing is added for them
-    from gembench.harness.projection.cost import data_parallel_params
+    from gembench.harness.projection.rates import data_parallel_params
 
     assert (
         data_parallel_params({"plan": {**dp, **{"table_t0": {"sharding": "table_wise", "shard_sizes": [[9, 9]]}}}})
@@ -246,7 +248,7 @@ def test_grid_sends_every_id_to_each_column_block():
 def test_the_critical_path_names_the_stage_and_the_gpu_that_sets_it():
     """A hot table-wise table on GPU 3 of 8: its lookups and their fused update make the backward
     the longest stage, set by GPU 3's lookup bytes; with a heavy dense part it is dense compute."""
-    from gembench.harness.projection.cost import Compute
+    from gembench.harness.projection.rates import Compute
 
     cfg = load_config("tiny")
     plan = {f"table_t{i}": {"sharding": "table_wise", "ranks": [i], "shard_sizes": [[5000, 16]]} for i in range(8)}
@@ -319,7 +321,7 @@ def test_the_planner_keeps_the_plan_the_cost_model_prices_fastest(skew_config):
     is the fastest of those rated, and on the skewed table (64 IDs per example) it is not the
     table-wise plan that piles them on one GPU."""
     from gembench.harness.projection import offline_plan
-    from gembench.harness.projection.cost import datasheet_compute
+    from gembench.harness.projection.rates import datasheet_compute
 
     cfg = load_config(str(skew_config))
     world, batch = 8, cfg.data.global_batch // 8
@@ -442,8 +444,8 @@ def dataclasses_replace(obj, **kw):
 
 
 def test_dcnv2_mlperf_is_held_against_the_published_system(capsys):
-    from gembench.harness.projection.cost import datasheet_compute
     from gembench.harness.projection.published import MLPERF_V4_DCNV2, published
+    from gembench.harness.projection.rates import datasheet_compute
     from gembench.harness.projection.report import print_projection, projection_document
     from gembench.harness.projection.sweep import sweep
     from gembench.harness.train.stack import STACKS

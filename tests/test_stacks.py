@@ -9,10 +9,10 @@ import pytest
 import torch
 from synthetic import BF16_LOSS_RTOL, run_cli, zoo_state
 
+from gembench.harness.train.measure import run_steps
 from gembench.harness.train.runconfig import RunConfig
 from gembench.harness.train.runner import run_ab
 from gembench.harness.train.stack import STACKS
-from gembench.harness.train.step import run_steps
 from gembench.models.config import load_config
 from gembench.models.data import SyntheticData
 

@@ -99,7 +99,7 @@ def main(args: argparse.Namespace) -> int:
         first = float(losses(workload, workload.forward(model, batches[0]), batches[0])[0])
     del model
 
-    from gembench.harness.train.step import run_steps
+    from gembench.harness.train.measure import run_steps
 
     options = stack_options("optimized", "fp32", ("compile=off",))
     state = build_train_state(workload.for_stack(options), options, torch.device("cpu"), args.seed)

@@ -347,63 +347,9 @@ def measuring_config(args: argparse.Namespace, pairs: int) -> Measuring:
     )
 
 
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    """How the pairs are judged, from the thresholds for the first result's config and hardware."""
-
-    alpha: float
-    min_effect: float
-    margin: float
-    limits: object  # thresholds.load's, None without a thresholds file
-
-    def judge(self, m: Measuring, rounds: list, alpha: float) -> list:
-        from gembench.harness.regression import paired
-
-        return paired.judge_rounds(
-            rounds, list(m.metrics), alpha, self.min_effect, self.limits, m.statistic, self.margin
-        )
-
-
-def _plan(m: Measuring, first: dict) -> Plan:
-    from gembench.harness.regression import stats, thresholds
-    from gembench.harness.store.results import field
-
-    limits = None
-    if Path(m.thresholds).exists():
-        limits = thresholds.load(
-            m.thresholds, str(field(first, "config.name")), str(field(first, "env.hardware_class"))
-        )
-    elif m.thresholds != "results/thresholds.toml":
-        raise UsageError(f"no thresholds file {m.thresholds}")
-    alpha = m.alpha if m.alpha is not None else ((limits and limits.alpha) or stats.ALPHA)
-    min_effect = MIN_EFFECT if m.min_effect is None else m.min_effect
-    margin = max(MARGIN, min_effect) if m.margin is None else m.margin
-    return Plan(alpha, min_effect, margin, limits)
-
-
-def _pairs(cfg: ContinuousConfig, co: dict, say):
-    """The pairs, under the sequential design when cfg.looking: (rounds, whether they took turns,
-    the design or None, the plan)."""
-    from gembench.harness.continuous.pairs import run_pairs
-    from gembench.harness.regression.sequential import SequentialDesign, look_of
-
-    m = cfg.measuring
-    design, plan = None, None
-
-    def enough(rounds, elapsed, per_batch):  # run_pairs asks after each batch
-        nonlocal design, plan
-        if design is None:  # the thresholds file is read once, for the first result's config
-            plan = _plan(m, rounds[0][0])
-            design = SequentialDesign(plan.alpha, m.pairs, cfg.budget)
-        judge = lambda alpha: look_of(plan.judge(m, rounds, alpha))  # noqa: E731
-        return design.after_batch(len(rounds), elapsed, per_batch, judge, say)
-
-    rounds, interleaved = run_pairs(m, co, say, enough if cfg.looking else None)
-    return rounds, interleaved, design, plan or _plan(m, rounds[0][0])
-
-
 def main(args: argparse.Namespace) -> int:
     from gembench.harness.continuous import environments, worktrees
+    from gembench.harness.continuous.verdict import document, header_lines, measured_pairs, verdict_line
     from gembench.harness.regression import numerics, opdiff, paired
     from gembench.harness.report.verdicts import render_changes, render_paired
     from gembench.harness.store.results import differences
@@ -420,7 +366,7 @@ def main(args: argparse.Namespace) -> int:
 
             for c in co.values():
                 run_setup(m.setup, c, m.timeout, say)
-        rounds, interleaved, design, plan = _pairs(cfg, co, say)
+        rounds, interleaved, design, plan = measured_pairs(cfg, co, say)
     environments.check_results(cfg.environments, rounds)
 
     # the verdict is the last look's, at its alpha
@@ -430,16 +376,16 @@ def main(args: argparse.Namespace) -> int:
     code = numerics.exit_status(paired.exit_status(judgements), losses, cfg.numerics == "fail")
     minutes = (time.perf_counter() - started) / 60
     notes = differences(rounds[0][0], rounds[0][1], ("config.hash", "run.global_batch", "run.dtype"))
-    document = _document(cfg, co, rounds, interleaved, design, plan, alpha, judgements, losses, ops, code)
-    document.update(notes=notes, minutes=minutes)
+    doc = document(cfg, co, rounds, interleaved, design, plan, alpha, judgements, losses, ops, code)
+    doc.update(notes=notes, minutes=minutes)
     if m.json_out is not None:  # CI: the table for the job summary, the JSON kept as an artifact
-        m.json_out.write_text(json.dumps(document, indent=1) + "\n")
+        m.json_out.write_text(json.dumps(doc, indent=1) + "\n")
     if m.format == "json":
-        print(json.dumps(document, indent=1))
+        print(json.dumps(doc, indent=1))
         return code
-    print(render_paired(judgements, _header(cfg, document, design, plan, judgements), m.format))
+    print(render_paired(judgements, header_lines(cfg, doc, design, plan, judgements), m.format))
     print(render_changes(losses, ops, m.format))
-    print(_verdict(cfg, code))
+    print(verdict_line(cfg, code))
     return code
 
 
@@ -461,92 +407,3 @@ def _starting(cfg: ContinuousConfig, co: dict) -> str:
         f"BASE {cfg.base} = {co['BASE'].sha[:10]}, HEAD {cfg.head} = {co['HEAD'].sha[:10]}: {m.pairs} pairs "
         f"of processes (ABBA) running `{what}`, {how}"
     )
-
-
-def _document(cfg, co, rounds, interleaved, design, plan, alpha, judgements, losses, ops, code) -> dict:
-    """The JSON result; its notes and minutes, the caller's, are held None in their places."""
-    from gembench.harness.continuous import environments
-    from gembench.harness.regression import paired
-    from gembench.harness.store.results import field
-
-    m = cfg.measuring
-    first = rounds[0][0]
-    return {
-        "schema": "gembench.continuous/1",
-        "base": {"revision": cfg.base, "sha": co["BASE"].sha},
-        "head": {"revision": cfg.head, "sha": co["HEAD"].sha},
-        "config": field(first, "config.name"),
-        "hardware_class": field(first, "env.hardware_class"),
-        "stack": m.stack,
-        "steps": m.steps,
-        "warmup": m.warmup,
-        "seed": m.seed,
-        "pairs": len(rounds),
-        "rounds": len(rounds),
-        "design": design.document() if design is not None else {"kind": "fixed", "pairs": m.pairs},
-        "order": "ABBA",
-        "statistic": m.statistic,
-        "interleaved": bool(interleaved),
-        "bursts": m.bursts if interleaved else None,
-        "parallel": m.parallel if interleaved else 1,
-        "threads": m.threads,
-        "alpha": alpha,
-        "min_effect": plan.min_effect,
-        "margin": plan.margin,
-        "notes": None,
-        "minutes": None,
-        "rows": paired.rows(judgements),
-        "numerics": losses,
-        "op_changes": ops,
-        "exit_status": code,
-    } | (environments.document(cfg.environments) if cfg.environments else {})
-
-
-def _header(cfg: ContinuousConfig, doc: dict, design, plan: Plan, judgements) -> list[str]:
-    from gembench.harness.continuous import environments
-
-    m = cfg.measuring
-    interleaved, alpha, minutes, pairs = doc["interleaved"], doc["alpha"], doc["minutes"], doc["pairs"]
-    hw = doc["hardware_class"]
-    header = [
-        f"BASE {cfg.base} = {doc['base']['sha'][:10]}   HEAD {cfg.head} = {doc['head']['sha'][:10]}",
-        f"{doc['config']} on {hw}, stack {m.stack}, seed {m.seed}: {pairs} process pairs ABBA "
-        f"x {m.steps} steps "
-        f"(+{m.warmup} warm-up) per process, "
-        f"{f'taking turns, {m.bursts} turns each' if interleaved else 'one process after the other'}"
-        f"{f', {m.parallel} pairs at once on CPUs of their own' if interleaved and m.parallel > 1 else ''}, "
-        f"{m.threads} thread(s); one value per process = its {m.statistic} step; {minutes:.1f} min",
-        f"paired one-sided t-tests on log(HEAD/BASE) per pair at alpha={alpha:g} (Holm across "
-        f"{sum(j.method == 'paired' for j in judgements)}), regression >= {100 * plan.min_effect:g}%, unchanged "
-        f"within +-{100 * plan.margin:g}%; counters exact",
-    ]
-    if design is not None and design.last:
-        history = design.looks.history
-        header.append(
-            f"sequential: {len(history)} look(s) at "
-            + ", ".join(str(h["pairs"]) for h in history)
-            + f" pairs (at most {m.pairs}, --budget {cfg.budget:g} s), alpha {plan.alpha:g} spent over them "
-            f"(Pocock-type); the verdict is the last look's, at alpha {alpha:.2g}"
-        )
-    header += [f"note: BASE and HEAD differ in {d}" for d in doc["notes"]]
-    if m.benchmark == "instructions":
-        header[1] = (
-            f"kernel instruction counts (benchmarks/instructions.py, callgrind) on {hw}: "
-            f"{m.pairs} pair(s), {minutes:.1f} min"
-        )
-    if cfg.environments:
-        header[1:1] = environments.header_lines(cfg.environments)
-    return header
-
-
-def _verdict(cfg: ContinuousConfig, code: int) -> str:
-    from gembench.harness.regression.numerics import NUMERICS_EXIT
-
-    return {
-        0: "continuous: pass",
-        1: "continuous: REGRESSION",
-        NUMERICS_EXIT: "continuous: NUMERICS CHANGED",
-        4: "continuous: INCONCLUSIVE (too noisy: a larger --budget or --max-pairs, or a quieter machine)"
-        if cfg.looking
-        else "continuous: INCONCLUSIVE (too noisy: more --pairs)",
-    }[code]

@@ -239,7 +239,7 @@ def project_command(request: ProjectConfig) -> int:
     if request.out:
         check_writable(request.out)
     progress = (lambda msg: print(msg, file=sys.stderr, flush=True)) if not request.quiet else (lambda msg: None)
-    from gembench.harness.projection.cost import datasheet_compute, measured_compute
+    from gembench.harness.projection.rates import datasheet_compute, measured_compute
 
     compute = measured_compute(result) if result else datasheet_compute(m, cluster)
     rows = sweep(

@@ -16,8 +16,8 @@ The protocol is one byte at a time over two pipes per worker (``gembench run --p
     last burst, then "d" ->      (done: the worker measures its counters and writes its result)
 
 While one worker runs its burst, the other is blocked in a read, using no CPU. The worker side is
-:class:`Pacer` (called by ``run_steps`` before each timed step); the controller side is
-:func:`take_turns`.
+:class:`Pacer` (called by the step loop, step.timed_steps, before each timed step); the controller
+side is :func:`take_turns`.
 """
 
 from __future__ import annotations

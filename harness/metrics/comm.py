@@ -28,6 +28,8 @@ from __future__ import annotations
 import math
 from typing import Iterable, Sequence
 
+import numpy as np
+
 Interval = tuple[float, float]
 
 # profiler "Input type" strings -> bytes per element
@@ -362,4 +364,38 @@ def analyze(events: Sequence[dict], world_size: int, step_name: str) -> dict:
         "by_kind": by_kind,
         "exposure": exp,
         "calls": [{k: c[k] for k in ("kind", "family", "bytes")} for c in inside],
+    }
+
+
+def across_ranks(analyses: list[dict]) -> dict:
+    """The job's communication from every rank's ``analyze`` (in rank order): per kind the ranks'
+    mean (and slowest time), each rank's exposure, and their mean exposed and overlapped shares."""
+    kinds = sorted({k for r in analyses for k in r["by_kind"]})
+    by_kind = {}
+    for kind in kinds:
+        rows = [r["by_kind"].get(kind) for r in analyses]
+        rows = [x for x in rows if x]
+        mean = lambda key: float(np.mean([x[key] for x in rows]))  # noqa: E731
+        time_s, size = mean("time_s"), mean("bytes")
+        factor = rows[0]["busbw_Bps"] / rows[0]["algbw_Bps"] if rows[0]["algbw_Bps"] else 0.0
+        by_kind[kind] = {
+            "family": rows[0]["family"],
+            "calls": mean("calls"),
+            "bytes": size,
+            "time_s": time_s,
+            "time_max_s": float(max(x["time_s"] for x in rows)),
+            "algbw_Bps": size / time_s if time_s > 0 else 0.0,
+            "busbw_Bps": factor * size / time_s if time_s > 0 else 0.0,
+            "step_share": mean("step_share"),
+        }
+        if all("exposed_s" in x for x in rows):  # traces analysed before per-kind exposure lack it
+            by_kind[kind]["overlapped_s"] = mean("overlapped_s")
+            by_kind[kind]["exposed_s"] = mean("exposed_s")
+    exposure = [dict(r["exposure"], rank=rank, step_s=r["step_s"]) for rank, r in enumerate(analyses)]
+    return {
+        "profiled_steps": analyses[0]["profiled_steps"],
+        "by_kind": by_kind,
+        "exposure": exposure,
+        "exposed_comm_fraction": float(np.mean([e["exposed_fraction"] for e in exposure])),
+        "overlap_fraction": float(np.mean([e["overlap_fraction"] for e in exposure])),
     }

@@ -18,6 +18,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+PRIMARY_LOAD = "bytes_read"  # deterministic and proportional to memory-bound lookup work
+
 
 def imbalance(loads: Sequence[float]) -> dict:
     """All imbalance figures of one per-rank load vector (any unit; only ratios matter)."""
@@ -87,3 +89,20 @@ def hot_share(ids: np.ndarray, rows: int, top: float = 0.01) -> float:
     n_hot = max(1, int(math.ceil(top * rows)))
     hottest = np.partition(counts, len(counts) - n_hot)[-n_hot:] if n_hot < len(counts) else counts
     return float(hottest.sum() / ids.size)
+
+
+def job_imbalance(loads: list[dict], hot: list[dict], planned: dict, stage_means: list[dict], step_s: float) -> dict:
+    """A sharded job's imbalance: of each load measured on the ranks (``loads``: per rank, {load:
+    value}) and of the planner's estimates (``planned``: {load: per-rank values}), the critical
+    path and stall cost of the ranks' stage means, and the share of lookups that hit each table's
+    hottest 1% of rows (``hot``: per rank, lookups and hits)."""
+    measured = {k: [r[k] for r in loads] for k in loads[0]}
+    lookups = sum(h["lookups"] for h in hot)
+    return {
+        "primary": PRIMARY_LOAD,
+        "measured": {"loads": measured, "metrics": {k: imbalance(v) for k, v in measured.items()}},
+        "planned": {"loads": planned, "metrics": {k: imbalance(v) for k, v in planned.items()}},
+        "critical_path_s": critical_path(stage_means),
+        "stall_cost": stall_cost(stage_means, step_s),
+        "hot_1pct_share": sum(h["hot_1pct"] for h in hot) / lookups if lookups else 0.0,
+    }

@@ -31,7 +31,7 @@ import numpy as np
 from gembench.errors import UsageError
 from gembench.harness.metrics.comm import bus_factor
 from gembench.harness.projection.cluster import FAMILIES, KINDS, Cluster, Link, to_toml
-from gembench.harness.projection.cost import ADAM_STEP_BYTES
+from gembench.harness.projection.rates import ADAM_STEP_BYTES
 
 SIZES = [2**k for k in range(12, 25, 2)]  # 4 KiB .. 16 MiB
 ITERS = 15

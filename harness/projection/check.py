@@ -15,8 +15,9 @@ from tabulate import tabulate
 
 from gembench.errors import UsageError
 from gembench.harness.projection.cluster import load_cluster
-from gembench.harness.projection.cost import STAGES, measured_compute, project
+from gembench.harness.projection.cost import STAGES, project
 from gembench.harness.projection.offline_plan import plan_from_result
+from gembench.harness.projection.rates import measured_compute
 from gembench.harness.projection.subject import subject_of_result
 
 STEP_GOAL, STAGE_GOAL = 0.15, 0.25

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gembench.harness.projection.cost import Exchange, PricedStep
+from gembench.harness.projection.cost import PricedStep
+from gembench.harness.projection.rates import Exchange
 
 
 @dataclass(frozen=True)

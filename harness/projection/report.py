@@ -8,7 +8,8 @@ from tabulate import tabulate
 
 from gembench.harness.device.env import git_state
 from gembench.harness.projection.cluster import Cluster
-from gembench.harness.projection.cost import STAGES, Compute
+from gembench.harness.projection.cost import STAGES
+from gembench.harness.projection.rates import Compute
 from gembench.harness.projection.subject import Subject
 
 SHORT = {

@@ -7,9 +7,10 @@ import hashlib
 import json
 
 from gembench.harness.projection.cluster import Cluster
-from gembench.harness.projection.cost import Compute, Pricer, dense_side, sharding_counts
+from gembench.harness.projection.cost import Pricer, dense_side, sharding_counts
 from gembench.harness.projection.offline_plan import plan_offline
 from gembench.harness.projection.published import DP_THRESHOLD_GIB, EXCHANGES, held_against, published
+from gembench.harness.projection.rates import Compute
 from gembench.harness.projection.subject import Subject
 
 

@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from gembench.harness.metrics import comm, counters, trace
 from gembench.harness.train.memory import SavedForBackward, peak_memory_bytes, run_memory_bytes
-from gembench.harness.train.step import StepSamples, timed_steps
+from gembench.harness.train.step import ProcessEngine, StepSamples, TrainState, timed_steps
 
 COUNTED_STEPS = 1
 # profiled steps: one on one process (its counters and --trace); two on ranks, whose
@@ -169,3 +169,9 @@ def measure(
 
 
 NOT_COMPILED = {"graph_breaks": 0, "recompiles": 0}
+
+
+def run_steps(state: TrainState, batches: list, steps: int, warmup: int, timed: bool = True) -> StepSamples:
+    """``measure`` of one process without its counted and profiled steps: for tests and benchmarks
+    that time the step alone (``timed=False``: no stage clock either)."""
+    return measure(ProcessEngine(state, batches, timed), World(), warmup, steps, costs=False).samples

@@ -8,8 +8,8 @@ the model, in its forward and again in its backward. The timed steps are bracket
 torch.cuda.profiler.start() / stop(), so `nsys profile --capture-range=cudaProfilerApi` records
 exactly them.
 
-Ranges go to ``torch.cuda.nvtx`` on CUDA; tests hand in a recording stand-in (``Recorder``)
-with the same range_push / range_pop.
+Ranges go to ``torch.cuda.nvtx`` on CUDA; tests hand in a recording stand-in with the same
+range_push / range_pop.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 ENV = "GEMBENCH_NVTX"
-_sink = None  # where ranges go while on: torch.cuda.nvtx, or a Recorder
+_sink = None  # where ranges go while on: torch.cuda.nvtx, or a test's stand-in
 
 
 def enabled() -> bool:
@@ -30,7 +30,7 @@ def enabled() -> bool:
 
 
 def enable(sink=None) -> None:
-    """Turn ranges on: into ``sink`` (a Recorder), else torch.cuda.nvtx."""
+    """Turn ranges on: into ``sink`` (anything with range_push / range_pop), else torch.cuda.nvtx."""
     global _sink
     _sink = sink if sink is not None else torch.cuda.nvtx
 
@@ -129,25 +129,3 @@ def apply_block_ranges(model: nn.Module, paths) -> int:
         block.register_full_backward_pre_hook(lambda m, grad, _p=path: push(_p))
         block.register_full_backward_hook(lambda m, gin, gout: pop())
     return len(blocks)
-
-
-class Recorder:
-    """A stand-in for torch.cuda.nvtx that keeps the ranges as a tree: [(name, children)]."""
-
-    def __init__(self):
-        self.root: list = []
-        self._stack = [self.root]
-
-    def range_push(self, name: str) -> None:
-        node = (name, [])
-        self._stack[-1].append(node)
-        self._stack.append(node[1])
-
-    def range_pop(self) -> None:
-        if len(self._stack) == 1:
-            raise AssertionError("range_pop without a range open")
-        self._stack.pop()
-
-    @property
-    def depth(self) -> int:
-        return len(self._stack) - 1

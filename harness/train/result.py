@@ -23,20 +23,14 @@ import torch
 
 from gembench.harness.device.env import fingerprint
 from gembench.harness.device.hardware import Peak, device_name, peak_basis, recheck_peak
+from gembench.harness.metrics.comm import across_ranks
 from gembench.harness.metrics.counters import flat_metrics
-from gembench.harness.metrics.imbalance import critical_path, imbalance, stall_cost
+from gembench.harness.metrics.imbalance import critical_path, job_imbalance
 from gembench.harness.metrics.mfu import mfu, per_step_mfu, summarize, tflops, train_flops
 from gembench.harness.store.document import result_document
 from gembench.harness.train.distributed.slurm import scheduler_section
 from gembench.harness.train.memory import memory_fields
 from gembench.harness.train.step import divergence, finite_or_none
-
-PRIMARY_LOAD = "bytes_read"  # deterministic and proportional to memory-bound lookup work
-
-
-def timed_batches(batches: list, warmup: int, steps: int) -> list:
-    """The batches the timed steps train on: steps cycle through the distinct batches."""
-    return [batches[i % len(batches)] for i in range(warmup, warmup + steps)]
 
 
 @dataclass
@@ -223,14 +217,18 @@ def build_result(
     peak = peak_section(records, summary)  # adds summary["mfu_host"]
     sections, metrics = {}, flat_metrics(records[0].counters) if records[0].counters else {}
     if sharded is not None:
+        p50 = summary["step_time_s"]["p50"]
         run_section.update(
             sharding=sharded.sharding or "auto",
             backend=sharded.backend,
             timeout_s=sharded.timeout_s,
             batches=sharded.batch_indices,
         )
-        imb = imbalance_section(records, sharded.planned, stage_means, summary["step_time_s"]["p50"])
-        comm = comm_section(records)
+        planned_loads = {"perf_ms": sharded.planned.perf, "storage_bytes": sharded.planned.storage}
+        imb = job_imbalance(
+            [r.loads for r in records], [r.hot for r in records], planned_loads, stage_means, step_s=p50
+        )
+        comm = dict(across_ranks([r.comm for r in records]), calls=[r.comm_calls for r in records])
         sections = {
             "ranks": ranks_section(records, stage_means, global_batch, summary),
             "plan": sharded.planned.tables,
@@ -238,7 +236,7 @@ def build_result(
             "comm": comm,
         }
         metrics = {
-            "imbalance_max_mean": imb["measured"]["metrics"][PRIMARY_LOAD]["max_mean"],
+            "imbalance_max_mean": imb["measured"]["metrics"][imb["primary"]]["max_mean"],
             "exposed_comm_fraction": comm["exposed_comm_fraction"],
             **metrics,
         }
@@ -375,50 +373,3 @@ def peak_section(records: list[ProcessRecord], summary: dict) -> dict:
         }
         summary["mfu_host"] = summary["mfu"] * sum(peaks) / section["host"]["tflops"]
     return section
-
-
-def imbalance_section(records, planned, stage_means, step_s: float) -> dict:
-    loads = {k: [r.loads[k] for r in records] for k in records[0].loads}
-    planned_loads = {"perf_ms": planned.perf, "storage_bytes": planned.storage}
-    lookups = sum(r.hot["lookups"] for r in records)
-    return {
-        "primary": PRIMARY_LOAD,
-        "measured": {"loads": loads, "metrics": {k: imbalance(v) for k, v in loads.items()}},
-        "planned": {"loads": planned_loads, "metrics": {k: imbalance(v) for k, v in planned_loads.items()}},
-        "critical_path_s": critical_path(stage_means),
-        "stall_cost": stall_cost(stage_means, step_s),
-        "hot_1pct_share": sum(r.hot["hot_1pct"] for r in records) / lookups if lookups else 0.0,
-    }
-
-
-def comm_section(records) -> dict:
-    kinds = sorted({k for r in records for k in r.comm["by_kind"]})
-    by_kind = {}
-    for kind in kinds:
-        rows = [r.comm["by_kind"].get(kind) for r in records]
-        rows = [x for x in rows if x]
-        mean = lambda key: float(np.mean([x[key] for x in rows]))  # noqa: E731
-        time_s, size = mean("time_s"), mean("bytes")
-        factor = rows[0]["busbw_Bps"] / rows[0]["algbw_Bps"] if rows[0]["algbw_Bps"] else 0.0
-        by_kind[kind] = {
-            "family": rows[0]["family"],
-            "calls": mean("calls"),
-            "bytes": size,
-            "time_s": time_s,
-            "time_max_s": float(max(x["time_s"] for x in rows)),
-            "algbw_Bps": size / time_s if time_s > 0 else 0.0,
-            "busbw_Bps": factor * size / time_s if time_s > 0 else 0.0,
-            "step_share": mean("step_share"),
-        }
-        if all("exposed_s" in x for x in rows):  # traces analysed before per-kind exposure lack it
-            by_kind[kind]["overlapped_s"] = mean("overlapped_s")
-            by_kind[kind]["exposed_s"] = mean("exposed_s")
-    exposure = [dict(r.comm["exposure"], rank=r.rank, step_s=r.comm["step_s"]) for r in records]
-    return {
-        "profiled_steps": records[0].comm["profiled_steps"],
-        "by_kind": by_kind,
-        "exposure": exposure,
-        "exposed_comm_fraction": float(np.mean([e["exposed_fraction"] for e in exposure])),
-        "overlap_fraction": float(np.mean([e["overlap_fraction"] for e in exposure])),
-        "calls": [r.comm_calls for r in records],
-    }

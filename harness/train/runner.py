@@ -31,7 +31,7 @@ from gembench.harness.train.memory import (
     reset_peak_memory,
 )
 from gembench.harness.train.parallelize import dense_state_bytes, sparse_modules
-from gembench.harness.train.result import ProcessRecord, build_result, process_record, recheck, timed_batches
+from gembench.harness.train.result import ProcessRecord, build_result, process_record, recheck
 from gembench.harness.train.runconfig import RunConfig
 from gembench.harness.train.stack import STACKS, StackOptions, autocast_for, build_train_state
 from gembench.harness.train.step import ProcessEngine, StepSamples, out_of_memory
@@ -162,9 +162,7 @@ def record_of(setup: Setup, m: Measured, estimate: dict | None = None) -> Proces
     estimate to hold the run against (default: this stack's own)."""
     run, variant = setup.run, setup.variant(m.options)
     steps = len(m.measurement.samples.step_s)
-    timed = timed_batches(setup.batches, run.warmup, steps)
-    per_block = timed_batches(setup.flops_of(variant), run.warmup, steps)
-    shape = described(variant, per_block, timed, m.options)
+    shape = described(variant, setup.flops_of(variant), setup.batches, run.warmup, steps, m.options)
     estimate = estimate or memory_estimate(variant, setup.counts, variant.global_batch, m.options, setup.device.type)
     host_peak = setup.peak if setup.peak.calibration else None  # one process: the host's own peak
     return process_record(setup.device, World(), m.measurement, setup.peak, host_peak, shape, estimate, m.dense_state)
@@ -193,7 +191,7 @@ def summarized(setup: Setup, measured: list[Measured], estimate: dict | None = N
 
 @contextlib.contextmanager
 def out_of_memory_guard(setup: Setup, stacks: list[StackOptions]):
-    """Turn a device out-of-memory error anywhere in the run into one line: the stage (run_steps
+    """Turn a device out-of-memory error anywhere in the run into one line: the stage (the step
     names it; otherwise the stack was being built), the peak reached, and the largest --batch the
     estimate says fits, corrected by how far this run's real peak outgrew it. Nothing is written."""
     try:

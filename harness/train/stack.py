@@ -32,6 +32,7 @@ from gembench.errors import UsageError
 from gembench.harness.train import nvtx
 from gembench.harness.train.parallelize import apply_ac, apply_compile, embedding_parameters
 from gembench.harness.train.step import TrainState
+from gembench.harness.train.workloads import SparseTimer, applied_switches, seeded
 
 # fbgemm's fake dense_to_jagged (traced when the padded attention is compiled, as `gembench
 # ablate`'s "- jagged" variant does) calls torch._check_is_size, deprecated since torch 2.13:
@@ -210,28 +211,19 @@ def fuse_embeddings(model: nn.Module, device: torch.device) -> list[torch.optim.
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, EmbeddingBagCollection):
-                fused = FusedEmbeddingBagCollection(
-                    child.embedding_bag_configs(),
-                    optimizer_type=torch.optim.Adagrad,
-                    optimizer_kwargs=kwargs,
-                    device=device,
-                )
-                fused.load_state_dict(child.state_dict())
-                setattr(parent, name, fused)
+                fused_type, configs = FusedEmbeddingBagCollection, child.embedding_bag_configs()
+            elif isinstance(child, EmbeddingCollection) and device.type == "cuda":
+                fused_type, configs = sync_free_fused_embedding_collection(), child.embedding_configs()
             elif isinstance(child, EmbeddingCollection):
-                if device.type == "cuda":
-                    fused = sync_free_fused_embedding_collection()(
-                        child.embedding_configs(),
-                        optimizer_type=torch.optim.Adagrad,
-                        optimizer_kwargs=kwargs,
-                        device=device,
-                    )
-                    fused.load_state_dict(child.state_dict())
-                    setattr(parent, name, fused)
-                else:
-                    for table in child.embeddings.values():
-                        table.sparse = True
-                        remaining.append(table.weight)
+                for table in child.embeddings.values():
+                    table.sparse = True
+                    remaining.append(table.weight)
+                continue
+            else:
+                continue
+            fused = fused_type(configs, optimizer_type=torch.optim.Adagrad, optimizer_kwargs=kwargs, device=device)
+            fused.load_state_dict(child.state_dict())
+            setattr(parent, name, fused)
     return [SparseAdagrad(remaining, lr=EMBEDDING_LR, eps=ADAGRAD_EPS)] if remaining else []
 
 
@@ -257,8 +249,6 @@ def seeded_model(workload, options: StackOptions, device: torch.device, seed: in
     runs it (for_stack), built from ``seed`` (the same weights for every stack and rank),
     activation checkpointing applied, and its dense blocks in NVTX ranges when they are on
     (gembench run --nsys)."""
-    from gembench.harness.train.workloads import seeded
-
     model = seeded(workload, device, seed)
     apply_ac(workload, model, options.activation_checkpointing)
     nvtx.enable_from_env(device)
@@ -275,8 +265,6 @@ def on_ranks(options: StackOptions, pipeline: bool) -> StackOptions:
 def build_train_state(workload, options: StackOptions, device: torch.device, seed: int = 0) -> TrainState:
     """The workload's model as ``options`` runs it on one process (``workload``: as for_stack
     gave it), built from ``seed`` (same weights for every stack), the stack applied."""
-    from gembench.harness.train.workloads import SparseTimer, applied_switches
-
     check_one_process(options)
     applied_switches(workload, options)
     model = seeded_model(workload, options, device, seed)

@@ -266,15 +266,3 @@ class ProcessEngine:
                 err.stage = failing_stage(clock)  # the runner names it in its one-line report
             raise
         return loss, clock.durations()
-
-
-def run_steps(
-    state: TrainState, batches, steps: int, warmup: int, timed: bool = True, progress=None, pace=None
-) -> StepSamples:
-    """``warmup`` discarded steps then ``steps`` timed ones of one process over ``batches`` (cycled),
-    without the counted and profiled steps of a measurement (measure.py): for tests and benchmarks
-    that time the step alone."""
-    engine = ProcessEngine(state, batches, timed)
-    return timed_steps(
-        engine.step, warmup + steps, range(warmup, warmup + steps), state.device, progress=progress, pace=pace
-    )

@@ -124,12 +124,19 @@ def input_bytes(batch) -> int:
     return total
 
 
-def described(workload: Workload, per_block: list[dict], batches: list, options) -> dict:
-    """What the timed steps' batches hold (``per_block``: their forward FLOPs, flops_of or
-    formula_flops on the same batches): forward and recomputed FLOPs per step (the workload's
-    recomputed_flops under the stack's checkpointing), mean FLOPs per block, the embedding bytes
-    of one step and the mean bytes a step's batch moves to the device. The one place these are
-    derived, for one process and every rank."""
+def timed_batches(batches: list, warmup: int, steps: int) -> list:
+    """What the timed steps train on (steps cycle through the distinct batches), of a list per
+    distinct batch: the batches themselves, or their FLOPs."""
+    return [batches[i % len(batches)] for i in range(warmup, warmup + steps)]
+
+
+def described(workload: Workload, flops: list[dict], batches: list, warmup: int, steps: int, options) -> dict:
+    """What the timed steps' batches hold (``batches``, per distinct batch, and ``flops``, their
+    forward FLOPs per block: flops_of or formula_flops): forward and recomputed FLOPs per step (the
+    workload's recomputed_flops under the stack's checkpointing), mean FLOPs per block, the
+    embedding bytes of one step and the mean bytes a step's batch moves to the device. The one
+    place these are derived, for one process and every rank."""
+    per_block, batches = timed_batches(flops, warmup, steps), timed_batches(batches, warmup, steps)
     mode = options.activation_checkpointing
     return {
         "forward_flops": [float(sum(b.values())) for b in per_block],

@@ -15,7 +15,8 @@ from gembench.harness.report.html import figures
 from gembench.harness.report.html.collect import Group, failed_metrics, overall, short
 from gembench.harness.report.html.page import badge, details, esc, figure, page, table
 from gembench.harness.report.numbers import pct, si
-from gembench.harness.report.tables import LOAD_LABELS, largest_loss
+from gembench.harness.report.rank_tables import LOAD_LABELS
+from gembench.harness.report.tables import largest_loss
 from gembench.harness.store.results import field as get
 
 

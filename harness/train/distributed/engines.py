@@ -42,6 +42,7 @@ from gembench.harness.train import nvtx
 from gembench.harness.train.distributed.plan import data_parallel_tables, dense_parameters
 from gembench.harness.train.stack import StackOptions, autocast_for, dense_optimizer
 from gembench.harness.train.step import StageClock, losses
+from gembench.harness.train.workloads import SparseTimer
 
 STAGES = (
     "data",
@@ -101,8 +102,6 @@ class StagedStep:
     by the sparse timer (``stages`` says which)."""
 
     def __init__(self, dmp: nn.Module, device, world, options: StackOptions, workload, feeds, batches=(), fault=None):
-        from gembench.harness.train.workloads import SparseTimer
-
         self.dmp, self.model, self.device, self.world = dmp, dmp.module, device, world
         self.workload, self.feeds, self.batches, self.fault = workload, feeds, batches, fault
         self.autocast = autocast_for(options, device)

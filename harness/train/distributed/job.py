@@ -40,12 +40,12 @@ from gembench.harness.train.parallelize import (
     sparse_modules,
 )
 from gembench.harness.train.progress import Progress
-from gembench.harness.train.result import ProcessRecord, Sharded, build_result, process_record, recheck, timed_batches
+from gembench.harness.train.result import ProcessRecord, Sharded, build_result, process_record, recheck
 from gembench.harness.train.runconfig import RunConfig
 from gembench.harness.train.runner import MAX_DISTINCT_BATCHES
 from gembench.harness.train.stack import StackOptions, autocast_for, on_ranks, seeded_model
 from gembench.harness.train.step import losses
-from gembench.harness.train.work import described, stack_flops
+from gembench.harness.train.work import described, stack_flops, timed_batches
 from gembench.harness.train.workloads import hot_counts, identity, module_fields, section
 from gembench.loader import kjt_fields
 
@@ -64,11 +64,6 @@ class Built:
     engine: engines.StagedStep | None
     start_bytes: int  # the rank's memory floor when the build began
     modules: int  # the model's TorchRec modules
-
-    @property
-    def optimizer(self):
-        """The dense optimizer (--rebalance carries its state; it refuses the pipeline)."""
-        return self.engine.optimizer
 
 
 class RankJob:
@@ -154,8 +149,7 @@ class RankJob:
         world.at("load count")
         # before the pipeline rewrites the modules' input dist for its own schedule
         lookup_loads = loads.measure_loads(built.feeds or [], timed[:LOAD_BATCHES], dev)
-        per_block = timed_batches(self.flops, args.warmup, args.steps)
-        shape = described(self.variant, per_block, timed, options)  # once, before any step
+        shape = described(self.variant, self.flops, batches, args.warmup, args.steps, options)  # once, before any step
         since = counters.fresh_compile_state()
         if args.pipeline:
             # the pipeline holds batches in flight across steps: its own batch objects, regenerated
@@ -281,7 +275,7 @@ class RankJob:
         nothing of it outlives the caller's last reference."""
         built = self.build(pooling, measured)
         self.world.at("carry")
-        carried = carry_state(old.dmp, built.dmp, old.optimizer, built.optimizer)
+        carried = carry_state(old.dmp, built.dmp, old.engine.optimizer, built.engine.optimizer)  # staged only
         torch._dynamo.reset()
         return built, carried
 

@@ -43,7 +43,7 @@ def main(args: RunConfig, env: dict) -> int:
         world = World(rank, env["world_size"], env["local_rank"], env["local_world_size"], dog)
         result = RankJob(args, world, dev, fault, peaks(dev, args, world)).run()
         if rank == 0:
-            from gembench.harness.report.tables import distributed_report
+            from gembench.harness.report.rank_tables import distributed_report
 
             out = args.out or RUNS_DIR / f"{result['id']}.json"
             print(distributed_report(result), flush=True)  # the figures first: the write may fail

@@ -28,7 +28,7 @@ import numpy as np
 
 from gembench.errors import UsageError
 from gembench.harness.regression.stats import interval, relative_change
-from gembench.harness.report.tables import placement
+from gembench.harness.report.rank_tables import placement
 from gembench.harness.train.distributed.plan import POOLING_DEFAULT
 from gembench.workload import Workload
 
