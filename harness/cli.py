@@ -100,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    from gembench.harness.train.distributed.library_logs import install_logging
+
+    install_logging(getattr(args, "verbose", False))
     try:
         return int(args._main(args) or 0)
     except UsageError as err:

@@ -1,4 +1,4 @@
-"""gembench's own configs as one provider of the workload protocol (gembench/workload.py).
+"""gembench's own configs as one provider of the workload protocol (workload.py, gembench.workload).
 
 ``workload(config)`` is the harness's one way into the zoo: every command that takes ``--config``
 turns it into a ``ZooWorkload`` here and from then on reads only the protocol, as it does for a

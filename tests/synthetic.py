@@ -99,6 +99,7 @@ def make_result(
             **env,
         },
         "peak": {"tflops_per_device": peak_tflops, "devices": 1, "dtype": "fp32", "source": "synthetic"},
+        "flops": {"model_per_step": flops_per_step, "per_block": {"dense_arch": flops_per_step / 3}},
         "samples": {"step_s": samples, "mfu": mfu, "stages": {}},
         "summary": {
             "step_time_s": {"p50": sorted(samples)[steps // 2], "mean": mean_s},

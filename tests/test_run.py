@@ -208,7 +208,7 @@ def test_batch_must_split_over_ranks(tmp_path, monkeypatch, capsys):
 
 
 def test_refusal_comes_before_the_compile_notice(tmp_path):
-    # xl never fits: the memory refusal is the only line, no "compiles the dense arch" before it.
+    # xl never fits: the memory refusal is the only line, no "compiles the dense part" before it.
     # A real process: nothing its start-up or exit prints may join the line (the refusals above run in process)
     proc = gembench_cli("run", "--config", "xl", "--device", "cpu", cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
@@ -220,3 +220,26 @@ def test_describe_batch(capsys):
     d = json.loads(out)
     assert code == 0
     assert d["global_batch"] == 512 and set(d["memory_estimate_bytes_by_stack"]) == {"baseline", "optimized"}
+
+
+def test_no_compile_notice_where_the_workload_compiles_nothing(tmp_path):
+    """compile=on is the optimized stack's, but a workload that names nothing to compile (compiled()
+    empty) compiles nothing: no notice that it does."""
+    from pathlib import Path
+
+    two_tower = Path(__file__).resolve().parents[1] / "examples" / "two_tower.py"
+    (tmp_path / "plain.py").write_text(
+        "import importlib.util, sys\n"
+        f"_spec = importlib.util.spec_from_file_location('two_tower_base', {str(two_tower)!r})\n"
+        "tt = sys.modules['two_tower_base'] = importlib.util.module_from_spec(_spec)\n"
+        "_spec.loader.exec_module(tt)\n"
+        "class Plain(tt.TwoTower):\n    def compiled(self):\n        return ()\n"
+        "def make():\n    return Plain(batch=16, max_rows=200)\n"
+    )
+    out = tmp_path / "r.json"
+    proc = gembench_cli(
+        "run", "--model", f"{tmp_path / 'plain.py'}:make", "--steps", "2", "--warmup", "1", "--out", str(out)
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "torch.compile" not in proc.stderr and "compiling" not in proc.stderr, proc.stderr
+    assert "compile" in json.loads(out.read_text())["workload"]["switches"]["not_applicable"]

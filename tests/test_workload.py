@@ -50,7 +50,7 @@ BAD = {
         "holds 8 examples, not global_batch/world = 8/2 = 4",
     ),
     "flops formula": (
-        BASE + "class W(tt.TwoTower):\n    def forward_flops(self, batch):\n        return {'towers': 1e6}\n"
+        BASE + "class W(tt.TwoTower):\n    def forward_flops(self, batch):\n        return {'towers': 1e12}\n"
         "def make():\n    return W(batch=8, max_rows=50)",
         "make",
         "FlopCounterMode counts",

@@ -24,6 +24,7 @@ import json
 import math
 import sys
 import tempfile
+import textwrap
 from pathlib import Path
 
 LOSS_RTOL = 1e-4  # fp32 on both sides; sharded pooling sums in another order
@@ -84,17 +85,24 @@ def main(args: argparse.Namespace) -> int:
 
     torch.manual_seed(args.seed)
     model = seeded(workload, torch.device("cpu"), args.seed)
-    per_block, basis = flops_of(workload, model, batches[:1])  # a contradicting formula: exit 2
-    total = sum(per_block[0].values())
-    if basis == "formula":
-        counted = sum(counted_flops(workload, model, batches[0]).values())
+    work = flops_of(workload, model, batches[:1])  # a formula claiming more than the count: exit 2
+    total, untrained = sum(work.per_batch[0].values()), sum(work.untrained.values())
+    if work.basis == "formula":
+        counted = sum(counted_flops(workload, model, batches[0]).trained.values())
+        beyond = (
+            f"; {work.beyond_formula:,.0f} it leaves out count as executed, not model" if work.beyond_formula else ""
+        )
         line(
             True,
             "FLOPs",
-            f"formula {total:,.0f} per batch, FlopCounterMode {counted:,.0f} ({total / counted - 1:+.2%})",
+            f"formula {total:,.0f} per batch, FlopCounterMode {counted:,.0f} reach the loss "
+            f"({total / counted - 1:+.2%}){beyond}",
         )
     else:
-        line(True, "FLOPs", f"counted by FlopCounterMode: {total:,.0f} per batch (no formula given)")
+        line(True, "FLOPs", f"counted by FlopCounterMode: {total:,.0f} per batch reach the loss (no formula given)")
+    if untrained:
+        blocks = ", ".join(f"{b} {f:,.0f}" for b, f in sorted(work.untrained.items(), key=lambda kv: -kv[1]))
+        line(True, "untrained FLOPs", f"{untrained:,.0f} per batch reach no loss ({blocks}): executed once, not model")
     with torch.no_grad():
         first = float(losses(workload, workload.forward(model, batches[0]), batches[0])[0])
     del model
@@ -140,11 +148,16 @@ def _ranks(args, workload) -> tuple[bool, str, str]:
         got = json.loads(out.read_text())
     loss = sum(got["loss"]) / 2
     ok = math.isclose(loss, want, rel_tol=LOSS_RTOL)
-    plan = ", ".join(f"{t}: {p['sharding']}" for t, p in list(got["plan"].items())[:4])
+    kinds: dict[str, list[str]] = {}
+    for table, placed in got["plan"].items():
+        kinds.setdefault(placed["sharding"], []).append(table)
+    plan = "; ".join(f"{kind}: {', '.join(tables)}" for kind, tables in sorted(kinds.items()))
+    indent = " " * 26  # under the detail column of the check lines
     return (
         ok,
         "2 gloo ranks (DMP)",
-        f"first loss {loss:.6g} sharded vs {want:.6g} unsharded ({loss / want - 1:+.1e}); {plan}",
+        f"first loss {loss:.6g} sharded vs {want:.6g} unsharded ({loss / want - 1:+.1e}); the plan:\n"
+        + textwrap.fill(plan, width=100, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False),
     )
 
 

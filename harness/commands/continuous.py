@@ -99,7 +99,7 @@ def configure(p: argparse.ArgumentParser) -> None:
         "--numerics",
         choices=("fail", "report"),
         default="fail",
-        help="fail: losses that differ make the exit status 3 unless it is 1 (default); "
+        help="fail: losses that differ make the exit status 5 unless it is 1 (default); "
         "report: say so, and exit as the times and counters say",
     )
     p.add_argument(

@@ -15,7 +15,8 @@ examples:
   gembench describe --model examples/two_tower.py:two_tower
 
 The memory table is the estimate `gembench run` checks before allocating (the workload's own,
-the zoo's models/memory.py, else from its parameter shapes), per stack, for one CUDA device:
+the zoo's models/memory.py, else from its parameter shapes), per stack, for one process on
+--memory-device (default: a CUDA device where this host has one, else the CPU):
 embeddings (tables + Adagrad state, + dense gradients without fused embeddings), dense (weights,
 gradients, Adam state), activations saved for backward, the largest transient block, and build
 (the moment fused tables are built next to the plain ones). total = max(build, the rest
@@ -43,13 +44,19 @@ def configure(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="global batch, overriding the config's (changes the config hash)",
     )
+    p.add_argument(
+        "--memory-device",
+        choices=("cpu", "cuda"),
+        default=None,
+        help="the device the memory tables estimate for (default: cuda where this host has one, else cpu)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
 
-def describe(workload) -> dict:
+def describe(workload, device_type: str = "cuda") -> dict:
     """A workload's sizes, FLOPs per example and block, and memory estimates, from the protocol:
     tables and parameters from the meta build; FLOPs from flops_per_example(), else its batch
-    formula, else counted; memory by stack and by switch (memory_estimate)."""
+    formula, else counted; memory by stack and by switch (memory_estimate) on ``device_type``."""
     from dataclasses import replace
 
     import torch
@@ -69,7 +76,7 @@ def describe(workload) -> dict:
     batch = workload.global_batch
     opt, n = STACKS["optimized"], SWITCH_RANKS
 
-    def estimate(options, batch=batch, shards=1, share=1.0, device_type="cuda"):
+    def estimate(options, batch=batch, shards=1, share=1.0):
         return memory_estimate(workload.for_stack(options), counts, batch, options, device_type, shards, share)
 
     cells = [
@@ -108,6 +115,7 @@ def describe(workload) -> dict:
         "block_params": {name: sum(p.numel() for p in c.parameters()) for name, c in meta.named_children()},
         "forward_gflop_per_example": forward / 1e9,
         "train_flops_per_step": TRAIN_FLOPS_PER_FORWARD * forward * batch,
+        "memory_device": device_type,
         "memory_estimate_bytes": estimate(opt),
         "memory_estimate_bytes_by_stack": {name: estimate(options) for name, options in STACKS.items()},
         # the optimized stack with each switch of GEM's dense side (harness/train/parallelize.py);
@@ -122,15 +130,18 @@ def describe(workload) -> dict:
 
 
 SWITCH_RANKS = 8  # one node of GPUs
+ONE = {"cuda": "one CUDA device", "cpu": "one process on this CPU host, its runtime included"}
 
 
 def main(args: argparse.Namespace) -> int:
+    import torch
     from tabulate import tabulate
 
     from gembench.harness.report.numbers import si
     from gembench.harness.train.workloads import workload_of
 
-    d = describe(workload_of(args.config, args.model, args.model_args, args.batch))
+    device = args.memory_device or ("cuda" if torch.cuda.is_available() else "cpu")
+    d = describe(workload_of(args.config, args.model, args.model_args, args.batch), device)
     if args.json:
         print(json.dumps(d, indent=1))
         return 0
@@ -167,7 +178,7 @@ def main(args: argparse.Namespace) -> int:
         "\n"
         + tabulate(
             rows,
-            headers=[f"peak training memory, GiB ({what}, one CUDA device)", *by_stack],
+            headers=[f"peak training memory, GiB ({what}, {ONE[d['memory_device']]})", *by_stack],
             colalign=("left", "right", "right"),
         )
     )

@@ -79,14 +79,17 @@ def main(args: argparse.Namespace) -> int:
                 )
             )
     checks += gate.diverged_checks(runs)
-    checks += gate.threshold_checks(runs, limits)
+    baseline, path = None, None
     if not args.no_baseline:
         path = Path(args.baseline) if args.baseline else baseline_for(first)
-        if not path.exists() and not args.baseline:
-            status = gate.NOT_COMPARABLE if args.require_baseline else gate.SKIP
-            checks.append(gate.Check(status, "baseline", f"none at {path} (create one: gembench promote RESULT)"))
-        else:
-            checks += gate.baseline_checks(runs, load_runs(path), str(path), alpha, min_effect, limits)
+        if path.exists() or args.baseline:
+            baseline = load_runs(path)
+    checks += gate.threshold_checks(runs, limits, baseline)  # MFU held at the baseline's FLOPs
+    if baseline is not None:
+        checks += gate.baseline_checks(runs, baseline, str(path), alpha, min_effect, limits)
+    elif path is not None:
+        status = gate.NOT_COMPARABLE if args.require_baseline else gate.SKIP
+        checks.append(gate.Check(status, "baseline", f"none at {path} (create one: gembench promote RESULT)"))
 
     print(
         f"gate {config} on {hw}: {len(runs)} run(s), thresholds {args.thresholds}, alpha={alpha:g}, "

@@ -312,20 +312,20 @@ def _run(run) -> int:
     first_step = first_step_key(run)
     expected = first_step_seconds(first_step)
 
-    def compile_notice() -> None:  # once the run is validated and fits: never before a refusal
-        if not run.quiet and (run.ab or run.options.compile):
+    def compile_notice(compiles: bool) -> None:  # once the run is validated and fits: never before a refusal
+        if not run.quiet and compiles:
             how_long = (
                 f"~{expected:.0f} s, as the last time on this machine"
                 if expected
                 else "1-2 minutes on 2 cores the first time on a machine, seconds once torch's cache has it"
             )
             print(
-                f"gembench run: the first warm-up step compiles the dense arch with torch.compile ({how_long})",
+                f"gembench run: the first warm-up step compiles the dense part with torch.compile ({how_long})",
                 file=sys.stderr,
                 flush=True,
             )
             if not run.ab:  # --ab warms both stacks up before its first timed round
-                progress.during_first_step("compiling the dense arch (first warm-up step)", expected)
+                progress.during_first_step("compiling the dense part (first warm-up step)", expected)
 
     pace = None
     if run.pace is not None:

@@ -25,8 +25,24 @@ class Plan:
         from gembench.harness.regression import paired
 
         return paired.judge_rounds(
-            rounds, list(m.metrics), alpha, self.min_effect, self.limits, m.statistic, self.margin
+            rounds, judged_metrics(m, rounds), alpha, self.min_effect, self.limits, m.statistic, self.margin
         )
+
+
+def work_changed(rounds: list):
+    """How HEAD's model FLOPs per step differ from BASE's (work.WorkChange), or None."""
+    from gembench.harness.regression.work import work_change
+
+    return work_change([rounds[0][0]], [rounds[0][1]])
+
+
+def judged_metrics(m: Measuring, rounds: list) -> list[str]:
+    """--metric, with step time for MFU where the work changed (MFU rises with wasted FLOPs)."""
+    from gembench.harness.regression.work import WORK_METRICS
+
+    if work_changed(rounds) is None:
+        return list(m.metrics)
+    return list(dict.fromkeys("step_time_s" if x in WORK_METRICS else x for x in m.metrics))
 
 
 def plan_of(m: Measuring, first: dict) -> Plan:
@@ -72,6 +88,7 @@ def document(cfg, co, rounds, interleaved, design, plan, alpha, judgements, loss
     """The JSON result; its notes and minutes, the caller's, are held None in their places."""
     from gembench.harness.continuous import environments
     from gembench.harness.regression import paired
+    from gembench.harness.regression.work import model_flops, side_by_side
     from gembench.harness.store.results import field
 
     m = cfg.measuring
@@ -104,6 +121,10 @@ def document(cfg, co, rounds, interleaved, design, plan, alpha, judgements, loss
         "numerics": losses,
         "op_changes": ops,
         "exit_status": code,
+        "model_flops": side_by_side(model_flops(rounds[0][0]), model_flops(rounds[0][1]), "BASE", "HEAD"),
+        "work_changed": None
+        if (w := work_changed(rounds)) is None
+        else {"base": w.a, "head": w.b, "change": w.change, "line": w.line("HEAD", "BASE")},
     } | (environments.document(cfg.environments) if cfg.environments else {})
 
 
@@ -135,6 +156,10 @@ def header_lines(cfg: ContinuousConfig, doc: dict, design, plan: Plan, judgement
             f"(Pocock-type); the verdict is the last look's, at alpha {alpha:.2g}"
         )
     header += [f"note: BASE and HEAD differ in {d}" for d in doc["notes"]]
+    if doc.get("work_changed"):
+        header.append("work changed: " + doc["work_changed"]["line"])
+    elif doc.get("model_flops"):
+        header.append(doc["model_flops"])
     if m.benchmark == "instructions":
         header[1] = (
             f"kernel instruction counts (benchmarks/instructions.py, callgrind) on {hw}: "

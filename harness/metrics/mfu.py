@@ -84,6 +84,7 @@ def summarize(
     peak_tflops: float,
     devices: int = 1,
     recomputed_flops: list[float] | None = None,
+    beyond_model_flops: float = 0.0,
 ) -> dict:
     """Step summary: step time, throughput, achieved TFLOP/s, MFU and HFU, and the same per stage.
 
@@ -91,6 +92,8 @@ def summarize(
     lengths of its batch); a stage's FLOPs are its share of the training FLOPs.
     ``recomputed_flops``: each step's forward FLOPs run again by activation checkpointing
     (harness/train/parallelize.py recomputed_forward_flops), executed in the backward; none if absent.
+    ``beyond_model_flops``: what a step executes beyond its model and recomputed FLOPs (work that
+    reaches no loss, work a formula leaves out): in HFU, never in MFU.
     """
     step_s = np.asarray(step_s, dtype=float)
     fwd = np.asarray(forward_flops, dtype=float)
@@ -117,7 +120,7 @@ def summarize(
             "hfu": mfu(executed, t, peak_tflops, devices) if t > 0 and executed else 0.0,
         }
     mean_train = float(train.mean())
-    mean_executed = mean_train + float(recomputed.mean())
+    mean_executed = mean_train + float(recomputed.mean()) + beyond_model_flops
     return {
         "step_time_s": distribution(step_s),
         "stage_sum_s": total_stage_time,
@@ -127,7 +130,8 @@ def summarize(
         "tflops": tflops(mean_train, p50),
         "mfu": mfu(mean_train, p50, peak_tflops, devices),
         "mfu_per_step": distribution(step_mfu),
-        # executed FLOPs: the model's plus the recomputed forwards (equal to mfu without checkpointing)
+        # executed FLOPs: the model's, the recomputed forwards and the work beyond the model (hfu equals
+        # mfu without checkpointing or such work)
         "executed_flops_per_step": mean_executed,
         "hfu": mfu(mean_executed, p50, peak_tflops, devices),
         "stages": stage_rows,

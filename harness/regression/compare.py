@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from gembench.harness.regression import stats
 from gembench.harness.regression.counters import judge_counter
 from gembench.harness.regression.directions import METRICS, info, per_step
+from gembench.harness.regression.work import WORK_METRICS, WorkChange, model_flops, work_change
 from gembench.harness.store.results import COMPARABLE_KEYS, differences
 
 
@@ -26,6 +27,8 @@ class Comparison:
     min_effect: float
     judgements: list[stats.Judgement] = field(default_factory=list)
     unjudged: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)
+    work: WorkChange | None = None  # the model FLOPs differ: MFU unjudged, step time judged
+    model_flops: tuple = (None, None)  # per step, each side's first result's
 
     @property
     def comparable(self) -> bool:
@@ -81,6 +84,7 @@ def compare(
 
     Cost counters and instruction counts are judged exactly against their allowed increase from
     ``limits`` (a thresholds.Limits; None: the defaults, 0 for counters, 1% for instructions).
+    Where the two sides' model FLOPs differ (``work``), MFU is listed, not judged, and step time is.
     """
     if not a or not b:
         raise ValueError("each side needs at least one run")
@@ -92,13 +96,15 @@ def compare(
     names: list[str] = []
     for r in a + b:
         names += [n for n in (r.get("metrics") or {}) if n not in names]
+    c.work, c.model_flops = work_change(a, b), (model_flops(a[0]), model_flops(b[0]))
     if only:
-        names = [n for n in names if n in only]
+        asked = [*only, "step_time_s"] if c.work and any(m in WORK_METRICS for m in only) else only
+        names = [n for n in names if n in asked]
     series, counted = {}, []
     for name in names:
         va, vb = _values(a, name), _values(b, name)
         meta = info(name)
-        if meta is None or not va or not vb:
+        if meta is None or not va or not vb or (c.work and name in WORK_METRICS):
             c.unjudged[name] = (stats.mean(va) if va else None, stats.mean(vb) if vb else None)
             continue
         if meta.counter:
@@ -152,6 +158,9 @@ def to_json(c: Comparison) -> dict:
         "b": c.b_ids,
         "comparable": c.comparable,
         "reasons": c.reasons,
+        "work_changed": None
+        if c.work is None
+        else {"a_model_flops": c.work.a, "b_model_flops": c.work.b, "change": c.work.change, "blocks": c.work.blocks},
         "forced": c.forced,
         "alpha": c.alpha,
         "min_effect": c.min_effect,

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from gembench.harness.regression import stats
 from gembench.harness.regression.compare import compare
 from gembench.harness.regression.thresholds import Limits
+from gembench.harness.regression.work import held_mfu, side_by_side, work_change
 from gembench.harness.store.results import COMPARABLE_KEYS, RUN_KEYS
 
 PASS, FAIL, SKIP, INCONCLUSIVE, NOT_COMPARABLE = "PASS", "FAIL", "SKIP", "INCONCLUSIVE", "NOT-COMPARABLE"
@@ -64,15 +65,22 @@ def diverged_checks(runs: list[dict]) -> list[Check]:
     return checks
 
 
-def threshold_checks(runs: list[dict], limits: Limits) -> list[Check]:
-    """Compare the mean over the given replicate runs with each configured limit."""
+def threshold_checks(runs: list[dict], limits: Limits, baseline: list[dict] | None = None) -> list[Check]:
+    """Compare the mean over the given replicate runs with each configured limit. Where the runs
+    do other model FLOPs than the ``baseline`` the limits were set on, MFU is held at the
+    baseline's FLOPs (work.held_mfu): a commit cannot pass by doing more work."""
     checks = []
+    changed = work_change(baseline, runs) if baseline else None
     for field, (metric, kind) in THRESHOLD_METRICS.items():
         limit = getattr(limits, field)
         if limit is None:
             continue
         where = (limits.sources or {}).get(field, "?")
         values = [r["metrics"][metric] for r in runs if isinstance((r.get("metrics") or {}).get(metric), (int, float))]
+        held = ""
+        if changed is not None and metric == "mfu" and values:
+            values = [held_mfu(r, baseline[0]) for r in runs]
+            held = f", held at the baseline's model FLOPs: {changed.what('the run', 'the baseline')}"
         if not values:
             checks.append(Check(SKIP, field, f"the result has no {metric} (limit {limit:g} from {where})"))
             continue
@@ -80,7 +88,7 @@ def threshold_checks(runs: list[dict], limits: Limits) -> list[Check]:
         ok = value >= limit if kind == "min" else value <= limit
         sign = (">=" if ok else "<") if kind == "min" else ("<=" if ok else ">")
         n = f" (mean of {len(values)} runs)" if len(values) > 1 else ""
-        checks.append(Check(PASS if ok else FAIL, field, f"{metric} {value:.4g}{n} {sign} {limit:g} ({where})"))
+        checks.append(Check(PASS if ok else FAIL, field, f"{metric} {value:.4g}{n} {sign} {limit:g} ({where}){held}"))
     return checks
 
 
@@ -106,6 +114,11 @@ def baseline_checks(
     if not c.comparable:
         return [Check(NOT_COMPARABLE, "baseline", f"{baseline_name}: " + "; ".join(c.reasons))]
     checks = []
+    work = side_by_side(*c.model_flops, "baseline", "run")
+    if c.work is not None:
+        checks.append(Check(SKIP, "vs baseline mfu", "work changed: " + c.work.line("the run", "the baseline")))
+    elif work is not None:
+        checks.append(Check(PASS, "vs baseline work", work))
     for j in c.judgements:
         name = f"vs baseline {j.metric}"
         if j.method == "count":

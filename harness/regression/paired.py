@@ -80,6 +80,8 @@ def judge_rounds(
         a, b, _, _ = series[j.metric]
         center, lo, hi = stats.paired_ratio_interval([y / x for x, y in zip(a, b)])
         j.extra.update(ratio=center, ratio_ci95=[lo, hi], rounds=len(a), round_ratios=[y / x for x, y in zip(a, b)])
+        # the (1 - 2 alpha) interval the verdict is read from, as a ratio: the one a reader is shown
+        j.extra.update(ratio_ci=[1 + j.ci[0], 1 + j.ci[1]], ci_level=1 - 2 * alpha)
     names: list[str] = []
     for base, head in rounds:
         for r in (base, head):
@@ -115,6 +117,8 @@ def rows(judgements: list[stats.Judgement]) -> list[dict]:
                 "head": j.mean_b,
                 "ratio": j.extra.get("ratio"),
                 "ratio_ci95": j.extra.get("ratio_ci95"),
+                "ratio_ci": j.extra.get("ratio_ci"),  # the (1 - 2 alpha) interval that decides
+                "ci_level": j.extra.get("ci_level"),
                 "p_worse_holm": j.extra.get("p_worse_holm"),
                 "p_better_holm": j.extra.get("p_better_holm"),
                 "method": j.method,

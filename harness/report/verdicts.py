@@ -10,6 +10,7 @@ import math
 from gembench.harness.regression import stats
 from gembench.harness.regression.compare import Comparison, rows
 from gembench.harness.regression.paired import rows as paired_rows
+from gembench.harness.regression.work import side_by_side
 from gembench.harness.report.numbers import change, count, num, ratio
 
 
@@ -17,6 +18,11 @@ def header(c: Comparison) -> list[str]:
     lines = [f"A: {', '.join(c.a_ids)}", f"B: {', '.join(c.b_ids)}"]
     if c.reasons:
         lines.append(("FORCED, " if c.forced else "") + "not comparable: " + "; ".join(c.reasons))
+    work = side_by_side(*c.model_flops)
+    if work is not None:
+        lines.append(work)
+    if c.work is not None:
+        lines.append("work changed: " + c.work.line())
     tested = sum(1 for j in c.judgements if j.method != "count")
     counted = len(c.judgements) - tested
     lines.append(
@@ -64,9 +70,9 @@ def render_paired(judgements: list[stats.Judgement], header: list[str], fmt: str
     """Terminal ("table") or Markdown ("markdown") table, one row per metric."""
     from tabulate import tabulate
 
-    table = []
+    table, level = [], None
     for r in paired_rows(judgements):
-        ci = r["ratio_ci95"]
+        ci, level = r["ratio_ci"], r["ci_level"] or level
         ci_text = "-" if not ci or any(not math.isfinite(x) for x in ci) else f"[{ci[0]:.4f}, {ci[1]:.4f}]"
         p = r["p_better_holm"] if r["verdict"] == stats.IMPROVED else r["p_worse_holm"]
         one = {"paired": f"{r['rounds']} pair ratios", "count": "exact count"}.get(r["method"], r["method"])
@@ -83,7 +89,8 @@ def render_paired(judgements: list[stats.Judgement], header: list[str], fmt: str
                 r["verdict"],
             ]
         )
-    cols = ["metric", "BASE", "HEAD", "HEAD/BASE", "95% CI", "p (Holm)", "one value is", "verdict"]
+    interval = f"{100 * level:g}% CI (decides)" if level else "CI"
+    cols = ["metric", "BASE", "HEAD", "HEAD/BASE", interval, "p (Holm)", "one value is", "verdict"]
     body = tabulate(table, cols, tablefmt="github" if fmt == "markdown" else "simple", disable_numparse=True)
     if fmt == "markdown":
         return "\n".join(["**gembench continuous**", ""] + [f"- {ln}" for ln in header] + ["", body])

@@ -5,7 +5,7 @@
     apply_compile(workload, model, options) torch.compile of what the workload names
 
 The model modules know nothing of these. Which blocks a mode checkpoints, which submodules are
-dense blocks and what is compiled, the workload says (gembench/workload.py: checkpointed(),
+dense blocks and what is compiled, the workload says (workload.py: checkpointed(),
 blocks(), compiled()); the dense roots are read off the model's structure (everything with
 parameters outside TorchRec's modules). The sparse part is TorchRec's, sharded by
 DistributedModelParallel, and never touched here.

@@ -53,6 +53,9 @@ class ProcessRecord:
     forward_flops: list[float]  # per timed step
     recomputed_flops: list[float]
     per_block: dict[str, float]  # mean forward FLOPs per block
+    flops_basis: str  # "formula" or "counted"
+    untrained_per_block: dict[str, float]  # forward FLOPs a step runs that reach no loss: executed once
+    beyond_formula_flops: float  # forward FLOPs that reach the loss but the formula leaves out
     embedding_bytes: dict[str, float]
     input_bytes: float
     peak_memory_bytes: int
@@ -166,10 +169,18 @@ def build_result(
     crit_stages = {s: [max(r.stages[s][i] for r in records) for i in range(steps)] for s in stage_names}
     job_forward = [sum(r.forward_flops[i] for r in records) for i in range(steps)]
     job_recomputed = [sum(r.recomputed_flops[i] for r in records) for i in range(steps)]
+    beyond = sum(sum(r.untrained_per_block.values()) + train_flops(r.beyond_formula_flops) for r in records)
     peaks = [r.peak.tflops_per_device for r in records]
     global_batch = ident.global_batch
     summary = summarize(
-        step_s, crit_stages, job_forward, global_batch, sum(peaks) / world, world, recomputed_flops=job_recomputed
+        step_s,
+        crit_stages,
+        job_forward,
+        global_batch,
+        sum(peaks) / world,
+        world,
+        recomputed_flops=job_recomputed,
+        beyond_model_flops=beyond,
     )
     summary.update(_memory(records))
     summary["embedding_bytes_per_step"] = _summed(records, "embedding_bytes")
@@ -205,6 +216,10 @@ def build_result(
         "model_per_step": train_flops(forward),
         "recomputed_per_step": float(np.mean(job_recomputed)),
         "per_block": _summed(records, "per_block"),
+        "basis": records[0].flops_basis,
+        "untrained_per_block": _summed(records, "untrained_per_block"),
+        "beyond_formula_per_step": train_flops(sum(r.beyond_formula_flops for r in records)),
+        "executed_beyond_model_per_step": beyond,
         "memory_estimate_bytes": records[0].memory_estimate,  # by part; on ranks, rank 0's
     }
     samples = {

@@ -35,7 +35,7 @@ DEFAULT_CONFIG = "small"
 @dataclass(frozen=True)
 class RunConfig:
     config: str | None = DEFAULT_CONFIG  # a config name or a .toml path (library callers: a ModelConfig too)
-    # or a workload (gembench/workload.py): pkg.mod:factory or path/file.py:factory, with KEY=VALUE args
+    # or a workload (workload.py, gembench.workload): pkg.mod:factory or path/file.py:factory, with KEY=VALUE args
     model: str | None = None
     model_args: tuple[str, ...] = ()
     steps: int = 10

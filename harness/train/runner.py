@@ -35,7 +35,7 @@ from gembench.harness.train.result import ProcessRecord, build_result, process_r
 from gembench.harness.train.runconfig import RunConfig
 from gembench.harness.train.stack import STACKS, StackOptions, autocast_for, build_train_state
 from gembench.harness.train.step import ProcessEngine, StepSamples, out_of_memory
-from gembench.harness.train.work import described, formula_flops, stack_flops
+from gembench.harness.train.work import Work, described, formula_flops, stack_flops
 from gembench.harness.train.workloads import Identity, applied_switches, identity, prepared, section, workload_of
 from gembench.workload import Workload
 
@@ -53,8 +53,7 @@ class Setup:
     device: torch.device
     peak: Peak
     batches: list
-    flops: list  # per batch {block: forward FLOPs} of the workload as given (for_stack may differ)
-    basis: str  # "formula" (checked against FlopCounterMode) or "counted"
+    work: Work  # the FLOPs of the workload as given (for_stack may differ: work_of)
     estimate: dict
     counts: dict  # parameter_shapes
     sparse: int  # TorchRec modules in the model
@@ -64,11 +63,15 @@ class Setup:
         """The workload as ``options`` runs it (for_stack: the zoo's attention kernel, content)."""
         return self.workload.for_stack(options)
 
-    def flops_of(self, variant: Workload) -> list:
+    def work_of(self, variant: Workload) -> Work:
         """The per-batch FLOPs of what a stack runs: its formula over the batches, or the count."""
-        if variant is self.workload or self.basis != "formula":
-            return self.flops
-        return formula_flops(variant, self.batches)
+        if variant is self.workload or self.work.basis != "formula":
+            return self.work
+        return replace(self.work, per_batch=formula_flops(variant, self.batches))
+
+    def compiles(self, stacks) -> bool:
+        """Whether any of ``stacks`` compiles something of this workload (its compiled() names it)."""
+        return any(o.compile and bool(self.variant(o).compiled()) for o in stacks)
 
     def identity(self, variant: Workload) -> Identity:
         return self.ident if variant is self.workload else identity(variant, self.run.seed)
@@ -95,8 +98,8 @@ def prepare(run: RunConfig, stacks: list[StackOptions]) -> Setup:
     batches, ident = prepared(workload, run.seed, count=count, meta=meta)
     del meta
     counting = next((o for o in stacks if o.bf16), stacks[0])  # a model may need its stack's precision
-    flops, basis = stack_flops(workload, workload, batches, autocast_for(counting, dev), dev, run.seed)
-    return Setup(run, workload, ident, dev, peak, batches, flops, basis, estimate, counts, sparse, available)
+    work = stack_flops(workload, workload, batches, autocast_for(counting, dev), dev, run.seed)
+    return Setup(run, workload, ident, dev, peak, batches, work, estimate, counts, sparse, available)
 
 
 def build_state(setup: Setup, options: StackOptions):
@@ -162,7 +165,7 @@ def record_of(setup: Setup, m: Measured, estimate: dict | None = None) -> Proces
     estimate to hold the run against (default: this stack's own)."""
     run, variant = setup.run, setup.variant(m.options)
     steps = len(m.measurement.samples.step_s)
-    shape = described(variant, setup.flops_of(variant), setup.batches, run.warmup, steps, m.options)
+    shape = described(variant, setup.work_of(variant), setup.batches, run.warmup, steps, m.options)
     estimate = estimate or memory_estimate(variant, setup.counts, variant.global_batch, m.options, setup.device.type)
     host_peak = setup.peak if setup.peak.calibration else None  # one process: the host's own peak
     return process_record(setup.device, World(), m.measurement, setup.peak, host_peak, shape, estimate, m.dense_state)
@@ -184,7 +187,7 @@ def summarized(setup: Setup, measured: list[Measured], estimate: dict | None = N
         result = build_result(ident, setup.run, [r], m.options, stack=m.name)
         if m.profile is not None:
             result["profile"] = m.profile
-        result["workload"] = section(variant, ident, setup.basis, m.options, setup.batches[0], setup.sparse)
+        result["workload"] = section(variant, ident, setup.work.basis, m.options, setup.batches[0], setup.sparse)
         results.append(result)
     return results
 
@@ -219,14 +222,15 @@ def run_benchmark(run: RunConfig, progress=None, on_prepared=None, pace=None) ->
     """Train ``run.config`` under ``run.options`` for ``run.warmup`` + ``run.steps`` steps on one
     process; return the result document.
 
-    ``on_prepared()`` is called once the request is validated and fits, before any work. Two more
+    ``on_prepared(compiles)`` is called once the request is validated and fits, before any work
+    (``compiles``: whether the first warm-up step compiles anything). Two more
     steps after the timed ones measure the cost counters (and with ``run.trace``, a directory,
     keep the profiled one as trace/trace.json). ``pace`` takes turns with another process
     (continuous/interleave.py's Pacer, `gembench run --pace`).
     """
     setup = prepare(run, [run.options])
     if on_prepared is not None:
-        on_prepared()
+        on_prepared(setup.compiles([run.options]))
     m = measure_stack(setup, run.options, run.stack, progress=progress, pace=pace, trace=run.trace)
     (result,) = summarized(setup, [m], setup.estimate)  # the estimate prepare() checked, not a second one
     return result
@@ -250,7 +254,7 @@ def run_ab(run: RunConfig, progress=None, on_prepared=None) -> dict:
     opts = ab_stacks(run)
     setup = prepare(run, list(opts.values()))
     if on_prepared is not None:
-        on_prepared()
+        on_prepared(setup.compiles(opts.values()))
     start = reset_peak_memory(setup.device)
     since = counters.fresh_compile_state()
     with out_of_memory_guard(setup, list(opts.values())):

@@ -1,18 +1,24 @@
 """The work a workload's batches ask of a step: forward FLOPs per block and the bytes they move.
 
 FLOPs come from the workload's formula (forward_flops(), checked once against FlopCounterMode) or,
-without one, from the counter; ``described`` is the one place a run's per-step work is derived,
-for one process and every rank.
+without one, from the counter, which keeps apart what reaches the loss (model FLOPs) from what
+cannot (no-grad work: executed once, so it raises HFU and never MFU); ``described`` is the one place
+a run's per-step work is derived, for one process and every rank.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from gembench.errors import UsageError
+from gembench.harness.metrics.mfu import train_flops
+from gembench.harness.train.step import losses
 from gembench.harness.train.workloads import seeded
 from gembench.loader import batch_fields, kjt_fields, named
 from gembench.workload import Workload
@@ -20,50 +26,139 @@ from gembench.workload import Workload
 FLOPS_TOLERANCE = 0.01  # a formula the counter contradicts by more than this is refused
 
 
-def counted_flops(workload: Workload, model: nn.Module, batch, autocast=contextlib.nullcontext) -> dict[str, float]:
-    """Forward FLOPs of one batch by FlopCounterMode, per top-level submodule of the model (the
-    parts not inside one: "other"), under ``autocast`` (a model may need the stack's precision)."""
+@dataclass(frozen=True)
+class Count:
+    """One forward of one batch, counted by FlopCounterMode per top-level submodule (the parts not
+    inside one: "other"): the FLOPs that reach the loss (their outputs in its autograd graph: model
+    FLOPs, trained, so run again twice in the backward) and those that cannot (no-grad work, or
+    output no loss reads: executed once, never model FLOPs)."""
+
+    trained: dict[str, float]
+    untrained: dict[str, float]
+
+
+class _Calls(TorchFunctionMode):
+    """Each torch call of a forward: its FLOPs (read off the enclosing FlopCounterMode), its block
+    and the autograd node of its output. A custom autograd Function counts as one call."""
+
+    def __init__(self, counter):
+        super().__init__()
+        self.counter, self.calls, self.depth = counter, [], 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return self.call(func, *args, **(kwargs or {}))
+
+    def call(self, func, *args, **kwargs):
+        """``func`` counted as one call, with whatever it calls inside (a Function it applies)."""
+        before = self.counter.get_total_flops()
+        self.depth += 1
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            self.depth -= 1
+        if self.depth == 0:
+            self.record(self.counter.get_total_flops() - before, out)
+        return out
+
+    def record(self, flops: int, out) -> None:
+        if flops:
+            top = [p.split(".", 1)[1] for p in self.counter.mod_tracker.parents if p.count(".") == 1]
+            tensors = [t for t in (out if isinstance(out, (tuple, list)) else [out]) if isinstance(t, torch.Tensor)]
+            node = next((t.grad_fn for t in tensors if t.grad_fn is not None), None)
+            self.calls.append((float(flops), top[0] if top else "other", node))
+
+    @contextlib.contextmanager
+    def functions_as_calls(self):
+        """Function.apply runs its forward below the torch-function layer, grad off: count it whole."""
+        apply = torch.autograd.Function.apply.__func__
+
+        def counted(cls, *args, **kwargs):
+            return self.call(apply, cls, *args, **kwargs)
+
+        torch.autograd.Function.apply = classmethod(counted)
+        try:
+            yield
+        finally:
+            torch.autograd.Function.apply = classmethod(apply)
+
+
+def _reached(loss: torch.Tensor) -> set[int]:
+    """The autograd nodes the loss's backward reaches."""
+    seen, todo = set(), [loss.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is not None and id(node) not in seen:
+            seen.add(id(node))
+            todo += [n for n, _ in node.next_functions]
+    return seen
+
+
+def counted_flops(workload: Workload, model: nn.Module, batch, autocast=contextlib.nullcontext) -> Count:
+    """One forward of ``batch`` counted (Count), grad on, under ``autocast`` (a model may need the
+    stack's precision); the loss is taken after the count, to see which calls reach it."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    with torch.no_grad(), autocast(), FlopCounterMode(display=False) as counter:
-        workload.forward(model, batch)
-    counts = counter.get_flop_counts()
-    per = {k.split(".", 1)[1]: float(sum(v.values())) for k, v in counts.items() if k.count(".") == 1}
-    total = float(counter.get_total_flops())
-    if total - sum(per.values()) > 0:
-        per["other"] = total - sum(per.values())
-    return per or {"forward": total}
+    with torch.enable_grad(), autocast():
+        with FlopCounterMode(display=False) as counter, _Calls(counter) as calls, calls.functions_as_calls():
+            output = workload.forward(model, batch)
+        loss = losses(workload, output, batch)[0]
+    reached = _reached(loss) if loss.requires_grad else set()
+    count = Count({}, {})
+    for flops, block, node in calls.calls:
+        side = count.trained if node is not None and id(node) in reached else count.untrained
+        side[block] = side.get(block, 0.0) + flops
+    return count
 
 
-def flops_of(workload: Workload, model: nn.Module, batches: list, autocast=contextlib.nullcontext, device=None):
-    """Per batch {block: forward FLOPs} and the basis: "formula" (the workload's, checked against
-    the counter on the first batch) or "counted" (FlopCounterMode on the first batch, every batch
-    of one shape). ``model``: the workload's, on ``device`` (the first batch is moved there)."""
+@dataclass(frozen=True)
+class Work:
+    """The forward FLOPs a workload's batches ask for, on what basis, and what a step executes
+    beyond them (forward FLOPs of batch 0, repeated every step)."""
+
+    per_batch: list[dict]  # {block: forward model FLOPs} per distinct batch
+    basis: str  # "formula" (the workload's forward_flops(), checked against the count) or "counted"
+    untrained: dict[str, float]  # {block: FLOPs that cannot reach the loss}: executed once a step
+    beyond_formula: float = 0.0  # trained FLOPs the formula leaves out (padding): executed, not model
+
+    @property
+    def executed_beyond_model(self) -> float:
+        """What a step executes beyond its model (and recomputed) FLOPs: the untrained work once,
+        the work the formula leaves out with its backward."""
+        return sum(self.untrained.values()) + train_flops(self.beyond_formula)
+
+
+def flops_of(workload: Workload, model: nn.Module, batches: list, autocast=contextlib.nullcontext, device=None) -> Work:
+    """The Work of ``batches``: the workload's formula, checked against the count of the first
+    batch (it may leave trained work out, padding, but never claim more than the count), or the
+    count ("counted": every batch as the first). ``model``: the workload's, on ``device`` (the
+    first batch is moved there)."""
     first = batches[0] if device is None else batches[0].to(device)
-    counted = counted_flops(workload, model, first, autocast)
+    count = counted_flops(workload, model, first, autocast)
     formula = workload.forward_flops(batches[0])
     if formula is None:
-        return [counted for _ in batches], "counted"
-    given, seen = float(sum(formula.values())), float(sum(counted.values()))
-    if seen and abs(given - seen) > FLOPS_TOLERANCE * seen:
+        return Work([count.trained for _ in batches], "counted", count.untrained)
+    given, seen = float(sum(formula.values())), float(sum(count.trained.values()))
+    if given > (1 + FLOPS_TOLERANCE) * seen:
         raise UsageError(
-            f"{named(workload)}: forward_flops() gives {given:,.0f} FLOPs for batch 0, FlopCounterMode counts "
-            f"{seen:,.0f} ({given / seen - 1:+.1%}); fix the formula or drop it (the harness then counts)"
+            f"{named(workload)}: forward_flops() gives {given:,.0f} FLOPs for batch 0, more than the "
+            f"{seen:,.0f} FlopCounterMode counts reaching the loss ({given / max(seen, 1) - 1:+.1%}); fix the "
+            "formula or drop it (the harness then counts)"
         )
-    return formula_flops(workload, batches, formula), "formula"
+    beyond = seen - given if seen - given > FLOPS_TOLERANCE * seen else 0.0
+    return Work(formula_flops(workload, batches, formula), "formula", count.untrained, beyond)
 
 
-def stack_flops(workload: Workload, variant: Workload, batches: list, autocast, device, seed: int, model=None):
+def stack_flops(workload: Workload, variant: Workload, batches: list, autocast, device, seed: int, model=None) -> Work:
     """flops_of for what a stack runs (``variant``, the workload's for_stack): the workload's
     formula is checked on the workload's own model (``model``, when the variant is the workload
     and it is at hand; else one built here and dropped), since a variant may execute more than
     its model FLOPs (the zoo's padded attention); then the variant's formula, or the count."""
     if model is None or variant is not workload:
         model = seeded(workload, device, seed)
-    flops, basis = flops_of(workload, model, batches, autocast, device)
-    if variant is not workload and basis == "formula":
-        flops = formula_flops(variant, batches)
-    return flops, basis
+    work = flops_of(workload, model, batches, autocast, device)
+    if variant is not workload and work.basis == "formula":
+        work = dataclasses.replace(work, per_batch=formula_flops(variant, batches))
+    return work
 
 
 def flops_per_example(workload: Workload, world: int = 1) -> tuple[dict[str, float], str]:
@@ -76,7 +171,7 @@ def flops_per_example(workload: Workload, world: int = 1) -> tuple[dict[str, flo
     batch = workload.batch(0, 0, world, 0)
     per_batch, basis = workload.forward_flops(batch), "formula"
     if per_batch is None:
-        per_batch, basis = counted_flops(workload, seeded(workload, torch.device("cpu"), 0), batch), "counted"
+        per_batch, basis = counted_flops(workload, seeded(workload, torch.device("cpu"), 0), batch).trained, "counted"
     examples = workload.global_batch // world
     return {k: float(v) / examples for k, v in per_batch.items()}, basis
 
@@ -130,18 +225,21 @@ def timed_batches(batches: list, warmup: int, steps: int) -> list:
     return [batches[i % len(batches)] for i in range(warmup, warmup + steps)]
 
 
-def described(workload: Workload, flops: list[dict], batches: list, warmup: int, steps: int, options) -> dict:
-    """What the timed steps' batches hold (``batches``, per distinct batch, and ``flops``, their
-    forward FLOPs per block: flops_of or formula_flops): forward and recomputed FLOPs per step (the
-    workload's recomputed_flops under the stack's checkpointing), mean FLOPs per block, the
+def described(workload: Workload, work: Work, batches: list, warmup: int, steps: int, options) -> dict:
+    """What the timed steps' batches hold (``batches``, per distinct batch, ``work`` their FLOPs):
+    forward and recomputed FLOPs per step (the workload's recomputed_flops under the stack's
+    checkpointing), mean FLOPs per block and their basis, what a step executes beyond them, the
     embedding bytes of one step and the mean bytes a step's batch moves to the device. The one
     place these are derived, for one process and every rank."""
-    per_block, batches = timed_batches(flops, warmup, steps), timed_batches(batches, warmup, steps)
+    per_block, batches = timed_batches(work.per_batch, warmup, steps), timed_batches(batches, warmup, steps)
     mode = options.activation_checkpointing
     return {
         "forward_flops": [float(sum(b.values())) for b in per_block],
         "recomputed_flops": [workload.recomputed_flops(b, mode) if mode != "none" else 0.0 for b in per_block],
         "per_block": {k: sum(b[k] for b in per_block) / len(per_block) for k in per_block[0]},
+        "flops_basis": work.basis,
+        "untrained_per_block": dict(work.untrained),
+        "beyond_formula_flops": work.beyond_formula,
         "embedding_bytes": embedding_bytes(workload, batches[0]),
         "input_bytes": float(sum(input_bytes(b) for b in batches) / len(batches)),
     }

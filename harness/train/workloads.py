@@ -1,4 +1,4 @@
-"""What the harness reads of a model, whoever wrote it: one workload (gembench/workload.py).
+"""What the harness reads of a model, whoever wrote it: one workload (workload.py, gembench.workload).
 
 A command's ``--config`` (the zoo's, models/zoo.py) and ``--model SPEC`` both become a Workload
 here (``workload_of``), and every runner reads only that: its tables, pure model, seeded batches

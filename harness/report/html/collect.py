@@ -195,7 +195,7 @@ def gate_group(g: Group, thresholds_path: str | None) -> None:
     baseline_ids = {r.get("id") for r in g.baseline}
     for commit in g.commits:
         runs = g.runs_of(commit)
-        checks = gate.threshold_checks(runs, g.limits)
+        checks = gate.threshold_checks(runs, g.limits, g.baseline or None)
         if g.baseline and not {r.get("id") for r in runs} <= baseline_ids:
             checks += gate.baseline_checks(runs, g.baseline, g.baseline_path, alpha, min_effect)
         g.checks[commit] = checks

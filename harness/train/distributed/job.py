@@ -45,7 +45,7 @@ from gembench.harness.train.runconfig import RunConfig
 from gembench.harness.train.runner import MAX_DISTINCT_BATCHES
 from gembench.harness.train.stack import StackOptions, autocast_for, on_ranks, seeded_model
 from gembench.harness.train.step import losses
-from gembench.harness.train.work import described, stack_flops, timed_batches
+from gembench.harness.train.work import Work, described, stack_flops, timed_batches
 from gembench.harness.train.workloads import hot_counts, identity, module_fields, section
 from gembench.loader import kjt_fields
 
@@ -90,8 +90,7 @@ class RankJob:
         self.ident = identity(self.variant, args.seed, meta)
         self.counts = parameter_shapes(self.variant, meta)
         del meta
-        self.flops: list = []  # per batch {block: forward FLOPs}, from the first build's unsharded model
-        self.basis = ""
+        self.work: Work | None = None  # the batches' FLOPs, from the first build's unsharded model
         self.pooling = None if args.sharding == UNTOLD else self.variant.pooling()
 
     def run(self) -> dict:
@@ -112,9 +111,9 @@ class RankJob:
         world.at("build")
         start_bytes = reset_peak_memory(dev)  # the rank's floor: what was loaded before the run
         built = seeded_model(variant, options, dev, args.seed)  # same seed on every rank: identical weights
-        if not self.flops:  # on the unsharded model, before DMP takes it
+        if self.work is None:  # on the unsharded model, before DMP takes it
             autocast = autocast_for(options, dev)
-            self.flops, self.basis = stack_flops(self.workload, variant, self.batches, autocast, dev, args.seed, built)
+            self.work = stack_flops(self.workload, variant, self.batches, autocast, dev, args.seed, built)
         fields = module_fields(variant, built, self.batches[0], required=args.pipeline)
         modules = len(sparse_modules(built))
         sharded = built
@@ -149,7 +148,7 @@ class RankJob:
         world.at("load count")
         # before the pipeline rewrites the modules' input dist for its own schedule
         lookup_loads = loads.measure_loads(built.feeds or [], timed[:LOAD_BATCHES], dev)
-        shape = described(self.variant, self.flops, batches, args.warmup, args.steps, options)  # once, before any step
+        shape = described(self.variant, self.work, batches, args.warmup, args.steps, options)  # once, before any step
         since = counters.fresh_compile_state()
         if args.pipeline:
             # the pipeline holds batches in flight across steps: its own batch objects, regenerated
@@ -222,7 +221,9 @@ class RankJob:
             built.planned, self.batch_indices(), dist.get_backend(), args.sharding, args.pipeline, args.timeout
         )
         result = build_result(self.ident, args, records, self.options, sharded)
-        result["workload"] = section(self.variant, self.ident, self.basis, self.options, self.batches[0], built.modules)
+        result["workload"] = section(
+            self.variant, self.ident, self.work.basis, self.options, self.batches[0], built.modules
+        )
         return result
 
     def batch_indices(self) -> dict:

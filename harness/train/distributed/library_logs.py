@@ -1,4 +1,5 @@
-"""Third-party log noise kept off the terminal of distributed runs; `--verbose` shows it.
+"""Third-party log noise kept off the terminal (every command's log records, a rank's warnings too);
+`--verbose` shows it.
 
 A `--nproc` run printed, among its tables, lines that are not for the user to act on. Each
 comes from a different place, so each is caught where it is made:
@@ -21,7 +22,7 @@ import logging
 import warnings
 from pathlib import Path
 
-LIBRARY_LOGGERS = ("torchrec", "fbgemm_gpu", "torch.distributed")
+LIBRARY_LOGGERS = ("torchrec", "fbgemm_gpu", "torch.distributed", "torch.fx")  # torch.fx: is_fx_tracing's
 HIDDEN: list[str] = []  # the messages kept off the terminal, in order
 _OWN = Path(__file__).resolve().parents[2]  # the gembench package root
 
@@ -48,9 +49,9 @@ def _show_warning(message, category, filename, lineno, file=None, line=None, _or
         HIDDEN.append(warnings.formatwarning(message, category, filename, lineno, line).strip())
 
 
-def install(verbose: bool) -> None:
-    """Keep library logging and warnings off the terminal (no-op with --verbose). Call before
-    importing TorchRec, whose import may warn too."""
+def install_logging(verbose: bool) -> None:
+    """Keep library log records below ERROR off the terminal (no-op with --verbose): every command
+    (the CLI installs it), so TorchRec's and torch's notices reach no user who cannot act on them."""
     if verbose:
         return
     for name in LIBRARY_LOGGERS:
@@ -58,7 +59,14 @@ def install(verbose: bool) -> None:
         if not any(isinstance(h, _Keep) for h in logger.handlers):
             logger.addHandler(_Keep())
         logger.propagate = False
-    warnings.showwarning = _show_warning
+
+
+def install(verbose: bool) -> None:
+    """install_logging, and library warnings kept too (a rank's process). Call before importing
+    TorchRec, whose import may warn too."""
+    install_logging(verbose)
+    if not verbose:
+        warnings.showwarning = _show_warning
 
 
 def hidden_note(rank: int) -> str | None:

@@ -169,7 +169,7 @@ def plan_sharding(
     every table as if it pooled one ID, and a table pooling 100 is planned like one pooling 1.
     ``measured``: a ShardEstimator run after TorchRec's own (rebalance.MeasuredLookups): each
     shard's lookup time from the load measured on it, TorchRec's communication estimates kept.
-    ``sharders``, ``constraints``: a workload's own (gembench/workload.py), over gembench's.
+    ``sharders``, ``constraints``: a workload's own (workload.py, gembench.workload), over gembench's.
     ``sharded_only`` (--rebalance): tables not forced take any type but data_parallel."""
     from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
     from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
