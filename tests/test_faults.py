@@ -384,7 +384,9 @@ def test_planted_nan_marks_the_run_diverged_and_gate_fails_it(tmp_path, capsys, 
     def nan_in_task1_at_step_2(self, output, batch):
         losses = real(self, output, batch)
         calls.append(1)
-        if len(calls) == 3:  # step 2 (counted from the first warm-up step): task1's loss is NaN
+        # call 1 is the FLOP count's (which calls reach the loss), then one a step: call 4 is step 2
+        # (counted from the first warm-up step), where task1's loss is NaN
+        if len(calls) == 4:
             losses = losses + torch.tensor([0.0, float("nan")])
         return losses
 
