@@ -57,7 +57,7 @@ class Workload:
       flops_per_example() -> {block: FLOPs}   expected forward FLOPs of one example (None:
                                           forward_flops of a batch, else counted)
       row_skew() -> {table: Zipf exponent}   IDs by a power law, hottest rows first (default:
-                                          uniform; projection/volumes.py's zipf_share is the law)
+                                          uniform; metrics/imbalance.py's zipf_share is the law)
       memory_estimate(batch, stack, device_type, shards, embedding_share, on_rank)
                                           -> {dense, activations, transient[, embeddings, build,
                                           runtime]} bytes of one rank (None: from the parameter

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from gembench.harness.projection.volumes import zipf_share
+from gembench.harness.metrics.imbalance import zipf_share
 from gembench.models.config import load_config
 from gembench.models.data import SyntheticData, id_exponents, truncated_lognormal, zipf_ids
 

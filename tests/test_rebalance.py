@@ -87,6 +87,8 @@ def sorted_run(tmp_path_factory):
         "--warmup",
         "1",
         "--rebalance",
+        "--sharding",
+        "untold",  # TorchRec's planner as it ships: told neither the pooling nor the skew
         "--set",
         "compile=off",
         "--out",
@@ -104,8 +106,8 @@ def test_rebalance_moves_the_sorted_head_off_the_first_row_wise_shard(sorted_run
     rb = r["rebalance"]
     validate(r)  # the result schema, rebalance section included
     before, after = rb["before"], rb["after"]
-    # the planner told the expected pooling splits the tables row-wise; sorted IDs put each
-    # table's head on shard 0, which the measured per-row load shows and the re-plan avoids
+    # the planner told nothing splits the tables row-wise; sorted IDs put each table's head on
+    # shard 0, which the measured per-row load shows and the re-plan avoids
     assert any(p["sharding"] == "row_wise" for p in before["plan"].values())
     assert max(rb["row_skew_before"].values()) > 1.5
     assert rb["moved"] and all(m["before"] != m["after"] for m in rb["moved"])

@@ -279,7 +279,10 @@ def test_the_pipeline_runs_a_workload_and_trains_like_the_plain_step(two_tower_r
     for own in pipe["ranks"]:  # TorchRec's phases, not the staged step's stages
         assert list(own["samples"]["stages"]) == ["data", "input_dist", "forward", "backward", "optimizer"]
     assert _loss_gap(ddp, pipe) <= 1e-4
-    assert pipe["metrics"]["imbalance_max_mean"] >= 1.0 and pipe["plan"] == ddp["plan"]
+    assert pipe["metrics"]["imbalance_max_mean"] >= 1.0
+    # the same sharding per table (the pipeline lifts the modules into a wrapper of its own, whose
+    # order may break the planner's ties between equal placements otherwise)
+    assert {t: p["sharding"] for t, p in pipe["plan"].items()} == {t: p["sharding"] for t, p in ddp["plan"].items()}
 
 
 ONE_FIELD = """

@@ -150,8 +150,8 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="force TorchRec sharding: one of table_wise, row_wise, column_wise, "
         "table_row_wise, data_parallel for every table, or per table, e.g. "
         "t0=row_wise,default=table_wise (default: auto, TorchRec's planner chooses, "
-        "told each table's pooling; untold: the planner as TorchRec ships it, every "
-        "table priced as pooling one ID)",
+        "told each table's pooling and the workload's row_skew(); untold: the planner as "
+        "TorchRec ships it, every table priced as pooling one ID over rows alike)",
     )
     dist.add_argument(
         "--pipeline",

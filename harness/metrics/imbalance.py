@@ -9,6 +9,10 @@ divergences of the load shares p_i = x_i / sum(x) from the uniform 1/k over k ra
     total distance   sum_i |p_i - 1/k|
     chi              sum_i k (p_i - 1/k)^2 / (((k-1)/k)^2 k + (k-1)/k)   normalised to [0, 1]
     KL               sum_i p_i ln(k p_i) / ln k                           normalised to [0, 1]
+
+Where a load comes from: ``zipf_share`` is the share of a table's lookups a row range serves when
+its IDs follow a power law, hottest rows first (the workload's row_skew()): what the run's planner
+and the projection price a row-split shard at.
 """
 
 from __future__ import annotations
@@ -106,3 +110,19 @@ def job_imbalance(loads: list[dict], hot: list[dict], planned: dict, stage_means
         "stall_cost": stall_cost(stage_means, step_s),
         "hot_1pct_share": sum(h["hot_1pct"] for h in hot) / lookups if lookups else 0.0,
     }
+
+
+def zipf_share(lo: float, hi: float, rows: int, alpha: float) -> float:
+    """What row_skew()'s exponents mean: the share of lookups of a table of ``rows`` rows whose IDs
+    follow the bounded power law p(x) ~ x^-alpha (row 0 hottest) that land in rows [lo, hi).
+    The law's CDF, F(x) = ((x + 1)^(1 - alpha) - 1) / ((rows + 1)^(1 - alpha) - 1), at hi minus at lo."""
+
+    def cdf(x: float) -> float:
+        if alpha == 0:
+            return x / rows
+        if abs(alpha - 1.0) < 1e-9:
+            return math.log(x + 1) / math.log(rows + 1)
+        e = 1.0 - alpha
+        return ((x + 1) ** e - 1) / ((rows + 1) ** e - 1)
+
+    return cdf(min(hi, rows)) - cdf(max(lo, 0))

@@ -2,7 +2,7 @@
 by each collective, and held, per table and sharding (docs/projection.md).
 
 A row-split shard serves its rows' share of the lookups (uniform IDs) or the power law's mass over
-its rows (row_skew(): hot rows first, ``zipf_share``).
+its rows (row_skew(): hot rows first, metrics/imbalance.py's ``zipf_share``).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gembench.harness.metrics.imbalance import zipf_share
 from gembench.harness.projection.subject import Subject
 
 ID_BYTES = 8  # int64 IDs in the KJT all-to-all (TorchRec's default index dtype)
@@ -19,22 +20,6 @@ LENGTH_BYTES = 4  # one int32 length per example and feature
 EMB_BYTES = 4  # fp32 embedding rows and pooled outputs (TorchRec's default, no quantized comms)
 DP_STATE_BYTES = 16  # a data-parallel table's element: weight, gradient, Adam m and v (fp32)
 ROW_SPLIT = ("row_wise", "table_row_wise", "grid_shard")
-
-
-def zipf_share(lo: float, hi: float, rows: int, alpha: float) -> float:
-    """What row_skew()'s exponents mean: the share of lookups of a table of ``rows`` rows whose IDs
-    follow the bounded power law p(x) ~ x^-alpha (row 0 hottest) that land in rows [lo, hi).
-    The law's CDF, F(x) = ((x + 1)^(1 - alpha) - 1) / ((rows + 1)^(1 - alpha) - 1), at hi minus at lo."""
-
-    def cdf(x: float) -> float:
-        if alpha == 0:
-            return x / rows
-        if abs(alpha - 1.0) < 1e-9:
-            return math.log(x + 1) / math.log(rows + 1)
-        e = 1.0 - alpha
-        return ((x + 1) ** e - 1) / ((rows + 1) ** e - 1)
-
-    return cdf(min(hi, rows)) - cdf(max(lo, 0))
 
 
 def _lookup_shares(sizes: list, offsets: list, rows: int, alpha: float) -> np.ndarray:

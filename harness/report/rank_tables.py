@@ -28,6 +28,7 @@ LOAD_LABELS = {
     "bytes_read": "bytes read",
     "lookup_s": "lookup time",
     "perf_ms": "planner perf (ms)",
+    "lookup_ms": "planner lookup (ms)",
     "storage_bytes": "planner storage",
 }
 

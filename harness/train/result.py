@@ -239,7 +239,8 @@ def build_result(
             timeout_s=sharded.timeout_s,
             batches=sharded.batch_indices,
         )
-        planned_loads = {"perf_ms": sharded.planned.perf, "storage_bytes": sharded.planned.storage}
+        planned = sharded.planned
+        planned_loads = {"perf_ms": planned.perf, "lookup_ms": planned.lookup, "storage_bytes": planned.storage}
         imb = job_imbalance(
             [r.loads for r in records], [r.hot for r in records], planned_loads, stage_means, step_s=p50
         )

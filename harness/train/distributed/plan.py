@@ -9,6 +9,8 @@ at the stack's learning rate (harness/train/stack.py).
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -24,19 +26,27 @@ SHARDING_TYPES = ("table_wise", "row_wise", "column_wise", "table_row_wise", "da
 # optimizer, a sharded one with the fused row-wise Adagrad, so a re-plan between the two would
 # change the table's training and carry.py could not move its optimizer state
 SHARDED_TYPES = SHARDING_TYPES[:-1]
+ROW_SPLITS = ("row_wise", "table_row_wise", "grid_shard")
+# a table split by rows over W ranks keeps at least this many rows a shard: a 20-row table split
+# row-wise pays every rank's collectives to serve a handful of rows (the planner offers it anyway)
+MIN_ROWS_PER_SHARD = 1024
+
+
+def table_rows(model: nn.Module) -> dict[str, int]:
+    """Rows of every embedding table (EmbeddingBagCollection and EmbeddingCollection), by name."""
+    from torchrec import EmbeddingBagCollection, EmbeddingCollection
+
+    rows = {}
+    for m in model.modules():
+        if isinstance(m, EmbeddingBagCollection):
+            rows.update({t.name: t.num_embeddings for t in m.embedding_bag_configs()})
+        elif isinstance(m, EmbeddingCollection):
+            rows.update({t.name: t.num_embeddings for t in m.embedding_configs()})
+    return rows
 
 
 def table_names(model: nn.Module) -> list[str]:
-    """Names of every embedding table (EmbeddingBagCollection and EmbeddingCollection)."""
-    from torchrec import EmbeddingBagCollection, EmbeddingCollection
-
-    names = []
-    for m in model.modules():
-        if isinstance(m, EmbeddingBagCollection):
-            names += [t.name for t in m.embedding_bag_configs()]
-        elif isinstance(m, EmbeddingCollection):
-            names += [t.name for t in m.embedding_configs()]
-    return names
+    return list(table_rows(model))
 
 
 def parse_sharding(spec: str | None, tables: list[str]) -> dict[str, str]:
@@ -91,16 +101,46 @@ def default_sharders():
     return [PooledSharder(fused_params=fused), EmbeddingCollectionSharder(fused_params=fused)]
 
 
+class DeclaredSkew:
+    """A TorchRec ShardEstimator: a row-split shard's lookup compute priced at the share of lookups
+    its rows serve under the workload's row_skew() (metrics/imbalance.py's zipf_share, hottest rows
+    first), where TorchRec prices every row alike. Runs after TorchRec's EmbeddingPerfEstimator
+    and scales its fwd and bwd compute; comms untouched."""
+
+    def __init__(self, skew: dict[str, float]):
+        self.skew = skew
+
+    def estimate(self, sharding_options, sharder_data_map=None) -> None:
+        from gembench.harness.metrics.imbalance import zipf_share
+
+        for option in sharding_options:
+            alpha = self.skew.get(option.name, 0.0)
+            if not alpha or option.sharding_type not in ROW_SPLITS:
+                continue
+            rows = option.tensor.shape[0]
+            for shard in option.shards:
+                if shard.perf is None:
+                    continue
+                lo, size = shard.offset[0], shard.size[0]
+                factor = zipf_share(lo, lo + size, rows, alpha) / (size / rows)
+                p = shard.perf
+                shard.perf = dataclasses.replace(
+                    p, fwd_compute=p.fwd_compute * factor, bwd_compute=p.bwd_compute * factor
+                )
+
+
 class PlanRecorder:
     """A planner Stats hook: keeps the planner's per-rank estimates of the plan it chose.
 
     perf (ms per step: forward + backward compute and comms of the shards on a rank, TorchRec's
-    cost model) and storage (bytes) per rank, and the placement of each table's shards.
+    cost model), its lookup share (the compute alone: what the measured bytes read compare with)
+    and storage (bytes) per rank, and the placement of each table's shards.
     """
 
     def __init__(self, world_size: int):
         self.world_size = world_size
         self.perf = [0.0] * world_size
+        self.lookup = [0.0] * world_size
         self.storage = [0.0] * world_size
         self.tables: dict[str, dict] = {}
 
@@ -125,6 +165,7 @@ class PlanRecorder:
                 ranks.append(shard.rank)
                 if shard.perf is not None:
                     self.perf[shard.rank] += float(shard.perf.total)
+                    self.lookup[shard.rank] += float(shard.perf.fwd_compute + shard.perf.bwd_compute)
                 if shard.storage is not None:
                     self.storage[shard.rank] += float(shard.storage.hbm + shard.storage.ddr)
             self.tables[option.name] = {
@@ -134,6 +175,17 @@ class PlanRecorder:
                 "shard_sizes": [list(s.size) for s in option.shards],
                 "shard_offsets": [list(s.offset) for s in option.shards],
             }
+
+
+def allowed_types(rows: dict[str, int], world: int, forced: dict[str, str], sharded_only: bool) -> dict:
+    """{table: the sharding types the planner may give it}, for the tables it may not give any:
+    ``forced`` ones their one type; under ``sharded_only`` none data_parallel; a table too small to
+    give every rank MIN_ROWS_PER_SHARD rows none split by rows."""
+    allowed = list(SHARDED_TYPES) if sharded_only else list(SHARDING_TYPES)
+    types = {t: [k for k in allowed if k not in ROW_SPLITS] for t, n in rows.items() if n < MIN_ROWS_PER_SHARD * world}
+    if sharded_only:
+        types = {t: allowed for t in rows if t not in types} | types
+    return types | {t: [kind] for t, kind in forced.items()}
 
 
 def table_constraints(pooling: dict[str, float], types: dict[str, list[str]], **extra) -> dict:
@@ -161,6 +213,7 @@ def plan_sharding(
     sharders=None,
     constraints: dict | None = None,
     sharded_only: bool = False,
+    skew: dict[str, float] | None = None,
 ):
     """TorchRec's plan for ``model`` on this job, honouring ``forced``; and the planner's view.
 
@@ -170,7 +223,9 @@ def plan_sharding(
     ``measured``: a ShardEstimator run after TorchRec's own (rebalance.MeasuredLookups): each
     shard's lookup time from the load measured on it, TorchRec's communication estimates kept.
     ``sharders``, ``constraints``: a workload's own (workload.py, gembench.workload), over gembench's.
-    ``sharded_only`` (--rebalance): tables not forced take any type but data_parallel."""
+    ``sharded_only`` (--rebalance): tables not forced take any type but data_parallel. ``skew``:
+    the workload's row_skew(), priced into row-split shards (DeclaredSkew) where nothing was
+    measured. A table too small to give every rank MIN_ROWS_PER_SHARD rows is not split by rows."""
     from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
     from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
     from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator, EmbeddingStorageEstimator
@@ -178,19 +233,18 @@ def plan_sharding(
     topology = Topology(
         world_size=env["world_size"], local_world_size=env["local_world_size"], compute_device=device.type
     )
-    types = {t: [kind] for t, kind in forced.items()}
-    if sharded_only:
-        types = {t: list(SHARDED_TYPES) for t in table_names(model)} | types
+    types = allowed_types(table_rows(model), env["world_size"], forced, sharded_only)
     constraints = {**table_constraints(pooling or {}, types), **(constraints or {})}
     enumerator = None
-    if measured is not None:
+    priced = measured if measured is not None else (DeclaredSkew(skew) if skew else None)
+    if priced is not None:
         enumerator = EmbeddingEnumerator(
             topology=topology,
             batch_size=batch_size,
             constraints=constraints,
             estimator=[
                 EmbeddingPerfEstimator(topology, constraints),
-                measured,
+                priced,
                 EmbeddingStorageEstimator(topology, constraints),
             ],
         )
@@ -266,5 +320,6 @@ def shard_workload(
         sharders=sharders,
         constraints=workload.constraints(),
         sharded_only=sharded_only,
+        skew=workload.row_skew() if pooling is not None else None,  # --sharding untold: told nothing
     )
     return shard(model, plan, dev, ddp=ddp, sharders=sharders), planned
