@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 import pytest
-from synthetic import cli_in_process
+from synthetic import cli_in_process, run_cli
 
 from gembench.errors import UsageError
 from gembench.harness.metrics.comm import bus_factor
@@ -266,23 +266,25 @@ def test_the_critical_path_names_the_stage_and_the_gpu_that_sets_it():
 
 
 def test_the_planner_is_offered_what_torchrec_has_where_it_applies():
-    from gembench.harness.projection.offline_plan import DP_MAX_BYTES, candidates
+    from gembench.harness.projection.cluster import load_cluster
+    from gembench.harness.projection.offline_plan import candidates, dp_limit
 
-    cfg = load_config("dcnv2-mlperf")
-    types, kept = candidates(of(cfg), 128, 8, "fast")
+    cfg, limit = load_config("dcnv2-mlperf"), dp_limit(load_cluster("h100"))
+    assert limit == 0.25 * 80 * 2**30 / 4  # 5 GiB of fp32 weights: 20 GiB replicated with Adam
+    types, kept = candidates(of(cfg), 128, 8, "fast", limit)
     big, small = types["table_t0"], types["table_t5"]  # 40M rows; 3 rows
     assert set(big) == {"table_wise", "column_wise", "row_wise", "table_row_wise", "grid_shard"}
     assert set(small) == {"table_wise", "data_parallel", "column_wise"}  # no split into empty shards
     assert [k["tables"] for k in kept if "data_parallel" in k["what"]] == [
-        sum(r * cfg.sparse.dim * 4 > DP_MAX_BYTES for r in cfg.sparse.rows)
+        sum(r * cfg.sparse.dim * 4 > limit for r in cfg.sparse.rows)
     ]
-    full, lifted = candidates(of(cfg), 128, 8, "full")
+    full, lifted = candidates(of(cfg), 128, 8, "full", limit)
     assert "data_parallel" in full["table_t0"] and lifted == []
-    one_node, _ = candidates(of(cfg), 8, 8, "fast")  # within one node: no table_row_wise or grid
+    one_node, _ = candidates(of(cfg), 8, 8, "fast", limit)  # within one node: no table_row_wise or grid
     assert not {"table_row_wise", "grid_shard"} & set(one_node["table_t0"])
-    tiny, _ = candidates(of(load_config("tiny")), 2, 8, "fast")  # dim 16: no column blocks
+    tiny, _ = candidates(of(load_config("tiny")), 2, 8, "fast", limit)  # dim 16: no column blocks
     assert "column_wise" not in tiny["table_t0"] and "row_wise" in tiny["table_clicks"]
-    xl_rw = candidates(of(load_config("xl")), 4096, 8, "fast")[1]
+    xl_rw = candidates(of(load_config("xl")), 4096, 8, "fast", limit)[1]
     assert any("row_wise for the largest tables" in k["what"] and k["tables"] > 600 for k in xl_rw)
 
 
@@ -300,7 +302,7 @@ def test_torchrecs_estimate_made_once_per_shape_is_the_estimate_of_every_shard()
 
     cfg = load_config("dcnv2")  # dim 128: column blocks, so grid too
     topo = make_topology(H100, 16)
-    cons = constraints(of(cfg), expected_ids_per_example(cfg), candidates(of(cfg), 16, 8, "full")[0])
+    cons = constraints(of(cfg), expected_ids_per_example(cfg), candidates(of(cfg), 16, 8, "full", 0)[0])
 
     def options(once: bool):
         perf = EmbeddingPerfEstimatorFactory.create(DEFAULT_PERF_ESTIMATOR, topology=topo, constraints=cons)
@@ -719,3 +721,31 @@ def test_from_prices_compute_as_measured(measured, tmp_path):
     per_example = one["stage_means_s"]["dense_forward"] / one["per_rank_batch"]
     for row in doc["rows"]:  # the dense forward scales with the per-rank batch, nothing else
         assert row["stages"]["dense_forward"]["time_s"] == pytest.approx(per_example * row["per_rank_batch"])
+
+
+def test_batch_per_gpu_scales_the_batch_with_the_world_and_small_setups_are_named(capsys):
+    code, out, err = run_cli(
+        ["project", "--config", "tiny", "--gpus", "8,16", "--batch-per-gpu", "64", "--quiet"], capsys
+    )
+    assert code == 0, err
+    table = out.split("critical path per stage")[0]
+    rows = [line.split() for line in table.splitlines() if line.strip().startswith(("8 ", "16 "))]
+    assert [r[2] for r in rows] == ["64", "64"]  # batch/GPU: 512 and 1,024 in all
+    assert "examples per GPU" not in err and "the tables hold 6 MiB in all" in err  # tiny's tables: CPU-sized
+    code, out, err = run_cli(["project", "--config", "tiny", "--gpus", "8,16", "--quiet"], capsys)
+    assert code == 0 and "note: 4 examples per GPU at 16 GPUs (global batch 64)" in err
+    code, _, err = run_cli(["project", "--config", "tiny", "--batch", "64", "--batch-per-gpu", "8"], capsys)
+    assert code == 2 and "--batch and --batch-per-gpu both set the batch: pass one" in err
+
+
+def test_memory_reads_to_two_significant_figures():
+    from gembench.harness.report.numbers import figures2
+
+    assert [figures2(x) for x in (0.0012, 0.026, 0.2, 1.5, 12.3, 123.4)] == [
+        "0.0012",
+        "0.026",
+        "0.20",
+        "1.5",
+        "12",
+        "123",
+    ]

@@ -12,6 +12,7 @@ examples:
   gembench project --config xl --gpus 8,64,512,4096 --cluster h100 \
       --set dense_parallel=fsdp --set activation_checkpointing=hstu
   gembench project --config dcnv2-mlperf --gpus 8,64,128 --batch 8=55296,64=135168,128=135168
+  gembench project --config small --gpus 8,64,512 --batch-per-gpu 4096   # weak scaling
   gembench project --config small --gpus 8,64 --from results/runs/r.json   # compute as measured
   gembench project --model examples/two_tower.py:two_tower --gpus 8,64 --batch 4096   # your own model
   gembench project --calibrate --out here.toml           # this host's links, as a cluster file
@@ -42,7 +43,7 @@ class ProjectConfig:
     model_args: tuple[str, ...] = ()
     worlds: tuple[int, ...] = ()  # --gpus (a projection's)
     batch: int | None = None  # --batch N: every world's global batch
-    per_world: dict[int, int] = dataclasses.field(default_factory=dict)  # --batch W=N,...
+    per_world: dict[int, int] = dataclasses.field(default_factory=dict)  # --batch W=N,... or --batch-per-gpu
     cluster: str = "h100"
     from_result: str | None = None
     sharding: str | None = None
@@ -81,7 +82,14 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--batch",
         metavar="N|W=N,...",
-        help="global batch (default: the model's), or one per world size: 8=55296,64=135168",
+        help="global batch at every size (strong scaling; default: the model's), or one per world size: "
+        "8=55296,64=135168",
+    )
+    p.add_argument(
+        "--batch-per-gpu",
+        type=int,
+        metavar="N",
+        help="N examples per GPU at every size, the global batch N x GPUs (weak scaling: how a job grows)",
     )
     p.add_argument("--sharding", metavar="TYPE", help="force one sharding type on every table (default: planner's)")
     p.add_argument(
@@ -180,7 +188,15 @@ def project_config(args: argparse.Namespace) -> ProjectConfig:
             if args.sharding not in SHARDING_TYPES:
                 raise UsageError(f"--sharding must be one of {', '.join(SHARDING_TYPES)}, got {args.sharding!r}")
         worlds = _worlds(args.gpus)
-        batch, per_world = _batches(args.batch, worlds)
+        per_gpu = getattr(args, "batch_per_gpu", None)
+        if per_gpu is not None:
+            if args.batch:
+                raise UsageError("--batch and --batch-per-gpu both set the batch: pass one")
+            if per_gpu < 1:
+                raise UsageError(f"--batch-per-gpu takes a positive number of examples, got {per_gpu}")
+            per_world = {w: per_gpu * w for w in worlds}
+        else:
+            batch, per_world = _batches(args.batch, worlds)
     same = {f.name: getattr(args, f.name) for f in dataclasses.fields(ProjectConfig) if hasattr(args, f.name)}
     return ProjectConfig(
         **same
@@ -228,6 +244,8 @@ def project_command(request: ProjectConfig) -> int:
             raise UsageError(
                 f"--gpus {w} does not divide the global batch {gb}; pick world sizes that divide it or pass --batch"
             )
+    for note in _notes(m, worlds, per_world, cluster):
+        print(f"gembench project: note: {note}", file=sys.stderr)
     if result is not None:
         device = result["run"].get("device", "cpu")
         if device == "cpu" and cluster.source == "preset":
@@ -273,6 +291,31 @@ def project_command(request: ProjectConfig) -> int:
         write_result(request.out, doc)
         print(f"projection: {request.out}")
     return 0
+
+
+SMALL_PER_GPU = 32  # examples per GPU below which a projection times latency, not a training job
+SMALL_TABLES = 2**30  # bytes of fp32 tables under which they look sized for a CPU run, not production
+
+
+def _notes(m, worlds: list[int], per_world: dict[int, int], cluster) -> list[str]:
+    """What a reader should know before trusting the rows: a per-GPU batch too small to be a
+    training job's, tables that look cut down for a CPU."""
+    notes = []
+    small = [w for w in worlds if per_world.get(w, m.global_batch) // w < SMALL_PER_GPU]
+    if small:
+        w = small[-1]
+        notes.append(
+            f"{per_world.get(w, m.global_batch) // w} examples per GPU at {w} GPUs (global batch "
+            f"{per_world.get(w, m.global_batch):,}): a step that small measures latency, not training; "
+            "--batch-per-gpu N keeps N per GPU at every size"
+        )
+    table_bytes = 4 * sum(t.num_embeddings * t.embedding_dim for t in m.tables)
+    if table_bytes < SMALL_TABLES:
+        notes.append(
+            f"the tables hold {table_bytes / 2**20:,.0f} MiB in all: if they are sizes cut down for a CPU run, "
+            "project the real ones (a --model-arg of your factory, or a config's [sparse] rows)"
+        )
+    return notes
 
 
 def _subject(request: ProjectConfig, result: dict | None):

@@ -10,7 +10,8 @@ The search (`ClassDescent`, a TorchRec Proposer): from the options TorchRec's ow
 first, each class of identical tables tries its other sharding types, the faster plan kept.
 
 Kept for speed (``search="fast"``, the default; ``"full"`` lifts them, docs/projection.md has
-what each costs): data_parallel only for tables under DP_MAX_BYTES; row_wise, one shard per GPU,
+what each costs): data_parallel only for tables that fit (``dp_limit``: their replicated state in
+DP_HBM_SHARE of a GPU's HBM); row_wise, one shard per GPU,
 for the largest tables while their shards stay under ROW_WISE_SHARDS (table_row_wise and grid
 split the others within a node); the descent alone, not TorchRec's four proposers after it,
 stopped after PLAN_BUDGET_S of CPU time in its proposals (not TorchRec's wall-clock timeout: a
@@ -36,7 +37,8 @@ from gembench.harness.projection.subject import Subject
 from gembench.harness.train.distributed.plan import PlanRecorder, sharders, table_constraints
 
 SEARCHES = ("fast", "full")
-DP_MAX_BYTES = 32 * 2**20  # fp32 weights: a data-parallel table's gradient is all-reduced whole
+# a replicated table holds weights, gradient and Adam state on every GPU (DP_STATE_BYTES an element)
+DP_HBM_SHARE = 0.25
 ROW_WISE_SHARDS = 2**16  # row_wise is a shard per GPU: the largest tables get it while their shards fit
 CW_BLOCK = 64  # column-wise and grid blocks: dims of 128 and 160 split in two (TorchRec's own: 128)
 PLAN_BUDGET_S = 20  # fast search: the descent stops proposing after this much CPU time (plans rated so far)
@@ -81,9 +83,7 @@ def embedding_module(m: Subject):
     return _MODULES[key]
 
 
-def candidates(
-    m: Subject, world: int, gpus_per_node: int, search: str = "fast", dp_max_bytes: float = DP_MAX_BYTES
-) -> tuple[dict, list[dict]]:
+def candidates(m: Subject, world: int, gpus_per_node: int, search: str, dp_max_bytes: float) -> tuple[dict, list[dict]]:
     """Per table the sharding types offered, and the restrictions that left some out (fast search).
 
     A split applies where the table has a row per shard (row_wise over the world, table_row_wise
@@ -119,7 +119,12 @@ def candidates(
     types = {t.name: types[t.name] for t in m.tables}  # the model's order
     restrictions = []
     if fast and dropped["dp"]:
-        restrictions.append({"what": f"data_parallel only under {dp_max_bytes / 2**20:g} MiB", "tables": dropped["dp"]})
+        restrictions.append(
+            {
+                "what": f"data_parallel only for tables that fit, under {dp_max_bytes / 2**20:,.0f} MiB",
+                "tables": dropped["dp"],
+            }
+        )
     if fast and dropped["rw"]:
         restrictions.append(
             {"what": f"row_wise for the largest tables, {ROW_WISE_SHARDS:,} shards", "tables": dropped["rw"]}
@@ -312,6 +317,14 @@ def _cache_path(m: Subject, world: int, batch: int, cluster: Cluster, key: str) 
     return cache_dir() / "plans" / f"{m.name}-{m.hash}-w{world}-b{batch}-{cluster.hash()}-{digest}.json"
 
 
+def dp_limit(cluster: Cluster) -> float:
+    """The largest table (fp32 weights) the fast search offers data_parallel: one whose weights,
+    gradient and Adam state fit in DP_HBM_SHARE of a GPU's HBM."""
+    from gembench.harness.projection.volumes import DP_STATE_BYTES
+
+    return DP_HBM_SHARE * cluster.hbm_bytes * 4 / DP_STATE_BYTES
+
+
 def plan_offline(
     m: Subject,
     world: int,
@@ -324,11 +337,13 @@ def plan_offline(
     forced: str | None = None,
     use_cache: bool = True,
     search: str = "fast",
-    dp_max_bytes: float = DP_MAX_BYTES,
+    dp_max_bytes: float | None = None,
 ) -> OfflinePlan:
     """TorchRec's plan for ``world`` GPUs of ``cluster`` at ``per_rank_batch`` examples per rank,
     the one ``pricer`` (cost.Pricer of this setup; ``pricing`` names it for the cache) projects
-    fastest; ``ids``: mean IDs per example per table (Subject.ids)."""
+    fastest; ``ids``: mean IDs per example per table (Subject.ids); ``dp_max_bytes``: the largest
+    table (fp32 weights) offered data_parallel (default: ``dp_limit`` of the cluster)."""
+    dp_max_bytes = dp_limit(cluster) if dp_max_bytes is None else dp_max_bytes
     types, restrictions = candidates(m, world, cluster.gpus_per_node, search, dp_max_bytes)
     if forced:
         types, restrictions = {t: [forced] for t in types}, []

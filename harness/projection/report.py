@@ -11,6 +11,7 @@ from gembench.harness.projection.cluster import Cluster
 from gembench.harness.projection.cost import STAGES
 from gembench.harness.projection.rates import Compute
 from gembench.harness.projection.subject import Subject
+from gembench.harness.report.numbers import figures2
 
 SHORT = {
     "table_wise": "TW",
@@ -104,7 +105,7 @@ def print_projection(doc: dict) -> None:
                 f"{100 * r['mfu']:.1f}%",
                 _imbalance(r["imbalance"]),
                 f"{100 * r['exposed_comm_fraction']:.1f}%",
-                f"{m['per_gpu_bytes'] / 2**30:,.1f}" + ("" if m["fits"] else " (over)"),
+                figures2(m["per_gpu_bytes"] / 2**30) + ("" if m["fits"] else " (over)"),
                 f"{r['examples_per_s']:,.0f}",
                 _critical(r),
                 plan_s,

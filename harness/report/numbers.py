@@ -13,6 +13,14 @@ def si(value: float, unit: str = "") -> str:
     return f"{value:.3g} {unit}".strip()
 
 
+def figures2(value: float) -> str:
+    """At least two significant figures, no exponent: 0.0123 -> '0.012', 1.5 -> '1.5', 123 -> '123'."""
+    if value == 0 or not math.isfinite(value):
+        return f"{value:g}"
+    places = max(0, 1 - math.floor(math.log10(abs(value))))
+    return f"{value:,.{places}f}"
+
+
 def pct(value: float) -> str:
     return f"{100 * value:.1f}%"
 
