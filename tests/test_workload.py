@@ -234,7 +234,11 @@ def test_the_zoo_is_one_provider_of_the_protocol():
 
 # -- on the ranks: FSDP2, TorchRec's pipeline, --rebalance, ablate ----------------------------------
 
+# row-wise forced: one placement whatever order the planner meets the tables in (the pipeline and a
+# split-forward model wrap them differently, and these tables, too small to split by the planner's
+# own choice, leave it near-ties between table- and column-wise placements)
 FP32 = ["--steps", "3", "--warmup", "1", "--set", "compile=off", "--dtype", "fp32", "--quiet", "--nproc", "2"]
+FP32 += ["--sharding", "row_wise"]
 RANK_RUNS = {"ddp": [], "fsdp": ["--set", "dense_parallel=fsdp"], "pipeline": ["--pipeline"]}
 
 
@@ -279,10 +283,7 @@ def test_the_pipeline_runs_a_workload_and_trains_like_the_plain_step(two_tower_r
     for own in pipe["ranks"]:  # TorchRec's phases, not the staged step's stages
         assert list(own["samples"]["stages"]) == ["data", "input_dist", "forward", "backward", "optimizer"]
     assert _loss_gap(ddp, pipe) <= 1e-4
-    assert pipe["metrics"]["imbalance_max_mean"] >= 1.0
-    # the same sharding per table (the pipeline lifts the modules into a wrapper of its own, whose
-    # order may break the planner's ties between equal placements otherwise)
-    assert {t: p["sharding"] for t, p in pipe["plan"].items()} == {t: p["sharding"] for t, p in ddp["plan"].items()}
+    assert pipe["metrics"]["imbalance_max_mean"] >= 1.0 and pipe["plan"] == ddp["plan"]
 
 
 ONE_FIELD = """
