@@ -17,7 +17,6 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from gembench.errors import UsageError
-from gembench.harness.metrics.mfu import train_flops
 from gembench.harness.train.step import losses
 from gembench.harness.train.workloads import seeded
 from gembench.loader import batch_fields, kjt_fields, named
@@ -65,7 +64,7 @@ class _Calls(TorchFunctionMode):
             top = [p.split(".", 1)[1] for p in self.counter.mod_tracker.parents if p.count(".") == 1]
             tensors = [t for t in (out if isinstance(out, (tuple, list)) else [out]) if isinstance(t, torch.Tensor)]
             node = next((t.grad_fn for t in tensors if t.grad_fn is not None), None)
-            self.calls.append((float(flops), top[0] if top else "other", node))
+            self.calls.append((float(flops), min(top) if top else "other", node))  # min: one, always the same
 
     @contextlib.contextmanager
     def functions_as_calls(self):
@@ -113,18 +112,12 @@ def counted_flops(workload: Workload, model: nn.Module, batch, autocast=contextl
 @dataclass(frozen=True)
 class Work:
     """The forward FLOPs a workload's batches ask for, on what basis, and what a step executes
-    beyond them (forward FLOPs of batch 0, repeated every step)."""
+    beyond them (forward FLOPs of batch 0, repeated every step; result.build_result adds them up)."""
 
     per_batch: list[dict]  # {block: forward model FLOPs} per distinct batch
     basis: str  # "formula" (the workload's forward_flops(), checked against the count) or "counted"
     untrained: dict[str, float]  # {block: FLOPs that cannot reach the loss}: executed once a step
     beyond_formula: float = 0.0  # trained FLOPs the formula leaves out (padding): executed, not model
-
-    @property
-    def executed_beyond_model(self) -> float:
-        """What a step executes beyond its model (and recomputed) FLOPs: the untrained work once,
-        the work the formula leaves out with its backward."""
-        return sum(self.untrained.values()) + train_flops(self.beyond_formula)
 
 
 def flops_of(workload: Workload, model: nn.Module, batches: list, autocast=contextlib.nullcontext, device=None) -> Work:
