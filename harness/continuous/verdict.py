@@ -88,7 +88,7 @@ def document(cfg, co, rounds, interleaved, design, plan, alpha, judgements, loss
     """The JSON result; its notes and minutes, the caller's, are held None in their places."""
     from gembench.harness.continuous import environments
     from gembench.harness.regression import paired
-    from gembench.harness.regression.work import model_flops, side_by_side
+    from gembench.harness.regression.work import model_flops
     from gembench.harness.store.results import field
 
     m = cfg.measuring
@@ -121,7 +121,7 @@ def document(cfg, co, rounds, interleaved, design, plan, alpha, judgements, loss
         "numerics": losses,
         "op_changes": ops,
         "exit_status": code,
-        "model_flops": side_by_side(model_flops(rounds[0][0]), model_flops(rounds[0][1]), "BASE", "HEAD"),
+        "model_flops": {"base": model_flops(rounds[0][0]), "head": model_flops(rounds[0][1])},
         "work_changed": None
         if (w := work_changed(rounds)) is None
         else {"base": w.a, "head": w.b, "change": w.change, "line": w.line("HEAD", "BASE")},
@@ -131,6 +131,7 @@ def document(cfg, co, rounds, interleaved, design, plan, alpha, judgements, loss
 def header_lines(cfg: ContinuousConfig, doc: dict, design, plan: Plan, judgements) -> list[str]:
     """The lines above the verdict table: what ran, how it was judged, the looks taken."""
     from gembench.harness.continuous import environments
+    from gembench.harness.regression.work import side_by_side
 
     m = cfg.measuring
     interleaved, alpha, minutes, pairs = doc["interleaved"], doc["alpha"], doc["minutes"], doc["pairs"]
@@ -158,8 +159,8 @@ def header_lines(cfg: ContinuousConfig, doc: dict, design, plan: Plan, judgement
     header += [f"note: BASE and HEAD differ in {d}" for d in doc["notes"]]
     if doc.get("work_changed"):
         header.append("work changed: " + doc["work_changed"]["line"])
-    elif doc.get("model_flops"):
-        header.append(doc["model_flops"])
+    elif (same := side_by_side(doc["model_flops"]["base"], doc["model_flops"]["head"], "BASE", "HEAD")) is not None:
+        header.append(same)
     if m.benchmark == "instructions":
         header[1] = (
             f"kernel instruction counts (benchmarks/instructions.py, callgrind) on {hw}: "

@@ -76,10 +76,10 @@ def threshold_checks(runs: list[dict], limits: Limits, baseline: list[dict] | No
         if limit is None:
             continue
         where = (limits.sources or {}).get(field, "?")
-        values = [r["metrics"][metric] for r in runs if isinstance((r.get("metrics") or {}).get(metric), (int, float))]
-        held = ""
-        if changed is not None and metric == "mfu" and values:
-            values = [held_mfu(r, baseline[0]) for r in runs]
+        have = [r for r in runs if isinstance((r.get("metrics") or {}).get(metric), (int, float))]
+        values, held = [r["metrics"][metric] for r in have], ""
+        if changed is not None and metric == "mfu" and have:
+            values = [held_mfu(r, baseline[0]) for r in have]
             held = f", held at the baseline's model FLOPs: {changed.what('the run', 'the baseline')}"
         if not values:
             checks.append(Check(SKIP, field, f"the result has no {metric} (limit {limit:g} from {where})"))
@@ -114,11 +114,10 @@ def baseline_checks(
     if not c.comparable:
         return [Check(NOT_COMPARABLE, "baseline", f"{baseline_name}: " + "; ".join(c.reasons))]
     checks = []
-    work = side_by_side(*c.model_flops, "baseline", "run")
     if c.work is not None:
         checks.append(Check(SKIP, "vs baseline mfu", "work changed: " + c.work.line("the run", "the baseline")))
-    elif work is not None:
-        checks.append(Check(PASS, "vs baseline work", work))
+    elif (same := side_by_side(*c.model_flops, "baseline", "run")) is not None:
+        checks.append(Check(PASS, "vs baseline work", same))
     for j in c.judgements:
         name = f"vs baseline {j.metric}"
         if j.method == "count":

@@ -67,11 +67,11 @@ def work_change(a: list[dict], b: list[dict]) -> WorkChange | None:
 
 
 def side_by_side(fa: float | None, fb: float | None, a_name: str = "A", b_name: str = "B") -> str | None:
-    """``model FLOPs per step: A 1.2 GFLOP, B 1.2 GFLOP (the same work)``; None without them."""
+    """``model FLOPs per step: A 1.2 GFLOP, B 1.2 GFLOP (the same work)``, where work_change found
+    none; None without them. (A change of work is WorkChange.line's to say.)"""
     if not fa or not fb:
         return None
-    same = abs(fb - fa) <= TOLERANCE * max(fa, fb)
-    return f"model FLOPs per step: {a_name} {_gflop(fa)}, {b_name} {_gflop(fb)}" + (" (the same work)" if same else "")
+    return f"model FLOPs per step: {a_name} {_gflop(fa)}, {b_name} {_gflop(fb)} (the same work)"
 
 
 def held_mfu(result: dict, baseline: dict) -> float:

@@ -18,11 +18,10 @@ def header(c: Comparison) -> list[str]:
     lines = [f"A: {', '.join(c.a_ids)}", f"B: {', '.join(c.b_ids)}"]
     if c.reasons:
         lines.append(("FORCED, " if c.forced else "") + "not comparable: " + "; ".join(c.reasons))
-    work = side_by_side(*c.model_flops)
-    if work is not None:
-        lines.append(work)
     if c.work is not None:
         lines.append("work changed: " + c.work.line())
+    elif (same := side_by_side(*c.model_flops)) is not None:
+        lines.append(same)
     tested = sum(1 for j in c.judgements if j.method != "count")
     counted = len(c.judgements) - tested
     lines.append(
