@@ -178,7 +178,7 @@ def process(rank: int, peak, backward_s: float, step_s: float):
     return ProcessRecord(
         rank=rank, host="h", device="cpu", device_name="cpu", torch_threads=1, peak=peak, host_peak=None,
         step_s=[step_s], stages={"dense_forward": [1.0], "backward": [backward_s]}, loss=[0.0], task_loss=[[0.0]],
-        forward_flops=[1e9], recomputed_flops=[0.0], per_block={}, flops_basis="formula", untrained_per_block={},
+        forward_flops=[1e9], recomputed_flops=[0.0], per_block={}, untrained_per_block={},
         beyond_formula_flops=0.0, embedding_bytes={}, input_bytes=0.0,
         peak_memory_bytes=0, peak_memory_source="", peak_memory_estimate_bytes=0.0, peak_memory_run_bytes=0,
         peak_memory_run_source="", memory_estimate_ratio=None, memory_estimate={}, activation_bytes=0,

@@ -53,7 +53,6 @@ class ProcessRecord:
     forward_flops: list[float]  # per timed step
     recomputed_flops: list[float]
     per_block: dict[str, float]  # mean forward FLOPs per block
-    flops_basis: str  # "formula" or "counted"
     untrained_per_block: dict[str, float]  # forward FLOPs a step runs that reach no loss: executed once
     beyond_formula_flops: float  # forward FLOPs that reach the loss but the formula leaves out
     embedding_bytes: dict[str, float]
@@ -169,7 +168,9 @@ def build_result(
     crit_stages = {s: [max(r.stages[s][i] for r in records) for i in range(steps)] for s in stage_names}
     job_forward = [sum(r.forward_flops[i] for r in records) for i in range(steps)]
     job_recomputed = [sum(r.recomputed_flops[i] for r in records) for i in range(steps)]
-    beyond = sum(sum(r.untrained_per_block.values()) + train_flops(r.beyond_formula_flops) for r in records)
+    # executed beyond the model's FLOPs: the untrained work once, what a formula leaves out trained
+    left_out = train_flops(sum(r.beyond_formula_flops for r in records))
+    beyond = sum(sum(r.untrained_per_block.values()) for r in records) + left_out
     peaks = [r.peak.tflops_per_device for r in records]
     global_batch = ident.global_batch
     summary = summarize(
@@ -216,9 +217,8 @@ def build_result(
         "model_per_step": train_flops(forward),
         "recomputed_per_step": float(np.mean(job_recomputed)),
         "per_block": _summed(records, "per_block"),
-        "basis": records[0].flops_basis,
         "untrained_per_block": _summed(records, "untrained_per_block"),
-        "beyond_formula_per_step": train_flops(sum(r.beyond_formula_flops for r in records)),
+        "beyond_formula_per_step": left_out,
         "executed_beyond_model_per_step": beyond,
         "memory_estimate_bytes": records[0].memory_estimate,  # by part; on ranks, rank 0's
     }

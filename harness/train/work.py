@@ -221,7 +221,7 @@ def timed_batches(batches: list, warmup: int, steps: int) -> list:
 def described(workload: Workload, work: Work, batches: list, warmup: int, steps: int, options) -> dict:
     """What the timed steps' batches hold (``batches``, per distinct batch, ``work`` their FLOPs):
     forward and recomputed FLOPs per step (the workload's recomputed_flops under the stack's
-    checkpointing), mean FLOPs per block and their basis, what a step executes beyond them, the
+    checkpointing), mean FLOPs per block, what a step executes beyond them, the
     embedding bytes of one step and the mean bytes a step's batch moves to the device. The one
     place these are derived, for one process and every rank."""
     per_block, batches = timed_batches(work.per_batch, warmup, steps), timed_batches(batches, warmup, steps)
@@ -230,7 +230,6 @@ def described(workload: Workload, work: Work, batches: list, warmup: int, steps:
         "forward_flops": [float(sum(b.values())) for b in per_block],
         "recomputed_flops": [workload.recomputed_flops(b, mode) if mode != "none" else 0.0 for b in per_block],
         "per_block": {k: sum(b[k] for b in per_block) / len(per_block) for k in per_block[0]},
-        "flops_basis": work.basis,
         "untrained_per_block": dict(work.untrained),
         "beyond_formula_flops": work.beyond_formula,
         "embedding_bytes": embedding_bytes(workload, batches[0]),
