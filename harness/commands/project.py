@@ -188,7 +188,7 @@ def project_config(args: argparse.Namespace) -> ProjectConfig:
             if args.sharding not in SHARDING_TYPES:
                 raise UsageError(f"--sharding must be one of {', '.join(SHARDING_TYPES)}, got {args.sharding!r}")
         worlds = _worlds(args.gpus)
-        per_gpu = getattr(args, "batch_per_gpu", None)
+        per_gpu = args.batch_per_gpu
         if per_gpu is not None:
             if args.batch:
                 raise UsageError("--batch and --batch-per-gpu both set the batch: pass one")
@@ -244,7 +244,7 @@ def project_command(request: ProjectConfig) -> int:
             raise UsageError(
                 f"--gpus {w} does not divide the global batch {gb}; pick world sizes that divide it or pass --batch"
             )
-    for note in _notes(m, worlds, per_world, cluster):
+    for note in _notes(m, worlds, per_world):
         print(f"gembench project: note: {note}", file=sys.stderr)
     if result is not None:
         device = result["run"].get("device", "cpu")
@@ -297,19 +297,19 @@ SMALL_PER_GPU = 32  # examples per GPU below which a projection times latency, n
 SMALL_TABLES = 2**30  # bytes of fp32 tables under which they look sized for a CPU run, not production
 
 
-def _notes(m, worlds: list[int], per_world: dict[int, int], cluster) -> list[str]:
+def _notes(m, worlds: list[int], per_world: dict[int, int]) -> list[str]:
     """What a reader should know before trusting the rows: a per-GPU batch too small to be a
     training job's, tables that look cut down for a CPU."""
     notes = []
-    small = [w for w in worlds if per_world.get(w, m.global_batch) // w < SMALL_PER_GPU]
+    batches = {w: per_world.get(w, m.global_batch) for w in worlds}
+    small = [w for w in worlds if batches[w] // w < SMALL_PER_GPU]
     if small:
         w = small[-1]
         notes.append(
-            f"{per_world.get(w, m.global_batch) // w} examples per GPU at {w} GPUs (global batch "
-            f"{per_world.get(w, m.global_batch):,}): a step that small measures latency, not training; "
-            "--batch-per-gpu N keeps N per GPU at every size"
+            f"{batches[w] // w} examples per GPU at {w} GPUs (global batch {batches[w]:,}): a step that small "
+            "measures latency, not training; --batch-per-gpu N keeps N per GPU at every size"
         )
-    table_bytes = 4 * sum(t.num_embeddings * t.embedding_dim for t in m.tables)
+    table_bytes = 4 * m.counts["embedding_params"]  # fp32
     if table_bytes < SMALL_TABLES:
         notes.append(
             f"the tables hold {table_bytes / 2**20:,.0f} MiB in all: if they are sizes cut down for a CPU run, "

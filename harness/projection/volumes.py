@@ -14,12 +14,12 @@ import numpy as np
 
 from gembench.harness.metrics.imbalance import zipf_share
 from gembench.harness.projection.subject import Subject
+from gembench.harness.train.distributed.plan import ROW_SPLITS
 
 ID_BYTES = 8  # int64 IDs in the KJT all-to-all (TorchRec's default index dtype)
 LENGTH_BYTES = 4  # one int32 length per example and feature
 EMB_BYTES = 4  # fp32 embedding rows and pooled outputs (TorchRec's default, no quantized comms)
 DP_STATE_BYTES = 16  # a data-parallel table's element: weight, gradient, Adam m and v (fp32)
-ROW_SPLIT = ("row_wise", "table_row_wise", "grid_shard")
 
 
 def _lookup_shares(sizes: list, offsets: list, rows: int, alpha: float) -> np.ndarray:
@@ -84,7 +84,7 @@ class Volumes:
             return out
         first_block = [i for i in range(n) if offsets[i][1] == offsets[0][1]]
         dim_total = float(sum(s[1] for s, o in zip(sizes, offsets) if o[0] == offsets[0][0]))
-        if kind in ROW_SPLIT:
+        if kind in ROW_SPLITS:
             block_rows = sum(sizes[i][0] for i in first_block)
             share = _lookup_shares(sizes, offsets, block_rows, self.alphas.get(name, 0.0))
         else:
@@ -144,7 +144,7 @@ def _offsets(t: dict) -> list:
     if t["sharding"] == "column_wise":
         starts = np.cumsum([0] + [s[1] for s in sizes])
         return [[0, int(starts[i])] for i in range(len(sizes))]
-    if t["sharding"] in ROW_SPLIT:
+    if t["sharding"] in ROW_SPLITS:
         starts = np.cumsum([0] + [s[0] for s in sizes])
         return [[int(starts[i]), 0] for i in range(len(sizes))]
     return [[0, 0]] * len(sizes)
