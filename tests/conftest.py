@@ -28,18 +28,17 @@ def _small_peak_cache(tmp_path_factory):
 
     cores = os.cpu_count() or 1
     for threads in sorted({1, max(1, cores // 2), cores, torch.get_num_threads()}):
-        with calibration.torch_threads(threads):
-            # the reference peak is bf16's; where fp32 is faster (bf16 without a fast path), a run's
-            # fp32 stages would beat it and re-measure: the seed is the faster of the two
-            tflops, size = max(calibration.time_gemm(1024, calibration.DTYPES[d], 0.2) for d in ("bf16", "fp32"))
-        entry = calibration.Entry(calibration.cpu_model(), "bf16", threads, torch.__version__)
-        now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-        entry.add(
-            calibration.Measurement(
-                round(1.25 * tflops, 4), size, 1, threads, now, [0.0] * 3, 0.0, cores, True, "tests"
+        for dtype, torch_dtype in calibration.DTYPES.items():
+            with calibration.torch_threads(threads):
+                tflops, size = calibration.time_gemm(1024, torch_dtype, 0.2)
+            entry = calibration.Entry(calibration.cpu_model(), dtype, threads, torch.__version__)
+            now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+            entry.add(
+                calibration.Measurement(
+                    round(1.25 * tflops, 4), size, 1, threads, now, [0.0] * 3, 0.0, cores, True, "tests"
+                )
             )
-        )
-        calibration.save_entry(entry)
+            calibration.save_entry(entry)
 
 
 # -- real runs made once per session, for tests that only read their result -------------------

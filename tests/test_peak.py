@@ -35,9 +35,9 @@ class FakeMachine:
         return self.tflops * n / max(calibration.CALIBRATION_SIZES), n  # the largest size is the fastest
 
 
-def plant(tflops: float, quiet=True, threads=None) -> None:
+def plant(tflops: float, quiet=True, threads=None, dtype="bf16") -> None:
     threads = threads or torch.get_num_threads()
-    entry = calibration.Entry(calibration.cpu_model(), "bf16", threads, torch.__version__)
+    entry = calibration.Entry(calibration.cpu_model(), dtype, threads, torch.__version__)
     entry.add(
         calibration.Measurement(
             tflops, 2048, 1, threads, "2026-01-01T00:00:00+00:00", [3.0, 2.0, 1.0], 1.5, 2, quiet, "run"
@@ -109,7 +109,8 @@ def test_a_too_low_cached_peak_is_beaten_and_remeasured(cache, monkeypatch):
     from gembench.harness.train.runconfig import RunConfig
     from gembench.harness.train.runner import run_benchmark
 
-    plant(1e-7)  # settled, so a run would trust it forever without the beaten check
+    for dtype in calibration.DTYPES:  # settled, so a run would trust it forever without the beaten check
+        plant(1e-7, dtype=dtype)
     FakeMachine(monkeypatch, 0.5)
     result = run_benchmark(RunConfig("tiny", steps=2, warmup=1, stack="baseline", device="cpu"))
     peak = result["peak"]
@@ -136,7 +137,7 @@ def test_a_cached_peak_three_times_too_low_is_corrected_by_the_next_run(cache, m
 
 def test_peak_command_shows_recalibrates_and_clears(cache, monkeypatch, capsys):
     FakeMachine(monkeypatch, 0.4)
-    code, out, err = run_cli(["peak", "--recalibrate", "--threads", "1", "--rounds", "3"], capsys)
+    code, out, err = run_cli(["peak", "--recalibrate", "--threads", "1", "--rounds", "3", "--dtype", "bf16"], capsys)
     assert code == 0 and "bf16 1 thread(s): 0.4 TFLOP/s (GEMM 3072^3), cached" in err
     assert "0.4 *" in out and "quiet" in out and "recalibrate" in out
     code, out, _ = run_cli(["peak", "--json"], capsys)
@@ -146,6 +147,25 @@ def test_peak_command_shows_recalibrates_and_clears(cache, monkeypatch, capsys):
     assert code == 0 and "forgot 1" in out and calibration.all_entries() == []
     code, _, err = run_cli(["peak", "--recalibrate", "--threads", "x"], capsys)
     assert code == 2 and "--threads" in err
+
+
+def test_the_reference_is_the_faster_dtype_and_the_command_measures_both(cache, monkeypatch, capsys):
+    """A CPU without a bf16 path runs fp32 GEMMs 100x faster: bf16's figure there would put an
+    fp32 stack's MFU above 100%, so the reference is fp32's; with AMX it is bf16's."""
+    from gembench.harness.device.hardware import reference_peak
+
+    machine = FakeMachine(monkeypatch, 0.4)
+    speed = {torch.float32: 1.0, torch.bfloat16: 0.01}
+    plain = machine.time_gemm
+    monkeypatch.setattr(calibration, "time_gemm", lambda n, dtype, s: (plain(n, dtype, s)[0] * speed[dtype], n))
+    peak = reference_peak(torch.device("cpu"))
+    assert peak.dtype == "fp32" and peak.tflops_per_device == 0.4
+    speed.update({torch.float32: 0.5, torch.bfloat16: 1.0})
+    monkeypatch.setattr(calibration, "_this_process", {})
+    run_cli(["peak", "--clear"], capsys)
+    assert reference_peak(torch.device("cpu")).dtype == "bf16"
+    code, _, err = run_cli(["peak", "--recalibrate", "--threads", "1", "--rounds", "1"], capsys)
+    assert code == 0 and "bf16 1 thread(s)" in err and "fp32 1 thread(s)" in err
 
 
 def test_a_distributed_run_that_beats_its_peak_remeasures_on_rank_0(cache, monkeypatch):

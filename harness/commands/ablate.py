@@ -6,7 +6,7 @@ one alone: the loss column is what the full stack would lose without it. After t
 the choices (activation_checkpointing=hstu / all, and content=off for a config with a [content]
 section) are measured on the optimized stack, with MFU, HFU and the activation memory each step
 saved; content=off's MFU is against its own, smaller FLOPs. All MFU figures are against the same
-dense bf16 peak, so a ratio of MFUs is a ratio of throughputs. `pipeline` acts on ranks only.
+reference peak, so a ratio of MFUs is a ratio of throughputs. `pipeline` acts on ranks only.
 
 With --nproc N the dense-side switches are measured on N torchrun ranks instead, each variant one
 `gembench run --nproc N --set ...`: DDP against FSDP2, activation checkpointing, compile, the

@@ -1,7 +1,8 @@
 """Show, re-measure or forget the CPU GEMM peaks that MFU is measured against.
 
 A CPU peak is the best figure of large square GEMMs, per CPU model, dtype, thread count and
-torch version, cached in $GEMBENCH_CACHE (default ~/.cache/gembench). Noise only lowers a measured
+torch version, cached in $GEMBENCH_CACHE (default ~/.cache/gembench); MFU's reference is the
+faster dtype's (bf16 where the CPU has a bf16 path, else fp32). Noise only lowers a measured
 figure, and a low peak inflates MFU, so each entry keeps the best of its measurements and a
 measurement taken while other processes kept the cores busy is never cached on its own (runs use
 it as a provisional peak and say so). The table shows every measurement: when, GEMM size, rounds,
@@ -49,8 +50,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dtype",
         choices=tuple(calibration.DTYPES),
-        default="bf16",
-        help="with --recalibrate: GEMM dtype (default: bf16, the reference of MFU)",
+        default=None,
+        help="with --recalibrate: GEMM dtype (default: both; the faster one is MFU's reference peak)",
     )
     p.add_argument(
         "--rounds", type=int, default=5, help="with --recalibrate: rounds over the GEMM sizes, best of (default: 5)"
@@ -159,11 +160,11 @@ def main(args: argparse.Namespace) -> int:
     if args.recalibrate:
         if args.rounds < 1:
             raise UsageError(f"--rounds must be at least 1, got {args.rounds}")
-        for t in thread_counts(args.threads, args.dtype):
-            print(
-                f"gembench peak: {args.dtype} on {t} thread(s), {args.rounds} round(s)...", file=sys.stderr, flush=True
-            )
-            m, entry, stored = calibration.recalibrate(args.dtype, t, args.rounds)
+        for dtype, t in (
+            (d, t) for d in ([args.dtype] if args.dtype else calibration.DTYPES) for t in thread_counts(args.threads, d)
+        ):
+            print(f"gembench peak: {dtype} on {t} thread(s), {args.rounds} round(s)...", file=sys.stderr, flush=True)
+            m, entry, stored = calibration.recalibrate(dtype, t, args.rounds)
             verdict = (
                 "cached"
                 if stored
@@ -172,7 +173,7 @@ def main(args: argparse.Namespace) -> int:
             )
             served = f"; runs use {entry.best.tflops:.4g}" if entry.settled else ""
             print(
-                f"{args.dtype} {t} thread(s): {m.tflops:.4g} TFLOP/s (GEMM {m.size}^3), {verdict}{served}",
+                f"{dtype} {t} thread(s): {m.tflops:.4g} TFLOP/s (GEMM {m.size}^3), {verdict}{served}",
                 file=sys.stderr,
                 flush=True,
             )

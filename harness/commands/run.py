@@ -7,7 +7,7 @@ the peak MFU is measured against). Extra steps after the timed ones count what a
 besides time: aten ops, host syncs, host-to-device bytes, kernels, graph breaks and recompiles
 (docs/measuring.md). Stacks: `optimized` (default: bf16, torch.compile, fused embeddings, jagged
 attention, fused Adam) and `baseline` (fp32 eager, one EmbeddingBag per table, padded attention),
-both against the same dense bf16 peak, so their MFU ratio is a throughput ratio.
+both against the same reference peak, so their MFU ratio is a throughput ratio.
 
 exit status: 0 measured and written; 1 a rank of an --nproc run failed or hung (named); 2 a usage
 error, a run refused before it starts (it would not fit: the largest --batch that does is named),
@@ -116,7 +116,8 @@ def configure(p: argparse.ArgumentParser) -> None:
         "--peak-tflops",
         type=float,
         default=None,
-        help="peak TFLOP/s per device to measure MFU against (default: datasheet on GPU, measured bf16 GEMM on CPU)",
+        help="peak TFLOP/s per device to measure MFU against (default: datasheet bf16 on GPU, the fastest "
+        "measured GEMM on CPU)",
     )
     p.add_argument(
         "--nsys",

@@ -2,7 +2,8 @@
 
 GPUs: the dense bf16 datasheet figure (as torchtitan's peak table), one reference peak per
 device so MFU is comparable across dtypes and stacks. CPUs have no such figure: we measure it
-with large GEMMs per dtype and thread count and cache the best quiet measurement (calibration.py).
+with large GEMMs per dtype and thread count, cache the best quiet measurement (calibration.py),
+and take the fastest dtype's as the CPU's one reference peak.
 """
 
 from __future__ import annotations
@@ -82,16 +83,26 @@ def gpu_peak(device: torch.device) -> Peak:
     raise UsageError(f"no datasheet peak for GPU {name!r}: pass --peak-tflops with its dense bf16 TFLOP/s")
 
 
-def cpu_peak(dtype: str = "bf16", threads: int | None = None) -> Peak:
+def cpu_peak(dtype: str | None = None, threads: int | None = None) -> Peak:
     """Measured CPU GEMM peak for ``dtype`` on ``threads`` threads (default: torch's count):
-    the cached best when a quiet calibration settled it, else measured now (calibration.py)."""
+    the cached best when a quiet calibration settled it, else measured now (calibration.py).
+
+    No ``dtype``: the CPU's reference peak, its fastest dense GEMM over the dtypes a stack runs.
+    That is bf16's where the CPU has a bf16 path (AMX, AVX-512 BF16) and fp32's where it has not
+    (bf16 then runs near a GFLOP/s): a bf16-only figure there would put an fp32 stack above 100%."""
+    if dtype is None:
+        return max((cpu_peak(d, threads) for d in calibration.DTYPES), key=lambda p: p.tflops_per_device)
     return _as_peak(calibration.peak(dtype, threads), dtype)
 
 
 def _as_peak(c: "calibration.Calibrated", dtype: str) -> Peak:
     m = c.measurement
     return Peak(
-        m.tflops, dtype, f"calibrated: {m.describe()}; {c.note}", provisional=c.provisional, calibration=asdict(m)
+        m.tflops,
+        dtype,
+        f"calibrated: {dtype} {m.describe()}; {c.note}",
+        provisional=c.provisional,
+        calibration=asdict(m),
     )
 
 
@@ -151,7 +162,8 @@ def peak_basis(device: torch.device, ranks: int, threads: int, host: Peak | None
 
 
 def reference_peak(device: torch.device, override_tflops: float | None = None) -> Peak:
-    """One reference peak per device: dense bf16 (datasheet on GPU, measured GEMM on CPU).
+    """One reference peak per device: the dense bf16 datasheet figure on a GPU, the fastest
+    measured GEMM on a CPU (cpu_peak).
 
     MFU of every dtype and stack is measured against this same figure, so a bf16 stack's MFU
     and an fp32 stack's MFU divide into a throughput ratio at equal model FLOPs.
@@ -162,7 +174,7 @@ def reference_peak(device: torch.device, override_tflops: float | None = None) -
         return Peak(override_tflops, "bf16", "override: --peak-tflops")
     if device.type == "cuda":
         return gpu_peak(device)
-    return cpu_peak("bf16")
+    return cpu_peak()
 
 
 def memory_available(device: torch.device) -> int:

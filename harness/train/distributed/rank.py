@@ -95,7 +95,7 @@ def peaks(dev: torch.device, args: RunConfig, world: World):
     if world.local_rank == 0:
         threads = torch.get_num_threads()
         host_threads = min(world.local_size * threads, os.cpu_count() or 1)
-        mine = (socket.gethostname(), reference_peak(dev, None), cpu_peak("bf16", threads=host_threads))
+        mine = (socket.gethostname(), reference_peak(dev, None), cpu_peak(threads=host_threads))
     shared = [None] * world.size
     dist.all_gather_object(shared, mine)
     host = socket.gethostname()
