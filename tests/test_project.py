@@ -749,3 +749,24 @@ def test_memory_reads_to_two_significant_figures():
         "12",
         "123",
     ]
+
+
+def test_the_fast_search_names_a_plan_the_full_search_finds_faster(skew_config, monkeypatch, capsys, tmp_path):
+    """With its restrictions tightened until the hot table can be neither replicated nor split,
+    the fast search piles it on one GPU: the full search, asked because that plan is imbalanced,
+    finds the row-wise one and the projection says so; unrestricted, nothing is said."""
+    from gembench.harness.projection import offline_plan
+
+    args = ["project", "--config", str(skew_config), "--gpus", "8", "--batch-per-gpu", "4096", "--quiet"]
+    code, out, err = run_cli([*args, "--no-cache"], capsys)
+    assert code == 0, err
+    assert "--search full finds" not in out
+    monkeypatch.setattr(offline_plan, "ROW_WISE_SHARDS", 0)
+    monkeypatch.setattr(offline_plan, "dp_limit", lambda cluster: 0.0)
+    code, out, err = run_cli([*args, "--no-cache", "--out", str(tmp_path / "p.json")], capsys)
+    assert code == 0, err
+    [row] = json.loads((tmp_path / "p.json").read_text())["rows"]
+    full = row["plan"]["full_search"]
+    assert row["imbalance"]["max_mean"] > 2 and full["imbalance"] < 1.1
+    assert row["step_time_s"] > 1.1 * full["step_time_s"]
+    assert re.search(r"8 GPUs: --search full finds a plan [\d.]+x faster: .* pass --search full", out), out

@@ -182,6 +182,16 @@ def _print_search(rows: list[dict]) -> None:
         "docs/projection.md has what each costs):"
     )
     print("\n".join(lines))
+    for r in rows:
+        full = r["plan"].get("full_search")
+        if full:
+            times = r["step_time_s"] / full["step_time_s"]
+            print(
+                f"  {r['world']} GPUs: --search full finds a plan {times:.2f}x faster: "
+                f"{1e3 * full['step_time_s']:.3g} ms a step at imbalance {full['imbalance']:.2f}, against the fast "
+                f"search's {1e3 * r['step_time_s']:.3g} ms at {r['imbalance']['max_mean']:.2f} (planned in "
+                f"{full['seconds']:.0f} s): pass --search full"
+            )
 
 
 def _print_published(doc: dict) -> None:

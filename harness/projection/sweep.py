@@ -13,6 +13,12 @@ from gembench.harness.projection.published import DP_THRESHOLD_GIB, EXCHANGES, h
 from gembench.harness.projection.rates import Compute
 from gembench.harness.projection.subject import Subject
 
+# The fast search's restrictions cost balance first (a large table kept off data_parallel, a row
+# split left out): where its plan is this imbalanced, the full search is asked too, and its plan
+# named when it is FULL_FASTER quicker.
+FULL_CHECK_IMBALANCE = 1.10
+FULL_FASTER = 1.10
+
 
 def pricing_key(compute: Compute, schedule: str, stack) -> str:
     """What the planner's ratings depend on besides model, world, batch and cluster (the cache key)."""
@@ -64,6 +70,19 @@ def sweep(
             step = pricer.price(plan.tables)
             row |= step.to_dict()
             row["imbalance"]["best_found"] = plan.best_imbalance
+            if search == "fast" and not forced and step.imbalance.max_mean > FULL_CHECK_IMBALANCE:
+                progress(
+                    f"gembench project: {world} GPUs: the fast plan is {step.imbalance.max_mean:.2f}x imbalanced: "
+                    "asking the full search too ..."
+                )
+                full = plan_offline(wm, world, batch, cluster, reserved, pricer, key, ids, None, use_cache, "full")
+                faster = pricer.price(full.tables) if full.fits else None
+                if faster is not None and step.step_time_s > FULL_FASTER * faster.step_time_s:
+                    row["plan"]["full_search"] = {
+                        "step_time_s": faster.step_time_s,
+                        "imbalance": faster.imbalance.max_mean,
+                        "seconds": full.seconds,
+                    }
             pub = published(m.name, cluster.name, world) if m.source == "config" else None
             if pub:
                 row["published"] = _held_against(
