@@ -4,8 +4,9 @@ One `gembench run --nproc 2` per workload: the two examples (examples/torchrec_d
 examples/two_tower.py), the zoo's tiny (hashed IDs) and tiny with its IDs sorted (hottest rows
 first: the skewed workload, whose row_skew() the planner is told). Prints, per workload, the plan
 TorchRec's planner chose, its per-rank lookup estimate (``planner lookup``: the shards' forward and
-backward compute, skew priced in) and the bytes each rank's lookups then read, their max/mean and
-the goal: the two within 15% of each other. About 4 minutes on 2 cores.
+backward compute, skew priced in) and the bytes each rank's lookups then move (rows read, outputs
+written: what the planner prices), their max/mean and the goal: the two within 15% of each other.
+About 4 minutes on 2 cores.
 
   python benchmarks/planned_imbalance.py
 """
@@ -56,7 +57,7 @@ def main() -> None:
                 continue
             r = json.loads(out.read_text())
             imb = r["imbalance"]
-            planned, measured = imb["planned"]["metrics"]["lookup_ms"], imb["measured"]["metrics"]["bytes_read"]
+            planned, measured = imb["planned"]["metrics"]["lookup_ms"], imb["measured"]["metrics"]["bytes_moved"]
             off = measured["max_mean"] / planned["max_mean"] - 1
             met += abs(off) <= GOAL
             kinds: dict[str, int] = {}
@@ -67,14 +68,14 @@ def main() -> None:
                     name,
                     " ".join(f"{SHORT.get(k, k)} {n}" for k, n in sorted(kinds.items())),
                     " / ".join(f"{v:.3f}" for v in imb["planned"]["loads"]["lookup_ms"]),
-                    " / ".join(f"{v / 1e3:,.1f}" for v in imb["measured"]["loads"]["bytes_read"]),
+                    " / ".join(f"{v / 1e3:,.1f}" for v in imb["measured"]["loads"]["bytes_moved"]),
                     f"{planned['max_mean']:.3f}",
                     f"{measured['max_mean']:.3f}",
                     f"{off:+.1%}",
                 ]
             )
     print(f"2 gloo ranks, 6 timed steps each; load average at the start {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}")
-    headers = ["workload", "plan", "planner lookup ms, rank 0 / 1", "bytes read kB, rank 0 / 1", "planned max/mean"]
+    headers = ["workload", "plan", "planner lookup ms, rank 0 / 1", "bytes moved kB, rank 0 / 1", "planned max/mean"]
     print(tabulate(rows, headers=[*headers, "measured max/mean", "measured vs planned"], disable_numparse=True))
     print(f"goal: planned and measured imbalance within {GOAL:.0%}: {met} of {len(rows)} met")
 

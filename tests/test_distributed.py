@@ -85,7 +85,14 @@ def test_one_result_with_per_rank_stages_imbalance_and_comm(table_wise):
     crit = r["imbalance"]["critical_path_s"]
     for s in stages:
         assert crit[s] == max(x["stage_means_s"][s] for x in r["ranks"])
-    assert set(r["imbalance"]["measured"]["loads"]) >= {"ids", "unique_ids", "bytes_read", "lookup_s"}
+    assert set(r["imbalance"]["measured"]["loads"]) >= {
+        "ids",
+        "unique_ids",
+        "bytes_read",
+        "bytes_written",
+        "bytes_moved",
+        "lookup_s",
+    }
     assert set(r["imbalance"]["planned"]["loads"]) == {"perf_ms", "lookup_ms", "storage_bytes"}
     assert {"kjt_all_to_all", "embedding_all_to_all", "embedding_grad_all_to_all", "dense_grad_all_reduce"} <= set(
         r["comm"]["by_kind"]

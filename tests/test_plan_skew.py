@@ -1,5 +1,6 @@
 """The run's planner told the skew: a row-split shard priced at the lookups its rows serve under
-row_skew() (DeclaredSkew), and no table split by rows too small to give every rank a share."""
+row_skew() (DeclaredSkew), on a CPU every shard at the bytes it moves (LookupBytes), and no table
+split by rows too small to give every rank a share."""
 
 import json
 
@@ -18,6 +19,39 @@ def test_small_tables_are_not_split_by_rows_and_forced_types_stand():
     rebalance = allowed_types(rows, 2, {}, sharded_only=True)
     assert rebalance["big"] == ["table_wise", "row_wise", "column_wise", "table_row_wise"]
     assert rebalance["tiny"] == ["table_wise", "column_wise"]
+
+
+def test_on_a_cpu_a_lookup_is_priced_at_the_bytes_it_moves():
+    """Rows read at the pooling factor plus outputs written: a pooled table-wise shard of width 16
+    pooling 3 IDs moves 4 rows an example, a sequence shard 6; a row-wise half reads half the IDs
+    and still writes every example's row; the backward keeps TorchRec's proportion, comms stay."""
+    from types import SimpleNamespace
+
+    import torch
+    from torchrec.distributed.planner.types import Perf
+
+    from gembench.harness.train.distributed.plan import LookupBytes
+
+    def option(kind, pooled, halves=1):
+        shards = [
+            SimpleNamespace(
+                size=[1000 // halves, 16], perf=Perf(fwd_compute=1.0, fwd_comms=0.5, bwd_compute=2.0, bwd_comms=0.7)
+            )
+            for _ in range(halves)
+        ]
+        t = torch.empty(1000, 16, device="meta")
+        return SimpleNamespace(
+            sharding_type=kind, tensor=t, batch_size=8, input_lengths=[3.0], is_pooled=pooled, shards=shards
+        )
+
+    options = [option("table_wise", True), option("table_wise", False), option("row_wise", True, 2)]
+    LookupBytes(world=2, bandwidth=64.0).estimate(options)
+    row = 16 * 4 / 64.0  # a 16-column fp32 row over the bandwidth
+    tw, seq, rw = (o.shards[0].perf for o in options)
+    assert tw.fwd_compute == pytest.approx(16 * 4 * row)  # 16 examples x (3 rows read + 1 written)
+    assert seq.fwd_compute == pytest.approx(16 * 6 * row)  # 3 read + 3 written
+    assert rw.fwd_compute == pytest.approx(16 * 2.5 * row)  # 1.5 read + 1 written
+    assert tw.bwd_compute == pytest.approx(2 * tw.fwd_compute) and tw.fwd_comms == 0.5 and tw.bwd_comms == 0.7
 
 
 def test_declared_skew_prices_the_head_shard_at_its_lookups():
@@ -67,6 +101,6 @@ def test_the_planner_told_sorted_ids_keeps_the_heads_off_row_wise_shards(tmp_pat
     r = json.loads(out.read_text())
     assert not any(p["sharding"] == "row_wise" for p in r["plan"].values())
     imb = r["imbalance"]
-    planned, measured = imb["planned"]["metrics"]["lookup_ms"], imb["measured"]["metrics"]["bytes_read"]
+    planned, measured = imb["planned"]["metrics"]["lookup_ms"], imb["measured"]["metrics"]["bytes_moved"]
     assert planned["max_mean"] > 1.02
     assert measured["max_mean"] == pytest.approx(planned["max_mean"], rel=0.15)

@@ -22,7 +22,9 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-PRIMARY_LOAD = "bytes_read"  # deterministic and proportional to memory-bound lookup work
+# deterministic and proportional to memory-bound lookup work: rows read plus outputs written, as
+# TorchRec's planner prices a lookup (distributed/loads.py)
+PRIMARY_LOAD = "bytes_moved"
 
 
 def imbalance(loads: Sequence[float]) -> dict:

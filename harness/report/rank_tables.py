@@ -26,6 +26,8 @@ LOAD_LABELS = {
     "ids": "IDs looked up",
     "unique_ids": "unique IDs",
     "bytes_read": "bytes read",
+    "bytes_written": "bytes written",
+    "bytes_moved": "bytes moved (read + written)",
     "lookup_s": "lookup time",
     "perf_ms": "planner perf (ms)",
     "lookup_ms": "planner lookup (ms)",

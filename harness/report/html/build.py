@@ -145,7 +145,7 @@ def distributed_figures(g: Group) -> str:
             f"(the straggler is the darkest cell); stall cost {pct(imb['stall_cost'])} of the step.",
         )
     ]
-    measured = {k: v for k, v in imb["measured"]["loads"].items() if k in ("ids", "bytes_read", "lookup_s")}
+    measured = {k: v for k, v in imb["measured"]["loads"].items() if k in ("ids", "bytes_moved", "lookup_s")}
     limit = getattr(g.limits, "max_imbalance", None) if g.limits else None
     primary = imb["measured"]["metrics"][imb["primary"]]
     out.append(

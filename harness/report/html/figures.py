@@ -308,7 +308,7 @@ def rebalance(sides: list[tuple[str, dict]], primary: str, label: str) -> str:
                 label=f"{name} (max/mean {m:.3f})",
             )
             right.bar(at, 1e3 * np.array(side["rank_step_p50_s"]), width * 0.92, color=color, label=name)
-        load_unit = "MB" if primary == "bytes_read" else "millions"
+        load_unit = "MB" if primary.startswith("bytes") else "millions"
         for ax, title, unit in ((left, f"{label} per rank", load_unit), (right, "step p50 per rank", "ms")):
             ax.set_xticks(x, [f"rank {r}" for r in range(nranks)])
             ax.set_title(title, loc="left")

@@ -28,19 +28,31 @@ def local_dims(module: nn.Module) -> list[dict[str, int]]:
 
 
 def lookup_load(modules: list[tuple[str, nn.Module]], dist_inputs: list) -> dict[str, float]:
-    """IDs this rank looked up, unique IDs, and bytes read, from the KJTs its shards received."""
-    ids = unique = read = 0
+    """IDs this rank looked up, unique IDs, and the bytes its lookups move, from the KJTs its shards
+    received: rows read, and outputs written (a pooled shard writes one row of its width per bag,
+    whatever the bag's IDs; a sequence shard one per ID). Read plus written is what TorchRec's
+    planner prices a lookup by, so it is what the planned loads compare with."""
+    ids = unique = read = written = 0
     for (_, module), kjts in zip(modules, dist_inputs):
+        pooled = hasattr(module, "_embedding_shardings")  # an EmbeddingBagCollection's, not a sequence's
         for dims, kjt in zip(local_dims(module), kjts):
             itemsize = 4  # fp32 tables
-            values, lengths = kjt.values(), kjt.lengths()
+            values = kjt.values()
             per_key = torch.split(values, [int(x) for x in kjt.length_per_key()]) if len(kjt.keys()) else []
+            bags = kjt.stride() if len(kjt.keys()) else 0
             for key, v in zip(kjt.keys(), per_key):
+                width = dims.get(key, 0) * itemsize
                 ids += v.numel()
                 unique += int(torch.unique(v).numel())
-                read += v.numel() * dims.get(key, 0) * itemsize
-            del lengths
-    return {"ids": float(ids), "unique_ids": float(unique), "bytes_read": float(read)}
+                read += v.numel() * width
+                written += (bags if pooled else v.numel()) * width
+    return {
+        "ids": float(ids),
+        "unique_ids": float(unique),
+        "bytes_read": float(read),
+        "bytes_written": float(written),
+        "bytes_moved": float(read + written),
+    }
 
 
 def measure_loads(feeds: list[tuple[str, nn.Module]], batches, device: torch.device) -> dict[str, float]:
@@ -49,7 +61,7 @@ def measure_loads(feeds: list[tuple[str, nn.Module]], batches, device: torch.dev
     ``feeds``: (batch field, sharded module) for the modules fed one field whole (rank.module_fields);
     0 where there is none (the planner's estimate then stands alone)."""
     if not feeds:
-        return {"ids": 0.0, "unique_ids": 0.0, "bytes_read": 0.0}
+        return {"ids": 0.0, "unique_ids": 0.0, "bytes_read": 0.0, "bytes_written": 0.0, "bytes_moved": 0.0}
     total: dict[str, float] = {}
     with torch.no_grad():
         for b in batches:
