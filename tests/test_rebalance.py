@@ -49,7 +49,7 @@ def test_row_skew_and_plan_change():
     assert rebalance.plan_change(plan, plan) == []
 
 
-def test_measured_lookups_price_each_shard_by_the_ids_in_its_rows():
+def test_measured_lookups_price_each_shard_by_the_bytes_it_moves():
     from torchrec.distributed.planner.types import Perf
 
     m = measured([8, 1, 1, 0])
@@ -61,9 +61,10 @@ def test_measured_lookups_price_each_shard_by_the_ids_in_its_rows():
     option = SimpleNamespace(name="table_a", sharding_type="row_wise", shards=[shard(0), shard(50)])
     rebalance.MeasuredLookups(m).estimate([option])
     head, tail = option.shards
-    # 1000 IDs x share x 8 columns x 4 bytes x 1 ns, in ms; backward in TorchRec's 2:1 proportion; comms kept
-    assert head.perf.fwd_compute == pytest.approx(1e3 * 1000 * 0.9 * 8 * 4 * 1e-9)
-    assert tail.perf.fwd_compute == pytest.approx(head.perf.fwd_compute / 9)
+    # (1000 IDs x share read + 100 examples' rows written) x 8 columns x 4 bytes x 1 ns, in ms;
+    # backward in TorchRec's 2:1 proportion; comms kept
+    assert head.perf.fwd_compute == pytest.approx(1e3 * (1000 * 0.9 + 100) * 8 * 4 * 1e-9)
+    assert tail.perf.fwd_compute == pytest.approx(1e3 * (1000 * 0.1 + 100) * 8 * 4 * 1e-9)
     assert head.perf.bwd_compute == pytest.approx(2 * head.perf.fwd_compute)
     assert head.perf.fwd_comms == 0.5 and head.perf.bwd_comms == 0.7
 

@@ -3,12 +3,13 @@
 The first plan is TorchRec's, told each table's expected pooling (plan.plan_sharding). After its
 timed steps every rank counts, on the batches it trained on, each table's IDs and how they fall
 over the table's rows (a histogram of RESOLUTION equal row bins), and the ranks' measured lookup
-time per byte read. TorchRec's planner then plans again with
+time per byte moved. TorchRec's planner then plans again with
 
 - the **measured pooling** of every table as its constraint, and
 - **MeasuredLookups**, a ShardEstimator run after TorchRec's own: each candidate shard's lookup
-  time (forward, and backward in TorchRec's own backward/forward proportion) is the IDs that fall
-  in its rows x its columns x 4 bytes x the measured seconds per byte. TorchRec's estimator
+  time (forward, and backward in TorchRec's own backward/forward proportion) is the bytes it moves,
+  the IDs that fall in its rows read and a row written per example (per ID for a sequence table),
+  of its columns x 4 bytes, x the measured seconds per byte moved. TorchRec's estimator
   assumes every row is looked up equally often, so under hot-rows-first IDs it prices the first
   row-wise shard like the others; this one prices it by what it was measured to take. TorchRec's
   communication estimates are kept.
@@ -82,7 +83,7 @@ class Measured:
     pooling: dict[str, float]  # IDs per example, per table
     hist: dict[str, np.ndarray]  # share of the table's IDs per equal row bin
     rows: dict[str, int]
-    seconds_per_byte: float  # lookup time per byte read, sum over ranks of lookup_s / bytes_read
+    seconds_per_byte: float  # lookup time per byte moved, sum over ranks of lookup_s / bytes_moved
     world: int
 
     @classmethod
@@ -94,14 +95,14 @@ class Measured:
         for t in rows:
             h = sum(c["hist"][t] for c in counts)
             hist[t] = h / h.sum() if h.sum() else np.full(len(h), 1.0 / len(h))
-        read = sum(r["bytes_read"] for r in loads)
+        moved = sum(r["bytes_moved"] for r in loads)
         seconds = sum(r.get("lookup_s", 0.0) for r in loads)
         return cls(
             ids={t: v / steps for t, v in ids.items()},
             pooling={t: v / examples for t, v in ids.items()},
             hist=hist,
             rows=rows,
-            seconds_per_byte=seconds / read if read else 0.0,
+            seconds_per_byte=seconds / moved if moved else 0.0,
             world=len(loads),
         )
 
@@ -133,9 +134,13 @@ class MeasuredLookups:
                     continue
                 lo = shard.offset[0]
                 share = m.share(option.name, lo, lo + shard.size[0])
+                examples = m.ids[option.name] / m.pooling[option.name] if m.pooling[option.name] else 0.0
                 if option.sharding_type == "data_parallel":  # each rank looks up its own examples
                     share /= m.world
-                fwd_ms = 1e3 * m.ids[option.name] * share * shard.size[1] * BYTES * m.seconds_per_byte
+                    examples /= m.world
+                ids = m.ids[option.name] * share
+                written = examples if getattr(option, "is_pooled", True) else ids  # rows of the shard's width
+                fwd_ms = 1e3 * (ids + written) * shard.size[1] * BYTES * m.seconds_per_byte
                 p = shard.perf
                 bwd_ms = p.bwd_compute * fwd_ms / p.fwd_compute if p.fwd_compute > 0 else 2 * fwd_ms
                 shard.perf = dataclasses.replace(p, fwd_compute=fwd_ms, bwd_compute=bwd_ms)
