@@ -219,7 +219,7 @@ def test_capped_training_step_and_its_flops_per_example(tmp_path):
     samples = run_steps(build_state(setup, options), setup.batches, 1, 0)
     assert torch.isfinite(torch.tensor(samples.loss)).all()
     variant = setup.variant(options)
-    shape = described(variant, setup.work_of(variant), setup.batches, 0, 1, options)
+    shape = described(variant, setup.work_of(options), setup.batches, 0, 1, options)
     blocks = shape["per_block"]
     assert set(blocks) == {"contextual_arch", "sequence_input", "sequence_arch", "item_arch", "over_arch"}
     assert shape["forward_flops"] == [pytest.approx(sum(blocks.values()))]

@@ -74,6 +74,25 @@ def test_no_grad_work_and_unread_outputs_are_executed_not_model_flops():
     assert b.untrained == {"other": 2 * 64**3, "item_tower": tower}
 
 
+def test_the_padding_a_stack_computes_is_executed_not_model_flops():
+    """The baseline stack's padded attention computes every padded position: the same model
+    FLOPs as the jagged kernel (the formula's), the padding beyond them executed (HFU)."""
+    from gembench.harness.train.stack import STACKS, autocast_for
+    from gembench.harness.train.work import stack_flops
+    from gembench.models.config import load_config
+    from gembench.models.zoo import ZooWorkload
+
+    workload, cpu = ZooWorkload(load_config("tiny")), torch.device("cpu")
+    batches = [workload.batch(0)]
+    work = {}
+    for name in ("optimized", "baseline"):
+        options = STACKS[name]
+        work[name] = stack_flops(workload, workload.for_stack(options), batches, autocast_for(options, cpu), cpu, 0)
+    jagged, padded = work["optimized"], work["baseline"]
+    assert padded.per_batch == jagged.per_batch and padded.basis == "formula"
+    assert jagged.beyond_formula == 0.0 and padded.beyond_formula > 0.01 * sum(padded.per_batch[0].values())
+
+
 def _run(tmp_path: Path, name: str, *model_args: str) -> dict:
     out = tmp_path / f"{name}.json"
     args = [a for pair in model_args for a in ("--model-arg", pair)]

@@ -91,11 +91,7 @@ def totals_table(result: dict) -> str:
             + (f" of {result['peak']['basis_text']}" if "basis_text" in result["peak"] else "")
             + (" (DIVERGED run: not a training figure)" if result.get("diverged") else ""),
         ],
-        *(
-            [["HFU", f"{pct(s['hfu'])} (executed FLOPs: the model's plus the checkpointed blocks' recomputed forward)"]]
-            if s.get("hfu") is not None
-            else []
-        ),
+        *([["HFU", f"{pct(s['hfu'])} ({hfu_basis(result)})"]] if s.get("hfu") is not None else []),
         *(
             [
                 [
@@ -295,3 +291,13 @@ def run_report(result: dict) -> str:
     if "profile" in result:
         parts.append(profile_block(result))
     return "\n\n".join(parts)
+
+
+def hfu_basis(result: dict) -> str:
+    """What HFU counts beyond the model FLOPs: the recomputed forward, and what the step executes
+    that the model does not ask for (work reaching no loss, padding the formula leaves out)."""
+    beyond = (result.get("flops") or {}).get("executed_beyond_model_per_step") or 0.0
+    text = "executed FLOPs: the model's plus the checkpointed blocks' recomputed forward"
+    if beyond:
+        text += f", plus {beyond / 1e6:,.1f} MFLOP a step beyond the model (padding, work reaching no loss)"
+    return text

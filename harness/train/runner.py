@@ -8,7 +8,7 @@ on a machine whose speed drifts.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +35,7 @@ from gembench.harness.train.result import ProcessRecord, build_result, process_r
 from gembench.harness.train.runconfig import RunConfig
 from gembench.harness.train.stack import STACKS, StackOptions, autocast_for, build_train_state
 from gembench.harness.train.step import ProcessEngine, StepSamples, out_of_memory
-from gembench.harness.train.work import Work, described, formula_flops, stack_flops
+from gembench.harness.train.work import Work, described, stack_flops, variant_work
 from gembench.harness.train.workloads import Identity, applied_switches, identity, prepared, section, workload_of
 from gembench.workload import Workload
 
@@ -58,16 +58,24 @@ class Setup:
     counts: dict  # parameter_shapes
     sparse: int  # TorchRec modules in the model
     available: float = 0.0  # free device memory when the run was prepared
+    _variants: dict = field(default_factory=dict)  # StackOptions -> the Work of its variant (work_of)
 
     def variant(self, options: StackOptions) -> Workload:
         """The workload as ``options`` runs it (for_stack: the zoo's attention kernel, content)."""
         return self.workload.for_stack(options)
 
-    def work_of(self, variant: Workload) -> Work:
-        """The per-batch FLOPs of what a stack runs: its formula over the batches, or the count."""
+    def work_of(self, options: StackOptions) -> Work:
+        """The FLOPs of what ``options`` runs (variant_work: its formula, what it executes beyond
+        it), once per variant."""
+        variant = self.variant(options)
         if variant is self.workload or self.work.basis != "formula":
             return self.work
-        return replace(self.work, per_batch=formula_flops(variant, self.batches))
+        if options not in self._variants:
+            autocast = autocast_for(options, self.device)
+            self._variants[options] = variant_work(
+                self.work, variant, self.batches, autocast, self.device, self.run.seed
+            )
+        return self._variants[options]
 
     def compiles(self, stacks) -> bool:
         """Whether any of ``stacks`` compiles something of this workload (its compiled() names it)."""
@@ -165,7 +173,7 @@ def record_of(setup: Setup, m: Measured, estimate: dict | None = None) -> Proces
     estimate to hold the run against (default: this stack's own)."""
     run, variant = setup.run, setup.variant(m.options)
     steps = len(m.measurement.samples.step_s)
-    shape = described(variant, setup.work_of(variant), setup.batches, run.warmup, steps, m.options)
+    shape = described(variant, setup.work_of(m.options), setup.batches, run.warmup, steps, m.options)
     estimate = estimate or memory_estimate(variant, setup.counts, variant.global_batch, m.options, setup.device.type)
     host_peak = setup.peak if setup.peak.calibration else None  # one process: the host's own peak
     return process_record(setup.device, World(), m.measurement, setup.peak, host_peak, shape, estimate, m.dense_state)

@@ -145,13 +145,30 @@ def stack_flops(workload: Workload, variant: Workload, batches: list, autocast, 
     """flops_of for what a stack runs (``variant``, the workload's for_stack): the workload's
     formula is checked on the workload's own model (``model``, when the variant is the workload
     and it is at hand; else one built here and dropped), since a variant may execute more than
-    its model FLOPs (the zoo's padded attention); then the variant's formula, or the count."""
-    if model is None or variant is not workload:
-        model = seeded(workload, device, seed)
-    work = flops_of(workload, model, batches, autocast, device)
-    if variant is not workload and work.basis == "formula":
-        work = dataclasses.replace(work, per_batch=formula_flops(variant, batches))
-    return work
+    its model FLOPs (the zoo's padded attention); then variant_work, or the count."""
+    if variant is workload and model is not None:
+        return flops_of(workload, model, batches, autocast, device)
+    work = flops_of(workload, seeded(workload, device, seed), batches, autocast, device)
+    if variant is workload:
+        return work
+    return variant_work(work, variant, batches, autocast, device, seed, model)
+
+
+def variant_work(work: Work, variant: Workload, batches: list, autocast, device, seed: int, model=None) -> Work:
+    """The Work of a stack's variant of a workload (``work``: the workload's own): with a formula,
+    the variant's over the batches, and what the variant's model (``model``, else one built here)
+    executes beyond it, counted on batch 0: the zoo's padded attention computes its padding, work
+    that is executed (HFU) and never model FLOPs."""
+    if work.basis != "formula":
+        return work
+    per_batch = formula_flops(variant, batches)
+    model = model if model is not None else seeded(variant, device, seed)
+    first = batches[0] if device is None else batches[0].to(device)
+    seen = float(sum(counted_flops(variant, model, first, autocast).trained.values()))
+    beyond = seen - float(sum(per_batch[0].values()))
+    return dataclasses.replace(
+        work, per_batch=per_batch, beyond_formula=beyond if beyond > FLOPS_TOLERANCE * seen else 0.0
+    )
 
 
 def flops_per_example(workload: Workload, world: int = 1) -> tuple[dict[str, float], str]:
