@@ -85,10 +85,11 @@ def main(args: argparse.Namespace) -> int:
 
     torch.manual_seed(args.seed)
     model = seeded(workload, torch.device("cpu"), args.seed)
-    work = flops_of(workload, model, batches[:1])  # a formula claiming more than the count: exit 2
+    count = counted_flops(workload, model, batches[0])
+    work = flops_of(workload, model, batches[:1], count=count)  # a formula claiming more than the count: exit 2
     total, untrained = sum(work.per_batch[0].values()), sum(work.untrained.values())
     if work.basis == "formula":
-        counted = sum(counted_flops(workload, model, batches[0]).trained.values())
+        counted = sum(count.trained.values())
         beyond = (
             f"; {work.beyond_formula:,.0f} it leaves out count as executed, not model" if work.beyond_formula else ""
         )

@@ -120,13 +120,16 @@ class Work:
     beyond_formula: float = 0.0  # trained FLOPs the formula leaves out (padding): executed, not model
 
 
-def flops_of(workload: Workload, model: nn.Module, batches: list, autocast=contextlib.nullcontext, device=None) -> Work:
+def flops_of(
+    workload: Workload, model: nn.Module, batches: list, autocast=contextlib.nullcontext, device=None, count=None
+) -> Work:
     """The Work of ``batches``: the workload's formula, checked against the count of the first
     batch (it may leave trained work out, padding, but never claim more than the count), or the
     count ("counted": every batch as the first). ``model``: the workload's, on ``device`` (the
-    first batch is moved there)."""
-    first = batches[0] if device is None else batches[0].to(device)
-    count = counted_flops(workload, model, first, autocast)
+    first batch is moved there); ``count``: its Count of the first batch, where the caller has it."""
+    if count is None:
+        first = batches[0] if device is None else batches[0].to(device)
+        count = counted_flops(workload, model, first, autocast)
     formula = workload.forward_flops(batches[0])
     if formula is None:
         return Work([count.trained for _ in batches], "counted", count.untrained)
