@@ -113,6 +113,13 @@ def configure(p: argparse.ArgumentParser) -> None:
         help=f"result JSON path; never overwritten (default: {DEFAULT_OUT_DIR}/<run id>.json)",
     )
     p.add_argument(
+        "--bandwidth-gbs",
+        type=float,
+        default=None,
+        help="memory bandwidth GB/s per device that the op table's roofline holds ops against (default: "
+        "datasheet HBM on GPU, a STREAM triad measured and cached on CPU)",
+    )
+    p.add_argument(
         "--peak-tflops",
         type=float,
         default=None,

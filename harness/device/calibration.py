@@ -1,6 +1,9 @@
-"""CPU GEMM peaks: measured, judged for load, cached best-of per (CPU, dtype, threads, torch).
+"""CPU GEMM peaks and memory bandwidth: measured, judged for load, cached best-of per (CPU, dtype,
+threads, torch).
 
-A CPU has no datasheet peak we trust, so we time large square GEMMs. Noise on a shared machine
+A CPU has no datasheet peak we trust, so we time large square GEMMs (per dtype), and its memory
+bandwidth with a STREAM triad (a = b + s x c over arrays far larger than the caches: the "dtype"
+TRIAD, its figure in TB/s where a GEMM's is in TFLOP/s). Noise on a shared machine
 only ever *lowers* the measured figure, and a peak that is too low inflates every MFU measured
 against it, so the rules are:
 
@@ -36,6 +39,8 @@ import torch
 
 CALIBRATION_SIZES = (1024, 2048, 3072)  # square GEMMs; the best of them is the peak
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+TRIAD = "triad"  # the memory bandwidth's entry: STREAM's triad over fp32 arrays of TRIAD_SIZES elements
+TRIAD_SIZES = (1 << 24, 1 << 25)  # 64 and 128 MiB an array: STREAM's rule, 4x the last-level cache and more
 SECONDS_PER_SIZE = 0.5  # timed seconds per GEMM size and round
 BUSY_SHARE = 0.5  # busy when others keep more than this share of the free cores (at least 1) busy
 PROBE_SECONDS = 0.1  # the start-of-run check of a cached peak (peak())
@@ -61,9 +66,10 @@ class Measurement:
     quiet: bool | None  # None: unknown (legacy entry)
     how: str  # "run", "recalibrate", "beaten by <stage>", "legacy"
 
-    def describe(self) -> str:
+    def describe(self, kind: str = "") -> str:
         """How and when: 'GEMM 2048^3 on 1 thread(s), best of 5 round(s), 2026-12-01 03:37 UTC,
-        load 0.61, others busy 0.10 of 2 cores (quiet), recalibrate'."""
+        load 0.61, others busy 0.10 of 2 cores (quiet), recalibrate' (``kind`` TRIAD: 'triad of
+        16,777,216 elements on ...')."""
         load = (
             "load unknown"
             if self.quiet is None
@@ -71,6 +77,8 @@ class Measurement:
             f" ({'quiet' if self.quiet else 'busy'})"
         )
         size = f"GEMM {self.size}^3" if self.size else "GEMM size unknown"
+        if kind == TRIAD:
+            size = f"triad of {self.size:,} fp32 elements"
         when = self.measured_at.replace("T", " ")[:16] + " UTC"
         return f"{size} on {self.threads} thread(s), best of {self.rounds} round(s), {when}, {load}, {self.how}"
 
@@ -245,6 +253,30 @@ def affordable_size(n: int, dtype: torch.dtype, seconds: float) -> int:
     return n
 
 
+def time_triad(n: int, seconds: float) -> tuple[float, int]:
+    """(TB/s, n) of STREAM's triad a = b + 3 c over fp32 arrays of ``n`` elements, for about
+    ``seconds`` after one warm-up: 12 bytes an element, as STREAM counts it (b and c read, a
+    written; the write-allocate read of a not counted)."""
+    b, c, a = torch.rand(n), torch.rand(n), torch.empty(n)
+    torch.add(b, c, alpha=3.0, out=a)
+    reps, start = 0, time.perf_counter()
+    while True:
+        torch.add(b, c, alpha=3.0, out=a)
+        reps += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds and reps >= 2:
+            return 12 * n * reps / elapsed / 1e12, n
+
+
+def timed(kind: str, n: int, seconds: float) -> tuple[float, int]:
+    """(figure, size) of one calibration kind: a GEMM of a dtype in DTYPES, or TRIAD."""
+    return time_triad(n, seconds) if kind == TRIAD else time_gemm(n, DTYPES[kind], seconds)
+
+
+def sizes(kind: str) -> tuple[int, ...]:
+    return TRIAD_SIZES if kind == TRIAD else CALIBRATION_SIZES
+
+
 def time_gemm(n: int, dtype: torch.dtype, seconds: float) -> tuple[float, int]:
     """(TFLOP/s, size) of repeated GEMMs for about ``seconds`` (after one warm-up), at n x n x n or
     the smaller size this machine affords in that time (affordable_size)."""
@@ -317,8 +349,8 @@ def measure(
     with torch_threads(threads):
         for _ in range(rounds):
             probe.start()
-            for n in CALIBRATION_SIZES:
-                tflops, size = time_gemm(n, DTYPES[dtype], seconds)
+            for n in sizes(dtype):
+                tflops, size = timed(dtype, n, seconds)
                 if tflops > best:
                     best, best_size = tflops, size
             busy = probe.stop()
@@ -355,7 +387,7 @@ _this_process: dict = {}  # (dtype, threads) -> provisional Calibrated: one busy
 def probe(m: Measurement, dtype: str, threads: int) -> float:
     """A short GEMM at the cached best's size (PROBE_SECONDS): what this machine does now."""
     with torch_threads(threads):
-        return time_gemm(m.size or max(CALIBRATION_SIZES), DTYPES[dtype], PROBE_SECONDS)[0]
+        return timed(dtype, m.size or max(sizes(dtype)), PROBE_SECONDS)[0]
 
 
 def peak(dtype: str, threads: int | None = None) -> Calibrated:

@@ -30,6 +30,27 @@ GPU_PEAK_TFLOPS = {
 }
 
 
+# HBM bandwidth in GB/s, from the same datasheets (the memory side of an op's roofline).
+GPU_HBM_GBS = {
+    "A100": 2039.0,  # 80 GB SXM
+    "H100 PCIe": 2000.0,
+    "H100": 3350.0,
+    "H200": 4800.0,
+    "B200": 8000.0,
+    "GB200": 8000.0,
+    "MI300X": 5300.0,
+}
+
+
+@dataclass(frozen=True)
+class Bandwidth:
+    """The memory bandwidth one device's ops are held against, and where it came from."""
+
+    gbs: float
+    source: str  # "datasheet: H200 HBM", "calibrated: triad ...", "override: --bandwidth-gbs"
+    provisional: bool = False
+
+
 @dataclass(frozen=True)
 class Peak:
     """The peak one device is measured against, and where that number came from."""
@@ -175,6 +196,27 @@ def reference_peak(device: torch.device, override_tflops: float | None = None) -
     if device.type == "cuda":
         return gpu_peak(device)
     return cpu_peak()
+
+
+def reference_bandwidth(
+    device: torch.device, override_gbs: float | None = None, threads: int | None = None
+) -> Bandwidth:
+    """The memory bandwidth of ``device``: the datasheet HBM figure of a GPU, a CPU's measured
+    STREAM triad on ``threads`` threads (calibration.TRIAD, cached by the peak's rules), or
+    ``override_gbs``."""
+    if override_gbs is not None:
+        if override_gbs <= 0:
+            raise UsageError(f"--bandwidth-gbs must be positive, got {override_gbs}")
+        return Bandwidth(override_gbs, "override: --bandwidth-gbs")
+    if device.type == "cuda":
+        name = device_name(device)
+        for key in sorted(GPU_HBM_GBS, key=len, reverse=True):
+            if key.lower() in name.lower():
+                return Bandwidth(GPU_HBM_GBS[key], f"datasheet: {key} HBM")
+        raise UsageError(f"no datasheet HBM bandwidth for GPU {name!r}: pass --bandwidth-gbs with its GB/s")
+    c = calibration.peak(calibration.TRIAD, threads)
+    m = c.measurement
+    return Bandwidth(1e3 * m.tflops, f"calibrated: {m.describe(calibration.TRIAD)}; {c.note}", c.provisional)
 
 
 def memory_available(device: torch.device) -> int:

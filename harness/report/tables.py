@@ -5,6 +5,7 @@ from __future__ import annotations
 from tabulate import tabulate
 
 from gembench.harness.report.numbers import ms, pct, si
+from gembench.harness.report.op_tables import op_table
 
 
 def header(result: dict) -> str:
@@ -283,6 +284,8 @@ def blocks_line(result: dict) -> str:
 
 def run_report(result: dict) -> str:
     parts = [header(result), *diverged_banner(result), stage_table(result) + "\n" + blocks_line(result)]
+    if "ops" in result:
+        parts.append(op_table(result))
     if "counters" in result:
         parts.append(counters_block(result))
     parts += [totals_table(result), loss_line(result)]

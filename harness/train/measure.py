@@ -5,29 +5,33 @@ stack (step.ProcessEngine), a rank's staged step or TorchRec's pipelined step
 (distributed/engines.py). A world says which process this is and gathers the records (a world of
 one for one process). ``measure`` does the same for all of them, in one step loop:
 
-    warm-up | timed steps | counted step | profiled steps
+    warm-up | timed steps | counted step | op step | profiled steps
                           ^ the run's memory is read here, before the extra steps add theirs
 
 The counted step runs under the cost counters (metrics/counters.py: aten ops, host syncs) and the
-activation count (memory.SavedForBackward); the profiled steps under torch.profiler (device
-counts, and on ranks the communication analysis). Not one step: the counting dispatch mode
-re-dispatches every op, which the profiler would record twice. Neither touches the timed steps.
+activation count (memory.SavedForBackward); the op step under the op recorder alone
+(metrics/ops.py: each op's time, FLOPs and bytes, told the stages by the step's clock); the
+profiled steps under torch.profiler (device counts, and on ranks the communication analysis). Not
+one step: the counting dispatch mode re-dispatches every op, which the profiler would record twice,
+and its bookkeeping would be in the ops' clock. None touches the timed steps.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 import torch
 import torch.distributed as dist
 
-from gembench.harness.metrics import comm, counters, trace
+from gembench.harness.metrics import comm, counters, ops, trace
 from gembench.harness.train.memory import SavedForBackward, peak_memory_bytes, run_memory_bytes
-from gembench.harness.train.step import ProcessEngine, StepSamples, TrainState, timed_steps
+from gembench.harness.train.step import ProcessEngine, StageClock, StepSamples, TrainState, timed_steps
 
 COUNTED_STEPS = 1
+OP_STEPS = 1
 # profiled steps: one on one process (its counters and --trace); two on ranks, whose
 # communication analysis reads the steps' windows between their spans
 PROFILED_STEPS = {False: 1, True: 2}
@@ -97,16 +101,20 @@ class Measurement:
     counters: dict | None = None
     activation_bytes: int = 0  # saved for backward in the counted step
     events: list = field(default_factory=list)  # the profiled steps' trace events
+    op_calls: list = field(default_factory=list)  # the op step's ops (metrics/ops.OpRecorder)
+    op_step_s: float = 0.0  # the op step's wall time, less the recorder's own: what the ops' times cover
 
 
 def step_indices(warmup: int, steps: int, distributed: bool) -> dict[str, range]:
     """Which step of the loop does what."""
     counted = warmup + steps
-    profiled = counted + COUNTED_STEPS
+    op = counted + COUNTED_STEPS
+    profiled = op + OP_STEPS
     return {
         "warmup": range(0, warmup),
         "timed": range(warmup, counted),
-        "counted": range(counted, profiled),
+        "counted": range(counted, op),
+        "ops": range(op, profiled),
         "profiled": range(profiled, profiled + PROFILED_STEPS[distributed]),
     }
 
@@ -136,6 +144,7 @@ def measure(
     total = at["profiled"].stop if costs else at["timed"].stop
     device = engine.device
     step_counter = counters.StepCounter(device, engine.optimizers)
+    op_recorder = ops.OpRecorder(device, getattr(engine, "op_split", None), getattr(engine, "model", None))
     saved = SavedForBackward(engine.parameters())
     profiler = trace.profiler(device)
     out = Measurement(StepSamples())
@@ -145,6 +154,15 @@ def measure(
             out.memory = RunMemory.now(device, start_bytes)
         if i == at["profiled"].start:
             profiler.__enter__()  # left after the loop: the profiled steps are the last ones
+        if i in at["ops"]:
+            StageClock.observer = op_recorder.stage_ended
+            start = time.perf_counter()
+            try:
+                with op_recorder:
+                    return engine.step(first + i)
+            finally:
+                StageClock.observer = None
+                out.op_step_s = time.perf_counter() - start - op_recorder.own_s
         watched = i in at["counted"]
         with (
             step_counter if watched else contextlib.nullcontext(),
@@ -165,6 +183,7 @@ def measure(
     compiled = counters.compile_counts(compile_since) if compile_since is not None else NOT_COMPILED
     out.counters = counters.counters(step_counter, out.events, compiled, window=window)
     out.activation_bytes = saved.bytes
+    out.op_calls = op_recorder.calls
     return out
 
 

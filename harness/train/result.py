@@ -16,13 +16,14 @@ samples, MFU, lookup load, comm), ``plan``, ``imbalance`` and ``comm`` (`Sharded
 from __future__ import annotations
 
 import socket
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
 
 from gembench.harness.device.env import fingerprint
-from gembench.harness.device.hardware import Peak, device_name, peak_basis, recheck_peak
+from gembench.harness.device.hardware import Bandwidth, Peak, device_name, peak_basis, recheck_peak
+from gembench.harness.metrics import ops
 from gembench.harness.metrics.comm import across_ranks
 from gembench.harness.metrics.counters import flat_metrics
 from gembench.harness.metrics.imbalance import critical_path, job_imbalance
@@ -72,6 +73,10 @@ class ProcessRecord:
     loads: dict | None = None
     comm: dict | None = None
     comm_calls: list | None = None
+    bandwidth: Bandwidth | None = None  # the memory side of the op table's roofline
+    op_step_flops: dict | None = None  # forward and recomputed FLOPs of the op step's batch
+    op_calls: list | None = None  # the op step's ops (metrics/ops.OpRecorder.calls)
+    op_step_s: float = 0.0  # the op step's wall time, less the recorder's own
 
     def __post_init__(self):
         steps = len(self.step_s)
@@ -91,6 +96,7 @@ def process_record(
     shape: dict,
     estimate: dict,
     dense_state: dict,
+    bandwidth: Bandwidth | None = None,
     **sharded,
 ) -> ProcessRecord:
     """The record of one process of ``world`` (measure.World) from its ``measurement``
@@ -118,6 +124,9 @@ def process_record(
         dense_state_bytes=dense_state,
         counters=measurement.counters,
         local_rank=world.local_rank,
+        bandwidth=bandwidth,
+        op_calls=measurement.op_calls or None,
+        op_step_s=measurement.op_step_s,
         **sharded,
     )
 
@@ -273,7 +282,34 @@ def build_result(
     )
     # rank 0's (every rank's are under ranks[r].counters): ranks run the same code
     result["counters"] = records[0].counters
+    if records[0].op_calls and records[0].bandwidth is not None:
+        result["ops"] = op_section(records[0])
+        result["peak"]["bandwidth"] = asdict(records[0].bandwidth)
     return result
+
+
+def op_section(r: ProcessRecord) -> dict:
+    """The op table of one process's op step (rank 0's on ranks), held against its peak and
+    bandwidth, with what its FLOPs should add up to: the model FLOPs of the op step's batch, its
+    recomputed forward and what the step executes beyond the model (HFU's extra), named apart."""
+    rows = ops.table(r.op_calls, r.peak.tflops_per_device, r.bandwidth.gbs)
+    by_stage: dict[str, float] = {}
+    for row in rows:
+        by_stage[row["stage"]] = by_stage.get(row["stage"], 0.0) + row["flops"]
+    beyond = sum(r.untrained_per_block.values()) + train_flops(r.beyond_formula_flops)
+    return {
+        "rank": r.rank,
+        "peak_tflops": r.peak.tflops_per_device,
+        "bandwidth_gbs": r.bandwidth.gbs,
+        "summary": ops.summary(rows, r.op_step_s)
+        | {
+            "flops_by_stage": by_stage,
+            "model_flops": train_flops(r.op_step_flops["forward"]),
+            "recomputed_flops": r.op_step_flops["recomputed"],
+            "executed_beyond_model_flops": beyond,
+        },
+        "rows": rows,
+    }
 
 
 def _summed(records: list[ProcessRecord], key: str) -> dict:

@@ -47,6 +47,7 @@ class RunConfig:
     device: str = "auto"
     seed: int = 0
     peak_tflops: float | None = None
+    bandwidth_gbs: float | None = None  # the op table's memory roofline (default: datasheet / triad)
     out: Path | None = None
     trace: Path | None = None
     nsys: Path | None = None  # rerun under Nsight Systems into this report (harness/train/nvtx.py)

@@ -15,7 +15,14 @@ import numpy as np
 import torch
 
 from gembench.errors import UsageError
-from gembench.harness.device.hardware import Peak, memory_available, reference_peak, resolve_device
+from gembench.harness.device.hardware import (
+    Bandwidth,
+    Peak,
+    memory_available,
+    reference_bandwidth,
+    reference_peak,
+    resolve_device,
+)
 from gembench.harness.metrics import counters, trace
 from gembench.harness.regression.stats import paired_ratio_interval
 from gembench.harness.train import nvtx
@@ -58,6 +65,7 @@ class Setup:
     counts: dict  # parameter_shapes
     sparse: int  # TorchRec modules in the model
     available: float = 0.0  # free device memory when the run was prepared
+    bandwidth: Bandwidth | None = None  # the op table's memory roofline
     _variants: dict = field(default_factory=dict)  # StackOptions -> the Work of its variant (work_of)
 
     def variant(self, options: StackOptions) -> Workload:
@@ -102,12 +110,13 @@ def prepare(run: RunConfig, stacks: list[StackOptions]) -> Setup:
     estimate = check_fits(workload, counts, workload.global_batch, dev, stacks)
     available = float(memory_available(dev))
     peak = reference_peak(dev, run.peak_tflops)
+    bandwidth = reference_bandwidth(dev, run.bandwidth_gbs)
     count = min(run.steps + run.warmup, MAX_DISTINCT_BATCHES)
     batches, ident = prepared(workload, run.seed, count=count, meta=meta)
     del meta
     counting = next((o for o in stacks if o.bf16), stacks[0])  # a model may need its stack's precision
     work = stack_flops(workload, workload, batches, autocast_for(counting, dev), dev, run.seed)
-    return Setup(run, workload, ident, dev, peak, batches, work, estimate, counts, sparse, available)
+    return Setup(run, workload, ident, dev, peak, batches, work, estimate, counts, sparse, available, bandwidth)
 
 
 def build_state(setup: Setup, options: StackOptions):
@@ -176,7 +185,9 @@ def record_of(setup: Setup, m: Measured, estimate: dict | None = None) -> Proces
     shape = described(variant, setup.work_of(m.options), setup.batches, run.warmup, steps, m.options)
     estimate = estimate or memory_estimate(variant, setup.counts, variant.global_batch, m.options, setup.device.type)
     host_peak = setup.peak if setup.peak.calibration else None  # one process: the host's own peak
-    return process_record(setup.device, World(), m.measurement, setup.peak, host_peak, shape, estimate, m.dense_state)
+    return process_record(
+        setup.device, World(), m.measurement, setup.peak, host_peak, shape, estimate, m.dense_state, setup.bandwidth
+    )
 
 
 def summarized(setup: Setup, measured: list[Measured], estimate: dict | None = None) -> list[dict]:

@@ -25,7 +25,10 @@ FORWARD_RANGE = {"sparse_forward": "forward", "dense_forward": "forward"}
 
 
 class StageClock:
-    """Boundary timestamps of one step; ``durations()`` gives seconds per stage."""
+    """Boundary timestamps of one step; ``durations()`` gives seconds per stage. ``observer``, when
+    set (the counted step's op recorder), is told each stage's end as it is marked."""
+
+    observer = None
 
     def __init__(self, device: torch.device, stages=STAGES, ranges: dict | None = None):
         self.cuda = device.type == "cuda"
@@ -37,6 +40,8 @@ class StageClock:
 
     def mark(self, name: str) -> None:
         self.ranges.mark(name)
+        if StageClock.observer is not None:
+            StageClock.observer(name)
         if self.cuda:
             event = torch.cuda.Event(enable_timing=True)
             event.record()
@@ -251,8 +256,11 @@ class ProcessEngine:
 
     def __init__(self, state: TrainState, batches: list, timed: bool = True):
         self.state, self.batches, self.timed = state, batches, timed
-        self.device = state.device
+        self.device, self.model = state.device, state.model
         self.optimizers = state.optimizers
+        # the forward is one call: the op table files its ops under sparse_forward while inside
+        # the sparse modules (the sparse timer's view), the rest under dense_forward
+        self.op_split = ("sparse_forward", "dense_forward", state.timer.inside)
 
     def parameters(self):
         return self.state.model.parameters()

@@ -240,13 +240,21 @@ def timed_batches(batches: list, warmup: int, steps: int) -> list:
 
 def described(workload: Workload, work: Work, batches: list, warmup: int, steps: int, options) -> dict:
     """What the timed steps' batches hold (``batches``, per distinct batch, ``work`` their FLOPs):
-    forward and recomputed FLOPs per step (the workload's recomputed_flops under the stack's
+    forward and recomputed FLOPs per step (and the op step's) (the workload's recomputed_flops under the stack's
     checkpointing), mean FLOPs per block, what a step executes beyond them, the
     embedding bytes of one step and the mean bytes a step's batch moves to the device. The one
     place these are derived, for one process and every rank."""
+    from gembench.harness.train.measure import step_indices
+
+    op_batch = work.per_batch[step_indices(warmup, steps, False)["ops"].start % len(work.per_batch)]
     per_block, batches = timed_batches(work.per_batch, warmup, steps), timed_batches(batches, warmup, steps)
     mode = options.activation_checkpointing
     return {
+        # the op step's batch: what the op table's FLOPs add up to
+        "op_step_flops": {
+            "forward": float(sum(op_batch.values())),
+            "recomputed": workload.recomputed_flops(op_batch, mode) if mode != "none" else 0.0,
+        },
         "forward_flops": [float(sum(b.values())) for b in per_block],
         "recomputed_flops": [workload.recomputed_flops(b, mode) if mode != "none" else 0.0 for b in per_block],
         "per_block": {k: sum(b[k] for b in per_block) / len(per_block) for k in per_block[0]},

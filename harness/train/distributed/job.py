@@ -22,7 +22,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from gembench.harness.device.hardware import Peak
 from gembench.harness.metrics import comm, counters
 from gembench.harness.metrics.trace import STEP_SPAN
 from gembench.harness.train.distributed import engines, loads, plan, rebalance, watchdog
@@ -71,9 +70,9 @@ class RankJob:
     their FLOPs, and its peak; ``build`` shards a model, ``measure`` measures one build, ``result``
     makes the job's result on rank 0, ``rebalanced`` runs --rebalance's three plans."""
 
-    def __init__(self, args: RunConfig, world: World, dev: torch.device, fault, peaks: tuple[Peak, Peak | None]):
+    def __init__(self, args: RunConfig, world: World, dev: torch.device, fault, peaks: tuple):
         self.args, self.world, self.dev, self.fault = args, world, dev, fault
-        self.peak, self.host_peak = peaks
+        self.peak, self.host_peak, self.bandwidth = peaks  # rank.peaks: Peak, Peak | None, Bandwidth
         workload = check(args, world.size).on_device(dev.type)  # on CPU the zoo caps its tables
         self.local_batch = per_rank_batch(workload.global_batch, world.size)
         # The stack from harness/train/stack.py, as on one process; embeddings are always fbgemm's
@@ -201,6 +200,7 @@ class RankJob:
             shape,
             estimate,
             dense_state,
+            self.bandwidth,
             hot=hot,
             loads=lookup_loads,
             comm={k: v for k, v in comm_stats.items() if k != "calls"},
@@ -230,7 +230,7 @@ class RankJob:
         """Which of the distinct batches each kind of step trained on (the result's run.batches)."""
         n = len(self.batches)
         steps = step_indices(self.args.warmup, self.args.steps, distributed=True)
-        return {kind: [i % n for i in steps[kind]] for kind in ("timed", "counted", "profiled")}
+        return {kind: [i % n for i in steps[kind]] for kind in ("timed", "counted", "ops", "profiled")}
 
     def rebalanced(self, built: Built, record: ProcessRecord, records: list | None) -> dict:
         """--rebalance after the first run (``built``, its ``record``, rank 0's ``records``): the

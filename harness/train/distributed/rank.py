@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from gembench.errors import UsageError
-from gembench.harness.device.hardware import cpu_peak, reference_peak, resolve_device
+from gembench.harness.device.hardware import cpu_peak, reference_bandwidth, reference_peak, resolve_device
 from gembench.harness.train.distributed import library_logs, process_group, watchdog
 from gembench.harness.train.distributed.job import RankJob
 from gembench.harness.train.measure import World
@@ -82,21 +82,23 @@ def main(args: RunConfig, env: dict) -> int:
 
 
 def peaks(dev: torch.device, args: RunConfig, world: World):
-    """(this rank's peak, this host's peak at local ranks x threads or None).
+    """(this rank's peak, this host's peak at local ranks x threads or None, its memory bandwidth).
 
     Measured once per host by its local rank 0 and shared: ranks that measured their GEMM peak
-    all at once each saw a share of the cores and disagreed by 3x, and a provisional (busy)
-    figure is not cached, so the others could not read it back.
+    all at once each saw a share of the cores and disagreed by 3x (and would share the memory
+    bus), and a provisional (busy) figure is not cached, so the others could not read it back.
     """
     world.at("peak")
-    if dev.type != "cpu" or args.peak_tflops is not None:
-        return reference_peak(dev, args.peak_tflops), None
+    if dev.type != "cpu":
+        return reference_peak(dev, args.peak_tflops), None, reference_bandwidth(dev, args.bandwidth_gbs)
     mine = None
     if world.local_rank == 0:
         threads = torch.get_num_threads()
         host_threads = min(world.local_size * threads, os.cpu_count() or 1)
-        mine = (socket.gethostname(), reference_peak(dev, None), cpu_peak(threads=host_threads))
+        peak = reference_peak(dev, args.peak_tflops)
+        host = cpu_peak(threads=host_threads) if args.peak_tflops is None else None
+        mine = (socket.gethostname(), peak, host, reference_bandwidth(dev, args.bandwidth_gbs))
     shared = [None] * world.size
     dist.all_gather_object(shared, mine)
     host = socket.gethostname()
-    return next((p, h) for name, p, h in filter(None, shared) if name == host)
+    return next((p, h, b) for name, p, h, b in filter(None, shared) if name == host)

@@ -1,0 +1,61 @@
+"""The op table: each op of the op step with its time, FLOPs, bytes, stage and block, held
+against the roofline; its FLOPs add up to the step's model FLOPs."""
+
+import pytest
+import torch
+from torch import nn
+
+from gembench.harness.metrics import ops
+
+
+class Two(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = nn.Linear(64, 32, bias=False), nn.Linear(32, 8, bias=False)
+
+
+def test_the_recorder_files_each_op_under_its_stage_and_block_with_its_flops_and_bytes():
+    torch.manual_seed(0)
+    model, x = Two(), torch.randn(16, 64)
+    recorder = ops.OpRecorder(torch.device("cpu"), model=model)
+    with recorder:
+        h = model.first(x)
+        recorder.stage_ended("dense_forward")
+        y = model.second(h.t().t())  # two views: they move nothing
+        y.sum().backward()
+        recorder.stage_ended("backward")
+    rows = {(r["stage"], r["block"], r["op"]): r for r in ops.table(recorder.calls, 1.0, 10.0)}
+    first = rows[("dense_forward", "first", "aten.mm.default")]
+    assert first["flops"] == 2 * 16 * 64 * 32 and first["calls"] == 1
+    assert first["read"] == 4 * (16 * 64 + 64 * 32) and first["written"] == 4 * 16 * 32
+    views = [r for (stage, _, op), r in rows.items() if op.startswith(("aten.t.", "aten.transpose."))]
+    assert views and all(r["read"] == r["written"] == 0 for r in views)
+    # the backward's matmuls run under the modules they belong to
+    backward = sum(r["flops"] for (stage, block, _), r in rows.items() if stage == "backward" and block == "first")
+    assert backward == 2 * 16 * 64 * 32  # the weight's gradient (the input needs none)
+    assert recorder.own_s > 0
+
+
+def test_an_op_is_held_against_the_lower_of_its_two_roofs():
+    calls = [
+        ["aten.mm.default", "backward", "b", 2.0, 4e12, 1e9, 0, False],  # 1 s at a 4 TFLOP/s peak
+        ["aten.add.Tensor", "backward", "b", 1.0, 0.0, 5e9, 5e9, False],  # 10 GB at 20 GB/s: 0.5 s
+    ]
+    rows = {r["op"]: r for r in ops.table(calls, 4.0, 20.0)}
+    mm, add = rows["aten.mm.default"], rows["aten.add.Tensor"]
+    assert mm["bound"] == "compute" and mm["bound_s"] == pytest.approx(1.0) and mm["lost_s"] == pytest.approx(1.0)
+    assert add["bound"] == "memory" and add["bound_s"] == pytest.approx(0.5) and add["lost_s"] == pytest.approx(0.5)
+    assert [r["op"] for r in ops.table(calls, 4.0, 20.0)] == ["aten.mm.default", "aten.add.Tensor"]  # by time lost
+    assert mm["intensity"] == pytest.approx(4e3) and mm["tflops"] == pytest.approx(2.0)
+
+
+def test_a_runs_op_table_adds_up_to_its_model_flops_and_is_printed(tiny_run):
+    proc, result, _ = tiny_run
+    o = result["ops"]
+    s = o["summary"]
+    want = s["model_flops"] + s["recomputed_flops"] + s["executed_beyond_model_flops"]
+    assert s["flops"] == pytest.approx(want, rel=0.01)
+    assert {r["stage"] for r in o["rows"]} >= {"sparse_forward", "dense_forward", "backward", "optimizer"}
+    assert 0 < s["coverage"] <= 1.05 and s["lost_s"] <= s["time_s"]
+    assert result["peak"]["bandwidth"]["gbs"] > 0
+    assert "where the op step's time goes" in proc.stdout and "lost ms" in proc.stdout
