@@ -1,4 +1,5 @@
-"""Show, re-measure or forget the CPU GEMM peaks that MFU is measured against.
+"""Show, re-measure or forget the CPU GEMM peaks that MFU is measured against, and the memory
+bandwidth (a STREAM triad, GB/s) that the op table's roofline holds ops against.
 
 A CPU peak is the best figure of large square GEMMs, per CPU model, dtype, thread count and
 torch version, cached in $GEMBENCH_CACHE (default ~/.cache/gembench); MFU's reference is the
@@ -49,9 +50,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--dtype",
-        choices=tuple(calibration.DTYPES),
+        choices=(*calibration.DTYPES, calibration.TRIAD),
         default=None,
-        help="with --recalibrate: GEMM dtype (default: both; the faster one is MFU's reference peak)",
+        help="with --recalibrate: a GEMM dtype, or triad (the memory bandwidth of the op table's roofline) "
+        "(default: all three; the faster GEMM is MFU's reference peak)",
     )
     p.add_argument(
         "--rounds", type=int, default=5, help="with --recalibrate: rounds over the GEMM sizes, best of (default: 5)"
@@ -89,7 +91,8 @@ def rows(entries) -> list[list]:
                     e.dtype,
                     e.threads,
                     e.torch,
-                    f"{m.tflops:.4g}" + (" *" if m is best else ""),
+                    (f"{1e3 * m.tflops:.4g} GB/s" if e.dtype == calibration.TRIAD else f"{m.tflops:.4g}")
+                    + (" *" if m is best else ""),
                     m.measured_at.replace("+00:00", "Z"),
                     m.size or "?",
                     m.rounds,
@@ -161,7 +164,9 @@ def main(args: argparse.Namespace) -> int:
         if args.rounds < 1:
             raise UsageError(f"--rounds must be at least 1, got {args.rounds}")
         for dtype, t in (
-            (d, t) for d in ([args.dtype] if args.dtype else calibration.DTYPES) for t in thread_counts(args.threads, d)
+            (d, t)
+            for d in ([args.dtype] if args.dtype else (*calibration.DTYPES, calibration.TRIAD))
+            for t in thread_counts(args.threads, d)
         ):
             print(f"gembench peak: {dtype} on {t} thread(s), {args.rounds} round(s)...", file=sys.stderr, flush=True)
             m, entry, stored = calibration.recalibrate(dtype, t, args.rounds)

@@ -356,7 +356,7 @@ def measure(
             busy = probe.stop()
             others = busy if others is None else min(others, busy)
     return Measurement(
-        round(best, 4),
+        round(best, 6),
         best_size,
         rounds,
         threads,
