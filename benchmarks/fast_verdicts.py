@@ -9,7 +9,7 @@ continuous` on each pair of commits ``--repeats`` times with ``--budget`` second
 the goal is a verdict within 5 minutes) and prints, per try, the verdict, the pairs and the
 minutes it took. The goal: "unchanged" and "regressed" respectively, every try within 5 minutes.
 
-  python benchmarks/fast_verdicts.py --repeats 5     # about 40 minutes on 2 cores
+  python benchmarks/fast_verdicts.py --repeats 5     # about 20 minutes on 2 cores
 """
 
 import argparse
