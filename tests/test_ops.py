@@ -59,3 +59,52 @@ def test_a_runs_op_table_adds_up_to_its_model_flops_and_is_printed(tiny_run):
     assert 0 < s["coverage"] <= 1.05 and s["lost_s"] <= s["time_s"]
     assert result["peak"]["bandwidth"]["gbs"] > 0
     assert "where the op step's time goes" in proc.stdout and "lost ms" in proc.stdout
+
+
+def _with_ops(result: dict, slow: float, seed: int) -> dict:
+    """``result`` with an op table of three ops, the backward matmul ``slow`` x its time, a little
+    noise (``seed``) on every op."""
+    import random
+
+    rng = random.Random(seed)
+    rows = [
+        ("dense_forward", "over_arch", "aten.addmm.default", 0.004),
+        ("backward", "over_arch", "aten.mm.default", 0.006 * slow),
+        ("optimizer", "other", "aten._fused_adam_.default", 0.002),
+    ]
+    result["ops"] = {
+        "rows": [
+            {"stage": s, "block": b, "op": op, "time_s": t * (1 + rng.uniform(-0.01, 0.01))} for s, b, op, t in rows
+        ]
+    }
+    return result
+
+
+def test_a_verdict_names_the_op_whose_time_changed_with_its_stage_and_block():
+    """A slowdown planted in one op (the backward matmul, 1.5 x) is the first op compare and
+    continuous name, with its stage and block; in continuous's pairs with an interval."""
+    from synthetic import make_result
+
+    from gembench.harness.regression import compare, opdiff
+    from gembench.harness.report.verdicts import render_changes, render_table
+
+    base = [_with_ops(make_result(f"a{i}", seed=i), 1.0, i) for i in range(4)]
+    head = [_with_ops(make_result(f"b{i}", step_s=0.103, seed=10 + i), 1.5, 10 + i) for i in range(4)]
+    c = compare.compare(base, head)
+    first = c.op_times[0]
+    assert (first["op"], first["stage"], first["block"]) == ("aten.mm.default", "backward", "over_arch")
+    assert first["delta_s"] == pytest.approx(0.003, rel=0.05) and first["ci_s"] is None  # unpaired
+    text = render_table(c, "table")
+    assert "ops whose time changed most" in text
+    assert (
+        "aten.mm.default in backward / over_arch: 6.0" in text.split("ops whose time changed most")[1].splitlines()[1]
+    )
+    section = opdiff.section(list(zip(base, head)))
+    lo, hi = section["times"][0]["ci_s"]
+    assert section["times"][0]["op"] == "aten.mm.default" and 0.0025 < lo < 0.003 < hi < 0.0035
+    lines = render_changes({"verdict": "not compared", "reason": "x"}, section, "table")
+    assert "aten.mm.default in backward / over_arch" in lines and "95% interval" in lines
+    # an op only one side runs is named as added or removed
+    head[0]["ops"]["rows"].append({"stage": "loss", "block": "other", "op": "aten.exp.default", "time_s": 0.01})
+    added = next(t for t in opdiff.time_changes(base, head, paired=True) if t["op"] == "aten.exp.default")
+    assert added["kind"] == "added"

@@ -60,9 +60,11 @@ def render_table(c: Comparison, fmt: str) -> str:
     if c.reasons and not c.forced:
         return "\n".join(lines + ["(pass --force to compare anyway)"])
     body = tabulate(table, cols, tablefmt="github" if fmt == "markdown" else "simple", disable_numparse=True)
+    below: list[str] = []
+    _listed(below, op_time_lines(c.op_times, paired=False), fmt == "markdown")
     if fmt == "markdown":
-        return "\n".join(["**gembench compare**", ""] + [f"- {ln}" for ln in lines] + ["", body])
-    return "\n".join(lines + ["", body])
+        return "\n".join(["**gembench compare**", ""] + [f"- {ln}" for ln in lines] + ["", body, "", *below])
+    return "\n".join(lines + ["", body] + (["", *below] if below else []))
 
 
 def render_paired(judgements: list[stats.Judgement], header: list[str], fmt: str) -> str:
@@ -123,12 +125,35 @@ def ops_lines(ops: dict, top: int = 10) -> tuple[str, list[str]] | None:
     return head, items
 
 
-def render_changes(numerics: dict, ops: dict, fmt: str) -> str:
-    """The lines under `continuous`'s table: its numerics, and the ops that changed."""
-    md = fmt == "markdown"
-    lines = ["", ("- " if md else "") + numerics_line(numerics)]
-    listed = ops_lines(ops)
+def op_time_lines(times: list[dict] | None, paired: bool, top: int = 5) -> tuple[str, list[str]] | None:
+    """The ``top`` ops whose time in the op step changed most (opdiff.time_changes): a heading and
+    one line each, with the stage and block it sits in; None where a side has no op table."""
+    if not times:
+        return None
+    more = f" (all {len(times)} in the JSON's op times)" if len(times) > top else ""
+    how = "HEAD - BASE, mean of the pairs' differences, 95% interval" if paired else "B - A, medians"
+    head = f"ops whose time changed most, in the op step ({how}){more}:"
+    items = []
+    for t in times[:top]:
+        ci = f" [{1e3 * t['ci_s'][0]:+.2f}, {1e3 * t['ci_s'][1]:+.2f}]" if t.get("ci_s") else ""
+        items.append(
+            f"{t['op']} in {t['stage']} / {t['block']}: {1e3 * t['base_s']:.2f} -> {1e3 * t['head_s']:.2f} ms "
+            f"({1e3 * t['delta_s']:+.2f}{ci}){'' if t['kind'] == 'changed' else ' ' + t['kind']}"
+        )
+    return head, items
+
+
+def _listed(lines: list[str], listed, md: bool) -> None:
     if listed:
         lines.append(("- " if md else "") + listed[0])
         lines += [f"  - `{x}`" if md else f"  {x}" for x in listed[1]]
+
+
+def render_changes(numerics: dict, ops: dict, fmt: str) -> str:
+    """The lines under `continuous`'s table: its numerics, the ops that changed in count, and
+    those whose time changed most."""
+    md = fmt == "markdown"
+    lines = ["", ("- " if md else "") + numerics_line(numerics)]
+    _listed(lines, ops_lines(ops), md)
+    _listed(lines, op_time_lines(ops.get("times"), paired=True), md)
     return "\n".join(lines)
