@@ -253,8 +253,8 @@ def plan_sharding(
     ``sharders``, ``constraints``: a workload's own (workload.py, gembench.workload), over gembench's.
     ``sharded_only`` (--rebalance): tables not forced take any type but data_parallel. ``skew``:
     the workload's row_skew(), priced into row-split shards (DeclaredSkew) where nothing was
-    measured. On a CPU a lookup is priced at the bytes it moves (LookupBytes). A table too small
-    to give every rank MIN_ROWS_PER_SHARD rows is not split by rows."""
+    measured. On a CPU, told the pooling, a lookup is priced at the bytes it moves (LookupBytes).
+    A table too small to give every rank MIN_ROWS_PER_SHARD rows is not split by rows."""
     from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
     from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
     from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator, EmbeddingStorageEstimator
@@ -269,7 +269,7 @@ def plan_sharding(
     if measured is not None:
         priced.append(measured)
     else:
-        if device.type == "cpu":
+        if device.type == "cpu" and pooling is not None:  # untold: TorchRec's planner as it ships
             priced.append(LookupBytes(env["world_size"], topology.ddr_mem_bw))
         if skew:
             priced.append(DeclaredSkew(skew))
