@@ -63,13 +63,14 @@ COPY_OPS = frozenset({"_to_copy", "copy_", "_copy_from", "_copy_from_and_resize"
 SYNC_WARNING = "synchronizing CUDA operation"  # the text of sync debug mode's warning
 
 
-def _tensors(args) -> list[torch.Tensor]:
+def tensors_in(args) -> list[torch.Tensor]:
+    """The tensors among ``args``, lists and tuples opened."""
     out = []
     for a in args:
         if isinstance(a, torch.Tensor):
             out.append(a)
         elif isinstance(a, (list, tuple)):
-            out.extend(_tensors(a))
+            out.extend(tensors_in(a))
     return out
 
 
@@ -98,10 +99,10 @@ def is_host_read(func, args, kwargs, out, exempt: set[int] = frozenset()) -> boo
         return True
     if name == "repeat_interleave" and kwargs.get("output_size") is None and len(args) < 3:
         return func._overloadname in ("Tensor", "self_Tensor")  # size from the repeats' values
-    if name == "index" and any(t.dtype == torch.bool for t in _tensors(args[1:])):
+    if name == "index" and any(t.dtype == torch.bool for t in tensors_in(args[1:])):
         return True  # a boolean mask index runs nonzero on it
     if name in COPY_OPS:
-        tensors = _tensors(args)
+        tensors = tensors_in(args)
         src = tensors[-1] if name == "copy_" else tensors[0] if tensors else None
         dst = out if isinstance(out, torch.Tensor) else (tensors[0] if tensors else None)
         return src is not None and dst is not None and src.device.type != "cpu" and dst.device.type == "cpu"

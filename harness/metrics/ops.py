@@ -31,18 +31,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 from torch.utils.module_tracker import ModuleTracker
 
+from gembench.harness.metrics.counters import tensors_in
+
 OUTSIDE = "outside stages"
 ROOT = "model"  # the tracker's name of the model: a block is a top-level submodule of it
-
-
-def _tensors(values) -> list[torch.Tensor]:
-    out = []
-    for v in values:
-        if isinstance(v, torch.Tensor):
-            out.append(v)
-        elif isinstance(v, (list, tuple)):
-            out += _tensors(v)
-    return out
 
 
 def _nbytes(tensors: list[torch.Tensor]) -> int:
@@ -133,8 +125,8 @@ class OpRecorder(TorchDispatchMode):
         if _is_view(func):
             read = written = 0
         else:
-            read = _nbytes(_tensors(list(args) + list(kwargs.values())))
-            written = _nbytes(_tensors([out]))
+            read = _nbytes(tensors_in(list(args) + list(kwargs.values())))
+            written = _nbytes(tensors_in([out]))
         inside = self.split is not None and self.split[2]()
         self.calls.append([str(func), None, self._block(), seconds, flops, read, written, inside])
         self.own_s += (start - entered) + (time.perf_counter() - end)
