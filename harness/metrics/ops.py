@@ -163,7 +163,8 @@ def table(calls: list[list], peak_tflops: float, bandwidth_gbs: float) -> list[d
     out = []
     for r in rows.values():
         moved = r["read"] + r["written"]
-        bound = max(r["flops"] / (peak_tflops * 1e12), moved / (bandwidth_gbs * 1e9))
+        compute_s, memory_s = r["flops"] / (peak_tflops * 1e12), moved / (bandwidth_gbs * 1e9)
+        bound = max(compute_s, memory_s)
         t = r["time_s"]
         out.append(
             r
@@ -171,7 +172,7 @@ def table(calls: list[list], peak_tflops: float, bandwidth_gbs: float) -> list[d
                 "tflops": r["flops"] / t / 1e12 if t > 0 else 0.0,
                 "gbs": moved / t / 1e9 if t > 0 else 0.0,
                 "intensity": r["flops"] / moved if moved else None,
-                "bound": "compute" if r["flops"] / (peak_tflops * 1e12) >= moved / (bandwidth_gbs * 1e9) else "memory",
+                "bound": "compute" if compute_s >= memory_s else "memory",
                 "bound_s": bound,
                 "lost_s": max(t - bound, 0.0),
             }
