@@ -173,14 +173,16 @@ def test_asv_continuous_flags_a_planted_slowdown(tmp_path):
     (repo / "benchmarks").mkdir()
     (repo / "benchmarks" / "__init__.py").write_text("")
     (repo / "benchmarks" / "bench_work.py").write_text(
-        "import slowpkg\n\n\ndef time_work():\n    slowpkg.work()\n\n\ndef track_loops():\n    return 1.0\n"
+        "import slowpkg\n\n\ndef time_work():\n    slowpkg.work()\n\n\n"
+        # Twenty samples a round: with asv's default few, a busy CI host left 3x inside the noise.
+        "time_work.repeat = 20\n\n\ndef track_loops():\n    return 1.0\n"
     )
     (repo / ".gitignore").write_text(".asv/\nresults/\n")
     _write(repo, 20_000)
     _git(repo, "init", "-q", "-b", "main")
     _git(repo, "add", ".")
     _git(repo, "commit", "-q", "-m", "fast")
-    _write(repo, 60_000)  # the planted slowdown: three times the work
+    _write(repo, 100_000)  # the planted slowdown: five times the work
     _git(repo, "commit", "-q", "-am", "slow")
 
     asv = [sys.executable, "-m", "asv"]
