@@ -88,17 +88,30 @@ def _rel_index(L: int, num_buckets: int, device: torch.device) -> torch.Tensor:
     return (pos[:, None] - pos[None, :]).clamp(0, num_buckets - 1)
 
 
-def _tiles(offsets: torch.Tensor):
-    """Per tile of similar-length sequences yields (idx, valid, scale, L).
+def _masked_bias(rab: torch.Tensor, L: int) -> torch.Tensor:
+    """(H, L, L) in rab's dtype: the relative bias below the diagonal, a large negative above it.
 
-    idx (m, L): token rows of the tile's sequences, padded slots pointing at the sequence's first
-    token (harmless: they are masked and never written back); valid (m, L): real tokens;
-    scale (m, L, L): causal mask of real query rows divided by the sequence length n, so that one
-    multiply applies causality, padding and the 1/n normalisation. (A real query i < n sees only
-    keys j <= i, which are real too.)
+    Added to the scores, it applies causality in the same pass as the bias: SiLU of a large
+    negative is exactly -0 and so is its derivative, so no mask multiply is needed later."""
+    H, R = rab.shape
+    pos = torch.arange(L, device=rab.device)
+    future = pos[None, :] > pos[:, None]
+    bias = rab[:, _rel_index(L, R, rab.device)] if R else rab.new_zeros(H, L, L)
+    return bias.masked_fill(future[None], torch.finfo(rab.dtype).min / 4)
+
+
+def _tiles(offsets: torch.Tensor):
+    """Per tile of similar-length sequences yields (rows, dest, row_w, m, L).
+
+    rows (m * L,): the token row each (sequence, position) slot reads, padded slots reading their
+    sequence's first token (harmless: a padded query's weight is 0, and a real query i < n sees
+    only keys j <= i, which are real too); dest (m * L,): the row each slot writes, padded slots
+    the spare row T past the end, so that every real row is written once and nothing needs
+    zeroing first; row_w (m, L, 1): 1/n on a real token of a sequence of length n, 0 on padding.
     """
     offsets_cpu = offsets.detach().to("cpu", torch.int64)
     lengths = (offsets_cpu[1:] - offsets_cpu[:-1]).tolist()
+    T = int(offsets_cpu[-1])
     device = offsets.device
     pos_all = torch.arange(max(lengths, default=0))
     for ids, L in _tile_plan(lengths):
@@ -107,26 +120,31 @@ def _tiles(offsets: torch.Tensor):
         n = offsets_cpu[ids_t + 1][:, None] - start
         pos = pos_all[:L]
         valid = pos[None, :] < n
-        idx = torch.where(valid, start + pos[None, :], start)
-        row_w = valid.to(torch.float32) / n.to(torch.float32)  # (m, L)
-        scale = torch.ones(L, L).tril_()[None] * row_w[:, :, None]
-        yield idx.to(device), valid.to(device), scale.to(device), L
+        rows = torch.where(valid, start + pos[None, :], start).reshape(-1)
+        dest = torch.where(valid.reshape(-1), rows, T)
+        row_w = (valid.to(torch.float32) / n.to(torch.float32))[..., None]
+        yield rows.to(device), dest.to(device), row_w.to(device), len(ids), L
 
 
-def _gather(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """(H, T, D) gathered at idx (m, L) -> contiguous (H, m, L, D): heads lead, so the batched
-    matmuls over (H * m) need no copies."""
-    m, L = idx.shape
-    return t.index_select(1, idx.reshape(-1)).view(t.shape[0], m, L, t.shape[2])
+def _gather(t: torch.Tensor, rows: torch.Tensor, m: int, L: int) -> torch.Tensor:
+    """(T, H, D) gathered at a tile's rows -> (m, L, H, D); a head's slice [:, :, h] is a batch of
+    m strided (L, D) matrices that the batched matmuls read in place."""
+    return t.index_select(0, rows).view(m, L, t.shape[1], t.shape[2])
 
 
-def _scatter(out: torch.Tensor, idx: torch.Tensor, valid: torch.Tensor, y: torch.Tensor) -> None:
-    """Writes the real rows of y (H, m, L, D) into out (H, T, D) at idx."""
-    out[:, idx[valid]] = y[:, valid].to(out.dtype)
+def _scatter(out: torch.Tensor, dest: torch.Tensor, heads: list[torch.Tensor]) -> None:
+    """Writes a tile's per-head results [(m, L, D)] into out (T + 1, H, D) at dest, whole rows."""
+    out.index_copy_(0, dest, torch.stack(heads, 2).view(dest.numel(), out.shape[1], out.shape[2]))
 
 
-def _heads_first(t: torch.Tensor) -> torch.Tensor:
-    return t.transpose(0, 1).contiguous()  # (T, H, D) -> (H, T, D)
+def _spare_row(T: int, H: int, D: int, like: torch.Tensor) -> torch.Tensor:
+    """(T + 1, H, D) uninitialised: every real row is written by a tile, row T takes the padding."""
+    return torch.empty(T + 1, H, D, dtype=like.dtype, device=like.device)
+
+
+def _scores(qt: torch.Tensor, kt: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """(m, L, L) one head's Q K^T plus its masked bias (L, L): the one pass writing the scores."""
+    return torch.matmul(qt, kt.transpose(-1, -2)).add_(bias)
 
 
 @torch.library.custom_op("gembench::hstu_jagged_attention", mutates_args=())
@@ -144,21 +162,19 @@ def hstu_jagged_attention(
         (T, H, D): per sequence of real length n, ``(SiLU(Q K^T + rab) / n, causal) @ V``.
     """
     T, H, D = v.shape
-    out = torch.zeros(H, T, D, dtype=v.dtype, device=v.device)
     if T == 0:
-        return out.transpose(0, 1).contiguous()
-    qh, kh, vh = _heads_first(q), _heads_first(k), _heads_first(v)
-    Lmax = int((offsets[1:] - offsets[:-1]).max())
-    bias_full = rab[:, _rel_index(Lmax, rab.shape[1], q.device)] if rab.shape[1] else None  # (H, Lmax, Lmax)
-    for idx, valid, scale, L in _tiles(offsets):
-        qt, kt, vt = _gather(qh, idx), _gather(kh, idx), _gather(vh, idx)
-        # In place: these are plain tensors inside the op, autograd is handled by the bwd op.
-        s = torch.matmul(qt, kt.transpose(-1, -2))
-        if bias_full is not None:
-            s.add_(bias_full[:, None, :L, :L])
-        a = F.silu(s, inplace=True).mul_(scale.to(s.dtype))
-        _scatter(out, idx, valid, torch.matmul(a, vt))
-    return out.transpose(0, 1).contiguous()
+        return torch.zeros_like(v)
+    out = _spare_row(T, H, D, v)
+    bias = _masked_bias(rab, int((offsets[1:] - offsets[:-1]).max()))
+    for rows, dest, row_w, m, L in _tiles(offsets):
+        qt, kt, vt = _gather(q, rows, m, L), _gather(k, rows, m, L), _gather(v, rows, m, L)
+        w = row_w.to(v.dtype)
+        ys = []
+        for h in range(H):
+            a = F.silu(_scores(qt[:, :, h], kt[:, :, h], bias[h, :L, :L]), inplace=True)
+            ys.append(torch.matmul(a, vt[:, :, h]).mul_(w))
+        _scatter(out, dest, ys)
+    return out[:T]
 
 
 @hstu_jagged_attention.register_fake
@@ -177,45 +193,42 @@ def hstu_jagged_attention_bwd(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward of :func:`hstu_jagged_attention`, recomputing the scores per tile.
 
+    Two elementwise passes over a tile's scores besides their matmul: SiLU, and SiLU's backward
+    fused with its incoming gradient (aten's silu_backward). The 1/n and the padding live in the
+    incoming gradient's rows, which are L times fewer than the scores.
+
     Returns (grad_q, grad_k, grad_v) of shape (T, H, D) and grad_rab (H, R).
     """
     T, H, D = q.shape
     R = rab.shape[1]
-    gq, gk, gv = (torch.zeros(H, T, D, dtype=q.dtype, device=q.device) for _ in range(3))
     if T == 0:
-        z = gq.transpose(0, 1).contiguous()
-        return z, z.clone(), z.clone(), torch.zeros_like(rab)
-    qh, kh, vh, goh = _heads_first(q), _heads_first(k), _heads_first(v), _heads_first(grad_out)
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), torch.zeros_like(rab)
+    gq, gk, gv = (_spare_row(T, H, D, q) for _ in range(3))
     Lmax = int((offsets[1:] - offsets[:-1]).max())
-    rel = _rel_index(Lmax, R, q.device) if R else None
-    bias_full = rab[:, rel] if R else None
+    bias = _masked_bias(rab, Lmax)
     # Bias gradient summed over sequences in fp32, folded into buckets once at the end.
     gbias = torch.zeros(H, Lmax, Lmax, dtype=torch.float32, device=q.device) if R else None
-    for idx, valid, scale, L in _tiles(offsets):
-        qt, kt, vt, got = _gather(qh, idx), _gather(kh, idx), _gather(vh, idx), _gather(goh, idx)
-        scale = scale.to(q.dtype)
-        s = torch.matmul(qt, kt.transpose(-1, -2))
-        if R:
-            s.add_(bias_full[:, None, :L, :L])
-        sig = torch.sigmoid(s)
-        # d SiLU(s) / ds = sig (1 + s (1 - sig))
-        dsilu = torch.sub(1.0, sig).mul_(s).add_(1.0).mul_(sig)
-        a = s.mul_(sig).mul_(scale)  # s is not needed any more
-        _scatter(gv, idx, valid, torch.matmul(a.transpose(-1, -2), got))
-        gs = torch.matmul(got, vt.transpose(-1, -2)).mul_(dsilu).mul_(scale)
-        _scatter(gq, idx, valid, torch.matmul(gs, kt))
-        _scatter(gk, idx, valid, torch.matmul(gs.transpose(-1, -2), qt))
-        if R:
-            gbias[:, :L, :L] += gs.sum(1, dtype=torch.float32)
+    for rows, dest, row_w, m, L in _tiles(offsets):
+        qt, kt, vt = _gather(q, rows, m, L), _gather(k, rows, m, L), _gather(v, rows, m, L)
+        got = _gather(grad_out, rows, m, L).mul_(row_w[..., None].to(q.dtype))  # 1/n; 0 on padded queries
+        dq, dk, dv = [], [], []
+        for h in range(H):
+            qh, kh, vh, goh = qt[:, :, h], kt[:, :, h], vt[:, :, h], got[:, :, h]
+            s = _scores(qh, kh, bias[h, :L, :L])
+            dv.append(torch.matmul(F.silu(s).transpose(-1, -2), goh))
+            gp = torch.matmul(goh, vh.transpose(-1, -2))
+            gs = torch.ops.aten.silu_backward.grad_input(gp, s, grad_input=gp)  # in place: one pass
+            dq.append(torch.matmul(gs, kh))
+            dk.append(torch.matmul(gs.transpose(-1, -2), qh))
+            if R:
+                gbias[h, :L, :L] += gs.sum(0, dtype=torch.float32)
+        _scatter(gq, dest, dq)
+        _scatter(gk, dest, dk)
+        _scatter(gv, dest, dv)
     grab = torch.zeros(H, R, dtype=torch.float32, device=q.device)
     if R:
-        grab.index_add_(1, rel.reshape(-1), gbias.reshape(H, -1))
-    return (
-        gq.transpose(0, 1).contiguous(),
-        gk.transpose(0, 1).contiguous(),
-        gv.transpose(0, 1).contiguous(),
-        grab.to(rab.dtype),
-    )
+        grab.index_add_(1, _rel_index(Lmax, R, q.device).reshape(-1), gbias.reshape(H, -1))
+    return gq[:T], gk[:T], gv[:T], grab.to(rab.dtype)
 
 
 @hstu_jagged_attention_bwd.register_fake
