@@ -77,6 +77,15 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def native_bf16(device: torch.device) -> bool:
+    """Whether ``device`` multiplies bf16 in hardware: a CUDA device that supports it, a CPU with
+    AVX-512 BF16 or AMX. Elsewhere torch emulates bf16 GEMMs, about a hundred times slower than
+    fp32's, so mixed precision there loses time instead of saving it."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+
+
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)

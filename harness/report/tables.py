@@ -16,7 +16,9 @@ def header(result: dict) -> str:
         f"stack {run['stack']}, {run['dtype']}, {run['device']} = {env['device_name']}\n"
         f"batch {run['global_batch']} global / {run['per_rank_batch']} per rank x {run['nproc']} rank(s); "
         f"{run['steps']} timed steps after {run['warmup']} warm-up; seed {run['seed']}; commit {commit}\n"
-        f"peak {peak['tflops_per_device']:.4g} TFLOP/s per device ({peak['source']})" + basis_line(result)
+        + (f"precision {run['dtype_why']}\n" if run.get("dtype_why") else "")
+        + f"peak {peak['tflops_per_device']:.4g} TFLOP/s per device ({peak['source']})"
+        + basis_line(result)
     )
 
 

@@ -204,6 +204,8 @@ def build_result(
         if found and (diverged is None or found["step"] < diverged["step"]):
             diverged = {**found, "rank": r.rank} if sharded else found
     forward = float(np.mean(job_forward))
+    ran, why = run.precision()
+    why = why if (stack or run.stack) == run.stack and options.bf16 == ran.bf16 else None
     stack = stack or run.stack
     if sharded:
         stack = f"{stack}-{'pipeline' if sharded.pipeline else 'staged'}"
@@ -212,6 +214,7 @@ def build_result(
         "steps": run.steps,
         "warmup": run.warmup,
         "dtype": options.dtype,
+        **({"dtype_why": why} if why else {}),
         "device": device,
         "seed": run.seed,
         "stack": stack,

@@ -9,10 +9,11 @@ builds it (runner.prepare, distributed/launch.check).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from gembench.errors import UsageError
+from gembench.harness.device.hardware import native_bf16, resolve_device
 from gembench.harness.store.results import writable_folder
 from gembench.harness.train.stack import StackOptions, check_one_process, stack_options
 
@@ -30,6 +31,10 @@ def check_counts(steps: int, warmup: int) -> None:
 IDENTITY = ("config", "model", "model_args", "steps", "warmup", "stack", "seed", "device")
 FLAG_OF = {"switches": "--set", "model_args": "--model-arg"}  # fields whose flag is not --<field-name>
 DEFAULT_CONFIG = "small"
+NO_NATIVE_BF16 = (
+    "fp32: this CPU has neither AVX-512 BF16 nor AMX, so torch would emulate bf16 GEMMs at about "
+    "1% of fp32's speed; --dtype bf16 runs them anyway"
+)
 
 
 @dataclass(frozen=True)
@@ -91,7 +96,17 @@ class RunConfig:
 
     @property
     def options(self) -> StackOptions:
-        return stack_options(self.stack, self.dtype, self.switches)
+        return self.precision()[0]
+
+    def precision(self) -> tuple[StackOptions, str | None]:
+        """The stack as it runs on this run's device, and why its precision is not the named
+        stack's where it is not: a stack's bf16 is kept only where the device multiplies bf16 in
+        hardware, unless --dtype or --set bf16 asked for it."""
+        options = stack_options(self.stack, self.dtype, self.switches)
+        asked = self.dtype is not None or any(s.partition("=")[0].strip() == "bf16" for s in self.switches)
+        if not options.bf16 or asked or native_bf16(resolve_device(self.device)):
+            return options, None
+        return replace(options, bf16=False), NO_NATIVE_BF16
 
     def check(self, distributed: bool) -> "RunConfig":
         """Every check that needs no model; ``distributed``: N ranks (--nproc, or under torchrun)."""
