@@ -36,6 +36,27 @@ def test_the_recorder_files_each_op_under_its_stage_and_block_with_its_flops_and
     assert recorder.own_s > 0
 
 
+def test_a_compiled_graphs_fused_cpu_kernels_are_timed_in_their_stage():
+    import torch._inductor.config
+
+    torch._dynamo.reset()
+    with torch._inductor.config.patch({"cpp.enable_kernel_profile": True}):
+        f = torch.compile(lambda x: torch.nn.functional.silu(x * 2 + 1).sum(), dynamic=False)
+        x = torch.randn(512, 64)
+        f(x)  # compiled before the recorder, as after a run's warm-up
+        recorder = ops.OpRecorder(torch.device("cpu"))
+        with recorder:
+            torch.randn(4, 4).mm(torch.randn(4, 4))
+            recorder.stage_ended("sparse_forward")
+            f(x)
+            recorder.stage_ended("dense_forward")
+    rows = ops.table(recorder.calls, 1.0, 10.0)
+    fused = [r for r in rows if r["op"].startswith(ops.FUSED_OP)]
+    assert fused and all(r["stage"] == "dense_forward" and r["bound"] == "fused" for r in fused), rows
+    assert all(r["lost_s"] == r["time_s"] > 0 for r in fused)
+    assert {r["stage"] for r in rows if r["op"] == "aten.mm.default"} == {"sparse_forward"}
+
+
 def test_an_op_is_held_against_the_lower_of_its_two_roofs():
     calls = [
         ["aten.mm.default", "backward", "b", 2.0, 4e12, 1e9, 0, False],  # 1 s at a 4 TFLOP/s peak

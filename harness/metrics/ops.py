@@ -4,7 +4,8 @@ Recorded on an extra step of its own (never a timed one, nor the cost counters' 
 OpRecorder, a TorchDispatchMode whose clock around an op holds the op alone; its own bookkeeping is
 timed apart (``own_s``), so that the ops' times can be held against the step without it. Per call
 of an op (aten, fbgemm, gembench's own: what the dispatcher sees, after autocast and composite
-decompositions; an inductor graph shows the ops it calls out to, its fused kernels stay unseen):
+decompositions; an inductor graph shows the ops it calls out to; on a CPU its fused kernels are
+timed too, by a profiler over the op step, as ops named ``inductor.<kernel>``):
 
 - time: wall time around the call; CPU ops are synchronous, and on CUDA the device is synchronised
   before and after, so the time is the op's kernels';
@@ -18,7 +19,8 @@ decompositions; an inductor graph shows the ops it calls out to, its fused kerne
 ``table`` rolls the calls into one row per (stage, block, op) and sets each against the roofline
 of the device: an op of intensity I = FLOPs / bytes can run at min(peak, I x bandwidth), so its
 time at the bound is max(FLOPs / peak, bytes / bandwidth); the rest is ``lost_s``. Rows are
-sorted by time lost.
+sorted by time lost. A fused kernel's tensors are not seen, so neither are its bytes: its bound is
+"fused" and its whole time is counted lost, an upper bound.
 """
 
 from __future__ import annotations
@@ -31,10 +33,16 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 from torch.utils.module_tracker import ModuleTracker
 
+from gembench.harness.metrics import trace
 from gembench.harness.metrics.counters import tensors_in
 
 OUTSIDE = "outside stages"
 ROOT = "model"  # the tracker's name of the model: a block is a top-level submodule of it
+# inductor's CPU kernels, which it wraps in a profiler range of their name
+# (torch._inductor.config.cpp.enable_kernel_profile, set where the stack compiles)
+FUSED = "cpp_fused_"
+FUSED_OP = "inductor."
+STAGE_MARK = "gembench.stage_end:"  # a profiler range at each stage's end: the fused kernels' clock
 
 
 def _nbytes(tensors: list[torch.Tensor]) -> int:
@@ -76,6 +84,7 @@ class OpRecorder(TorchDispatchMode):
         self._tracker = ModuleTracker()
         self._depth = 0
         self.own_s = 0.0  # the recorder's bookkeeping: FLOP formulas, byte counts, module lookups
+        self._profile = None if self.cuda else trace.profiler(torch.device("cpu"), shapes=False)
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
@@ -88,12 +97,17 @@ class OpRecorder(TorchDispatchMode):
                 for name, m in child.named_modules():
                     known[m] = f"{ROOT}.{top}" + (f".{name}" if name else "")
         self._tracker.__enter__()
+        if self._profile is not None:
+            self._profile.__enter__()
         return super().__enter__()
 
     def __exit__(self, *exc):
         out = super().__exit__(*exc)
         self._tracker.__exit__(*exc)
         self.stage_ended(OUTSIDE)
+        if self._profile is not None:
+            self._profile.__exit__(*exc)
+            self.calls += self._fused_calls(self._profile.events())
         return out
 
     def stage_ended(self, stage: str) -> None:
@@ -102,6 +116,24 @@ class OpRecorder(TorchDispatchMode):
             first = self.split is not None and stage == self.split[0]
             call[1] = stage if not first or call[7] else self.split[1]
         self._pending = len(self.calls)
+        if self._profile is not None:
+            with torch.profiler.record_function(STAGE_MARK + stage):
+                pass
+
+    def _fused_calls(self, events) -> list[list]:
+        """The profiled fused kernels as calls, each in the stage whose end mark follows it (a
+        compiled graph is dense work: never the split's first, interleaved stage)."""
+        marks = sorted((e.time_range.start, e.name[len(STAGE_MARK) :]) for e in events if e.name.startswith(STAGE_MARK))
+        calls = []
+        for e in events:
+            if FUSED not in e.name:
+                continue
+            stage = next((s for at, s in marks if at >= e.time_range.end), OUTSIDE)
+            if self.split is not None and stage == self.split[0]:
+                stage = self.split[1]
+            seconds = (e.time_range.end - e.time_range.start) / 1e6
+            calls.append([FUSED_OP + e.name, stage, "other", seconds, 0.0, 0, 0, False])
+        return calls
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -162,6 +194,12 @@ def table(calls: list[list], peak_tflops: float, bandwidth_gbs: float) -> list[d
         r["written"] += written
     out = []
     for r in rows.values():
+        if r["op"].startswith(FUSED_OP):  # bytes unseen: no bound, all its time above one
+            t = r["time_s"]
+            out.append(
+                r | {"tflops": 0.0, "gbs": 0.0, "intensity": None, "bound": "fused", "bound_s": 0.0, "lost_s": t}
+            )
+            continue
         moved = r["read"] + r["written"]
         compute_s, memory_s = r["flops"] / (peak_tflops * 1e12), moved / (bandwidth_gbs * 1e9)
         bound = max(compute_s, memory_s)

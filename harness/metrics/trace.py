@@ -54,7 +54,7 @@ def kineto_marks_dropped():
                 sys.stderr.flush()
 
 
-def profiler(device: torch.device):
+def profiler(device: torch.device, shapes: bool = True):
     """A torch.profiler of the host and, on CUDA, the device; shapes recorded (comm bytes)."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -68,7 +68,7 @@ def profiler(device: torch.device):
                 super().stop()
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    return QuietProfile(activities=activities, record_shapes=True)
+    return QuietProfile(activities=activities, record_shapes=shapes)
 
 
 def trace_events(prof, path: Path | str | None = None) -> list[dict]:

@@ -16,6 +16,11 @@ def _stage_key(stage: str) -> int:
     return order.index(stage) if stage in order else len(order)
 
 
+def _short(op: str, width: int = 64) -> str:
+    """An op's name within ``width``: a fused kernel is named after every op it fuses."""
+    return op if len(op) <= width else op[: width - 3] + "..."
+
+
 def op_table(result: dict, top: int = TOP) -> str:
     ops = result.get("ops")
     if not ops:
@@ -27,7 +32,7 @@ def op_table(result: dict, top: int = TOP) -> str:
         [
             r["stage"],
             r["block"],
-            r["op"],
+            _short(r["op"]),
             r["calls"],
             f"{1e3 * r['time_s']:.2f}",
             pct(r["time_s"] / step) if step else "-",
@@ -69,6 +74,16 @@ def op_table(result: dict, top: int = TOP) -> str:
         disable_numparse=True,
         colalign=("left", "left", "left") + ("right",) * 8 + ("left", "right"),
     )
+    fused = [r for r in rows if r["bound"] == "fused"]
+    fused_s = sum(r["time_s"] for r in fused)
+    fused_line = (
+        f"\n{len(fused)} fused kernels of compiled graphs took {1e3 * fused_s:.1f} ms "
+        f"({pct(fused_s / step) if step else '-'} of the op step): their bytes are unseen, so all their time "
+        f"counts as lost"
+        if fused
+        else ""
+    )
+    gpu_fused = ", and a GPU's compiled graphs' fused kernels" if "cuda" in str(result["run"].get("device")) else ""
     want = s["model_flops"] + s.get("recomputed_flops", 0.0) + s.get("executed_beyond_model_flops", 0.0)
     flops = (
         f"their FLOPs {si(s['flops'])}: {pct(s['flops'] / want) if want else '-'} of the batch's model FLOPs "
@@ -77,7 +92,7 @@ def op_table(result: dict, top: int = TOP) -> str:
     )
     cover = (
         f"the ops' time covers {pct(s['coverage']) if s.get('coverage') is not None else '-'} of the op step's "
-        f"{1e3 * step:.1f} ms (the rest: Python and framework time between ops, and kernels a compiled graph "
-        f"fuses, which the dispatcher never sees); {1e3 * s['lost_s']:.1f} ms above the roofline in all"
+        f"{1e3 * step:.1f} ms (the rest: Python and framework time between ops{gpu_fused}); "
+        f"{1e3 * s['lost_s']:.1f} ms above the roofline in all{fused_line}"
     )
     return f"{head}\n{body}\n{cover}\n{flops}"

@@ -168,6 +168,11 @@ def apply_compile(workload: Workload, model: nn.Module, options) -> None:
     saved tensor and recompiles past dynamo's limit; a compiled forward saves the same tensors."""
     if not options.compile:
         return
+    # each fused CPU kernel in a profiler range of its name, so that the op table times it (a
+    # range costs a flag test while no profiler runs)
+    import torch._inductor.config
+
+    torch._inductor.config.cpp.enable_kernel_profile = True
     for path in workload.compiled():
         parent_path, _, leaf = path.rpartition(".")
         parent = submodule(workload, model, parent_path, "compiled()") if parent_path else model
