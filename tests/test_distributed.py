@@ -11,9 +11,11 @@ import socket
 import time
 
 import pytest
+import torch
 from synthetic import gembench_cli, run_cli, schema_and_readers_agree
 
 from gembench.errors import UsageError
+from gembench.harness.device.hardware import native_bf16
 from gembench.harness.train.distributed.plan import parse_sharding
 from gembench.models.config import load_config
 from gembench.models.data import SyntheticData
@@ -57,7 +59,7 @@ def test_one_result_with_per_rank_stages_imbalance_and_comm(table_wise):
     assert run["options"] == {
         "fused_embeddings": True,
         "jagged": True,
-        "bf16": True,
+        "bf16": native_bf16(torch.device("cpu")),  # the stack's bf16 where the CPU multiplies it
         "fused_optimizer": True,
         "compile": True,
         "pipeline": False,

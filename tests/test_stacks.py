@@ -9,6 +9,7 @@ import pytest
 import torch
 from synthetic import BF16_LOSS_RTOL, run_cli, zoo_state
 
+from gembench.harness.device.hardware import native_bf16
 from gembench.harness.train.measure import run_steps
 from gembench.harness.train.runconfig import RunConfig
 from gembench.harness.train.runner import run_ab
@@ -48,14 +49,14 @@ def test_fp32_kernels_match_exactly(tiny, baseline_losses):
 
 
 def test_optimized_stack_tracks_baseline(tiny_run, baseline_losses):
-    """The optimized stack (bf16 + torch.compile) as `gembench run --config tiny` ran it (the
-    session's shared run, its own process) against the baseline here, batch for batch: seed 0,
-    batch i at step i, the timed steps after the warm-up."""
+    """The optimized stack (bf16 where the CPU multiplies it, + torch.compile) as `gembench run
+    --config tiny` ran it (the session's shared run, its own process) against the baseline here,
+    batch for batch: seed 0, batch i at step i, the timed steps after the warm-up."""
     _, result, _ = tiny_run
     run = result["run"]
-    assert (
-        run["seed"] == 0 and run["warmup"] + run["steps"] == STEPS and run["options"] == STACKS["optimized"].to_dict()
-    )
+    here = RunConfig("tiny").options  # the optimized stack as this host runs it
+    assert run["seed"] == 0 and run["warmup"] + run["steps"] == STEPS and run["options"] == here.to_dict()
+    assert here.bf16 == native_bf16(torch.device("cpu")) and ("dtype_why" in run) != here.bf16
     assert result["samples"]["loss"] == pytest.approx(baseline_losses[run["warmup"] :], rel=BF16_LOSS_RTOL)
 
 

@@ -12,8 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
+import torch
+
 from gembench.errors import UsageError
-from gembench.harness.device.hardware import native_bf16, resolve_device
+from gembench.harness.device.hardware import native_bf16
 from gembench.harness.store.results import writable_folder
 from gembench.harness.train.stack import StackOptions, check_one_process, stack_options
 
@@ -104,7 +106,9 @@ class RunConfig:
         hardware, unless --dtype or --set bf16 asked for it."""
         options = stack_options(self.stack, self.dtype, self.switches)
         asked = self.dtype is not None or any(s.partition("=")[0].strip() == "bf16" for s in self.switches)
-        if not options.bf16 or asked or native_bf16(resolve_device(self.device)):
+        # a CUDA device is taken at its word: a job for GPU nodes may be submitted from a CPU host
+        cuda = self.device.startswith("cuda") or (self.device == "auto" and torch.cuda.is_available())
+        if not options.bf16 or asked or cuda or native_bf16(torch.device("cpu")):
             return options, None
         return replace(options, bf16=False), NO_NATIVE_BF16
 
