@@ -18,6 +18,7 @@ from gembench.errors import UsageError
 from gembench.harness.device.hardware import (
     Bandwidth,
     Peak,
+    keep_freed_memory,
     memory_available,
     reference_bandwidth,
     reference_peak,
@@ -102,6 +103,7 @@ def prepare(run: RunConfig, stacks: list[StackOptions]) -> Setup:
     """
     run.check(distributed=False)
     dev = resolve_device(run.device)
+    keep_freed_memory()
     workload = workload_of(run.config, run.model, run.model_args, run.batch).on_device(dev.type)
     for options in stacks:  # a switch the model cannot take is refused before anything is built
         applied_switches(workload.for_stack(options), options)
