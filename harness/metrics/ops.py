@@ -98,7 +98,9 @@ class OpRecorder(TorchDispatchMode):
                     known[m] = f"{ROOT}.{top}" + (f".{name}" if name else "")
         self._tracker.__enter__()
         if self._profile is not None:
+            start = time.perf_counter()
             self._profile.__enter__()
+            self.own_s += time.perf_counter() - start
         return super().__enter__()
 
     def __exit__(self, *exc):
@@ -106,8 +108,10 @@ class OpRecorder(TorchDispatchMode):
         self._tracker.__exit__(*exc)
         self.stage_ended(OUTSIDE)
         if self._profile is not None:
+            start = time.perf_counter()
             self._profile.__exit__(*exc)
             self.calls += self._fused_calls(self._profile.events())
+            self.own_s += time.perf_counter() - start
         return out
 
     def stage_ended(self, stage: str) -> None:
