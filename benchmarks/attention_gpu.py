@@ -31,7 +31,13 @@ import torch
 from tabulate import tabulate
 
 from gembench.harness.device.env import git_state
-from gembench.harness.device.hardware import cpu_peak, device_name, reference_peak, resolve_device
+from gembench.harness.device.hardware import (
+    cpu_peak,
+    device_name,
+    keep_freed_memory,
+    reference_peak,
+    resolve_device,
+)
 from gembench.models.config import load_config
 from gembench.models.data import SEQUENCE_SIGMA, truncated_lognormal
 from gembench.models.ops.pytorch.hstu_attention import hstu_jagged_attention, hstu_padded_attention
@@ -136,6 +142,7 @@ def main() -> None:
     p.add_argument("--only", nargs="+", choices=["triton", "tiled", "padded"], help="paths to time")
     args = p.parse_args()
     device = resolve_device(args.device)
+    keep_freed_memory()  # as a run's process does
     cuda = device.type == "cuda"
     if not cuda:
         print(
