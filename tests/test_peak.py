@@ -213,3 +213,12 @@ def test_a_gemm_this_machine_cannot_afford_is_timed_smaller(monkeypatch):
     monkeypatch.setattr(calibration.time, "perf_counter", lambda: next(clock, None) or real())
     assert calibration.affordable_size(3072, torch.float32, 0.5) == 192  # 3072 halved four times
     assert calibration.affordable_size(3072, torch.float32, 1e9) == 3072
+
+
+def test_a_run_process_keeps_freed_memory_unless_told_not_to(monkeypatch):
+    from gembench.harness.device.hardware import keep_freed_memory
+
+    monkeypatch.setenv("GEMBENCH_KEEP_FREED", "0")
+    assert keep_freed_memory() is False
+    monkeypatch.delenv("GEMBENCH_KEEP_FREED")
+    assert keep_freed_memory() is True  # glibc on Linux: both mallopt calls taken

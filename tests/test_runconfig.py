@@ -79,3 +79,21 @@ def test_the_run_config_carries_the_model_to_ranks_and_continuous():
     assert run.config is None and "--config" not in argv
     assert argv[:4] == ["--model", "m.py:f", "--model-arg", "batch=8"]
     assert run_config_from(parsed(*argv)) == run
+
+
+def test_the_stacks_bf16_is_kept_only_where_the_cpu_multiplies_it(monkeypatch):
+    from gembench.harness.train import runconfig
+
+    monkeypatch.setattr(runconfig, "native_bf16", lambda device: False)
+    options, why = RunConfig("tiny", device="cpu").precision()
+    assert not options.bf16 and "AVX-512 BF16 nor AMX" in why and "--dtype bf16" in why
+    for asked in (
+        RunConfig("tiny", device="cpu", dtype="bf16"),
+        RunConfig("tiny", device="cpu", switches=("bf16=on",)),
+    ):
+        assert asked.precision() == (asked.options, None) and asked.options.bf16  # asked for: kept
+    assert RunConfig("tiny", device="cpu", stack="baseline").precision()[1] is None  # fp32 already
+    assert RunConfig("tiny", device="cuda").options.bf16  # a GPU's word is taken, from any host
+    monkeypatch.setattr(runconfig, "native_bf16", lambda device: True)
+    assert RunConfig("tiny", device="cpu").precision() == (RunConfig("tiny").precision()[0], None)
+    assert RunConfig("tiny", device="cpu").options.bf16

@@ -5,9 +5,10 @@ each timed on a synchronised device; warm-up steps are discarded and every timed
 the JSON result, with the environment fingerprint (packages, device, commit, config hash, seed and
 the peak MFU is measured against). Extra steps after the timed ones count what a step costs
 besides time: aten ops, host syncs, host-to-device bytes, kernels, graph breaks and recompiles
-(docs/measuring.md). Stacks: `optimized` (default: bf16, torch.compile, fused embeddings, jagged
-attention, fused Adam) and `baseline` (fp32 eager, one EmbeddingBag per table, padded attention),
-both against the same reference peak, so their MFU ratio is a throughput ratio.
+(docs/measuring.md). Stacks: `optimized` (default: bf16 where the device multiplies it in
+hardware, else fp32; torch.compile, fused embeddings, jagged attention, fused Adam) and
+`baseline` (fp32 eager, one EmbeddingBag per table, padded attention), both against the same
+reference peak, so their MFU ratio is a throughput ratio.
 
 exit status: 0 measured and written; 1 a rank of an --nproc run failed or hung (named); 2 a usage
 error, a run refused before it starts (it would not fit: the largest --batch that does is named),
@@ -81,7 +82,8 @@ def configure(p: argparse.ArgumentParser) -> None:
         "--dtype",
         choices=("fp32", "bf16"),
         default=None,
-        help="override the stack's precision of the dense arch (optimized: bf16, baseline: fp32)",
+        help="override the stack's precision of the dense arch (optimized: bf16 where the device "
+        "multiplies it in hardware, else fp32; baseline: fp32)",
     )
     p.add_argument(
         "--set",

@@ -8,7 +8,8 @@ and content) reach the model through the workload's for_stack().
 Two named stacks bracket GEM's "doubled efficiency":
   baseline:  what a team writes first: fp32 eager, one nn.EmbeddingBag per table with dense
              gradients and a separate optimizer, sequences padded to the batch maximum.
-  optimized: bf16 autocast, torch.compile on the dense arch, fused table-batched embeddings
+  optimized: bf16 autocast (where the device multiplies bf16 in hardware: RunConfig.precision),
+             torch.compile on the dense arch, fused table-batched embeddings
              (fbgemm TBE, optimizer fused into backward), jagged attention, fused Adam, and
              on several ranks TorchRec's sparse-dist pipeline.
 Every optimization is one field of StackOptions, so `gembench ablate` can flip it alone. Two of
