@@ -82,6 +82,18 @@ def test_a_runs_op_table_adds_up_to_its_model_flops_and_is_printed(tiny_run):
     assert "where the op step's time goes" in proc.stdout and "lost ms" in proc.stdout
 
 
+def test_the_html_report_shows_a_runs_op_table(tiny_run, tmp_path, capsys):
+    from synthetic import run_cli
+
+    _, result, path = tiny_run
+    code, _, err = run_cli(["report", str(path), "--out", str(tmp_path / "rep")], capsys)
+    assert code == 0, err
+    page = (tmp_path / "rep" / "index.html").read_text()
+    top = result["ops"]["rows"][0]["op"]
+    assert "<h3>op table</h3>" in page and "lost ms" in page and top[:40] in page
+    assert "the ops&#x27; time covers" in page
+
+
 def _with_ops(result: dict, slow: float, seed: int) -> dict:
     """``result`` with an op table of three ops, the backward matmul ``slow`` x its time, a little
     noise (``seed``) on every op."""

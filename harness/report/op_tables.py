@@ -21,14 +21,32 @@ def _short(op: str, width: int = 64) -> str:
     return op if len(op) <= width else op[: width - 3] + "..."
 
 
-def op_table(result: dict, top: int = TOP) -> str:
+HEADERS = [
+    "stage",
+    "block",
+    "op",
+    "calls",
+    "ms",
+    "of step",
+    "FLOPs",
+    "moved",
+    "GFLOP/s",
+    "GB/s",
+    "FLOP/B",
+    "bound",
+    "lost ms",
+]
+
+
+def top_rows(result: dict, top: int = TOP) -> list[list]:
+    """The ``top`` rows that lose most above their roofline, as printed (HEADERS), grouped by
+    stage and block; none where the result has no op table."""
     ops = result.get("ops")
     if not ops:
-        return ""
-    s, rows = ops["summary"], ops["rows"]
-    step = s["step_s"]
-    shown = sorted(rows[:top], key=lambda r: (_stage_key(r["stage"]), r["block"], -r["lost_s"]))
-    table = [
+        return []
+    step = ops["summary"]["step_s"]
+    shown = sorted(ops["rows"][:top], key=lambda r: (_stage_key(r["stage"]), r["block"], -r["lost_s"]))
+    return [
         [
             r["stage"],
             r["block"],
@@ -46,53 +64,56 @@ def op_table(result: dict, top: int = TOP) -> str:
         ]
         for r in shown
     ]
+
+
+def head_lines(result: dict, top: int = TOP) -> list[str]:
+    """What the table shows and the roofline it is held against."""
+    ops = result["ops"]
     bandwidth = result["peak"].get("bandwidth", {})
     source = str(bandwidth.get("source", "")).split(";")[0]
-    head = (
-        f"where the op step's time goes: the {len(shown)} of {len(rows)} ops (by stage, block, op) that lose most "
-        f"above their roofline, min(peak, FLOP/B x bandwidth); every row in the JSON's ops.rows\n"
+    return [
+        f"where the op step's time goes: the {min(top, len(ops['rows']))} of {len(ops['rows'])} ops (by stage, "
+        f"block, op) that lose most above their roofline, min(peak, FLOP/B x bandwidth); every row in the JSON's "
+        f"ops.rows",
         f"roofline of rank {ops['rank']}: peak {ops['peak_tflops']:.4g} TFLOP/s, bandwidth {ops['bandwidth_gbs']:.4g} "
-        f"GB/s ({source}{', PROVISIONAL' if bandwidth.get('provisional') else ''})"
-    )
-    body = tabulate(
-        table,
-        headers=[
-            "stage",
-            "block",
-            "op",
-            "calls",
-            "ms",
-            "of step",
-            "FLOPs",
-            "moved",
-            "GFLOP/s",
-            "GB/s",
-            "FLOP/B",
-            "bound",
-            "lost ms",
-        ],
-        disable_numparse=True,
-        colalign=("left", "left", "left") + ("right",) * 8 + ("left", "right"),
-    )
+        f"GB/s ({source}{', PROVISIONAL' if bandwidth.get('provisional') else ''})",
+    ]
+
+
+def foot_lines(result: dict) -> list[str]:
+    """What the table covers of the op step, the fused kernels' share, and its FLOPs' sum."""
+    s, rows = result["ops"]["summary"], result["ops"]["rows"]
+    step = s["step_s"]
     fused = [r for r in rows if r["bound"] == "fused"]
     fused_s = sum(r["time_s"] for r in fused)
-    fused_line = (
-        f"\n{len(fused)} fused kernels of compiled graphs took {1e3 * fused_s:.1f} ms "
-        f"({pct(fused_s / step) if step else '-'} of the op step): their bytes are unseen, so all their time "
-        f"counts as lost"
-        if fused
-        else ""
-    )
     gpu_fused = ", and a GPU's compiled graphs' fused kernels" if "cuda" in str(result["run"].get("device")) else ""
+    lines = [
+        f"the ops' time covers {pct(s['coverage']) if s.get('coverage') is not None else '-'} of the op step's "
+        f"{1e3 * step:.1f} ms (the rest: Python and framework time between ops{gpu_fused}); "
+        f"{1e3 * s['lost_s']:.1f} ms above the roofline in all"
+    ]
+    if fused:
+        lines.append(
+            f"{len(fused)} fused kernels of compiled graphs took {1e3 * fused_s:.1f} ms "
+            f"({pct(fused_s / step) if step else '-'} of the op step): their bytes are unseen, so all their time "
+            f"counts as lost"
+        )
     want = s["model_flops"] + s.get("recomputed_flops", 0.0) + s.get("executed_beyond_model_flops", 0.0)
-    flops = (
+    lines.append(
         f"their FLOPs {si(s['flops'])}: {pct(s['flops'] / want) if want else '-'} of the batch's model FLOPs "
         f"{si(s['model_flops'])} + recomputed {si(s.get('recomputed_flops', 0.0))} + executed beyond the model "
         f"{si(s.get('executed_beyond_model_flops', 0.0))}"
     )
-    cover = (
-        f"the ops' time covers {pct(s['coverage']) if s.get('coverage') is not None else '-'} of the op step's "
-        f"{1e3 * step:.1f} ms (the rest: Python and framework time between ops{gpu_fused}); "
-        f"{1e3 * s['lost_s']:.1f} ms above the roofline in all{fused_line}"
+    return lines
+
+
+def op_table(result: dict, top: int = TOP) -> str:
+    if not result.get("ops"):
+        return ""
+    body = tabulate(
+        top_rows(result, top),
+        headers=HEADERS,
+        disable_numparse=True,
+        colalign=("left", "left", "left") + ("right",) * 8 + ("left", "right"),
     )
-    return f"{head}\n{body}\n{cover}\n{flops}"
+    return "\n".join(head_lines(result, top) + [body] + foot_lines(result))

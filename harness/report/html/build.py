@@ -11,6 +11,7 @@ import datetime as dt
 import re
 import socket
 
+from gembench.harness.report import op_tables
 from gembench.harness.report.html import figures
 from gembench.harness.report.html.collect import Group, failed_metrics, overall, short
 from gembench.harness.report.html.page import badge, details, esc, figure, page, table
@@ -242,8 +243,17 @@ def run_details(r: dict) -> str:
         counter_html = '<h3>cost counters</h3><p class="lead">not recorded by the gembench that made this run</p>'
     run = {k: v for k, v in (r.get("run") or {}).items() if k not in ("batches",)}
     peak = {k: v for k, v in (r.get("peak") or {}).items()}
+    op_html = (
+        "<h3>op table</h3>"
+        + "".join(f'<p class="lead">{esc(line)}</p>' for line in op_tables.head_lines(r))
+        + table(op_tables.HEADERS, op_tables.top_rows(r))
+        + "".join(f'<p class="lead">{esc(line)}</p>' for line in op_tables.foot_lines(r))
+        if r.get("ops")
+        else ""
+    )
     inner = (
-        counter_html
+        op_html
+        + counter_html
         + "<h3>metrics</h3>"
         + kv_table({k: f"{v:.6g}" if isinstance(v, float) else v for k, v in (r.get("metrics") or {}).items()})
         + "<h3>environment</h3>"
