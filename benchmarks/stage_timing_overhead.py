@@ -6,7 +6,9 @@ median over rounds of (timed / untimed - 1). Goal: under 2% on `small`, and on a
 did not write (--model, or --examples: both of examples/). Timing adds the forward hooks on each
 model's sparse modules (the sparse timer: off in the untimed steps). The cost counters run on extra steps after the
 timed ones, so they cost the timed steps nothing; what one counted step costs is printed beside,
-as % of a plain step and as % of the run (one counted step per run of --run-steps).
+as % of a plain step and as % of the run (one counted step per run of --run-steps). The op
+table too runs on a step of its own; what it leaves in the timed steps is the profiler range
+inductor puts around each fused CPU kernel, priced by compiling the stack with and without them.
 
   python benchmarks/stage_timing_overhead.py                  # small, optimized stack
   python benchmarks/stage_timing_overhead.py --config tiny --stack baseline
@@ -20,8 +22,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gembench.harness.device.hardware import keep_freed_memory
 from gembench.harness.train.measure import run_steps
-from gembench.harness.train.stack import STACKS, build_train_state, with_switches
+from gembench.harness.train.runconfig import RunConfig
+from gembench.harness.train.stack import STACKS, build_train_state
 from gembench.harness.train.workloads import workload_of
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -70,6 +74,32 @@ def counter_cost(state, batches, rounds: int) -> float:
     return float(np.median(ratios))
 
 
+def kernel_profile_cost(workload, options, device, batches, rounds: int, steps: int) -> float | None:
+    """Untimed steps of the stack compiled with inductor's kernel ranges (what the op table reads
+    a CPU's fused kernels from; the stack turns them on) / compiled without - 1, the median over
+    rounds in alternating order; None where nothing is compiled for a CPU."""
+    import torch._inductor.config as inductor_config
+
+    if not options.compile or device.type != "cpu":
+        return None
+    states = {}
+    for profiled in (True, False):
+        state = build_train_state(workload, options, device)  # the stack sets the ranges on
+        inductor_config.cpp.enable_kernel_profile = profiled
+        run_steps(state, batches, 0, warmup=3, timed=False)  # compiles under that setting
+        states[profiled] = state
+    inductor_config.cpp.enable_kernel_profile = True
+    ratios = []
+    for r in range(rounds):
+        spent = {}
+        for profiled in (True, False) if r % 2 else (False, True):
+            start = time.perf_counter()
+            run_steps(states[profiled], batches, steps, 0, timed=False)
+            spent[profiled] = time.perf_counter() - start
+        ratios.append(spent[True] / spent[False] - 1)
+    return float(np.median(ratios))
+
+
 def report(name: str, ratios, totals, rounds: int, steps: int, counted: float, run_steps_: int) -> None:
     print(f"{name}: {rounds} rounds x {steps} steps each way")
     print(
@@ -99,7 +129,10 @@ def main() -> None:
     p.add_argument("--examples", action="store_true", help="both models of examples/ instead of --config")
     p.add_argument("--run-steps", type=int, default=20, help="timed steps of the run the counted step is priced in")
     args = p.parse_args()
-    device, options = torch.device(args.device), with_switches(STACKS[args.stack], args.switches)
+    keep_freed_memory()  # as a run's process does
+    device = torch.device(args.device)
+    # the stack as a run on this device holds it (bf16 where the device multiplies it)
+    options = RunConfig(args.config, stack=args.stack, switches=tuple(args.switches), device=args.device).options
     specs = EXAMPLE_SPECS if args.examples else [(args.model, tuple(args.model_args))]
     for spec, model_args in specs:
         workload = workload_of(args.config, spec, model_args).on_device(device.type).for_stack(options)
@@ -109,6 +142,12 @@ def main() -> None:
         counted = counter_cost(state, batches, args.rounds)
         name = f"{workload.name} ({args.stack}, {options.describe()})"
         report(name, ratios, totals, args.rounds, args.steps, counted, args.run_steps)
+        kernels = kernel_profile_cost(workload, options, device, batches, args.rounds, args.steps)
+        if kernels is not None:
+            print(
+                f"op table's kernel ranges (inductor cpp.enable_kernel_profile) in the timed steps: "
+                f"{100 * kernels:+.2f}% (median of {args.rounds} alternating rounds); goal <= 1%"
+            )
 
 
 if __name__ == "__main__":
