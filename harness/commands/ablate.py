@@ -59,29 +59,32 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
 
 
-def variants(single_process: bool, skip=()):
-    """(label, options) pairs: cumulative additions from the baseline, then single removals
-    (``skip``: switches that do not act on the model, skipped_switches)."""
+def variants(single_process: bool, skip=(), optimized=None):
+    """(label, options) pairs: cumulative additions from the baseline, then single removals from
+    ``optimized`` (default the named stack; ``skip``: switches that do not act on the model,
+    skipped_switches, or that this device does not run)."""
     from gembench.harness.train.stack import OPTIMIZATIONS, STACKS
 
+    optimized = optimized or STACKS["optimized"]
     names = [n for n in OPTIMIZATIONS if not (single_process and n == "pipeline") and n not in skip]
     added, options = [("baseline", STACKS["baseline"])], STACKS["baseline"]
     for name in names:
         options = replace(options, **{name: True})
         added.append((f"+ {name}", options))
-    removed = [(f"- {name}", replace(STACKS["optimized"], **{name: False})) for name in names]
+    removed = [(f"- {name}", replace(optimized, **{name: False})) for name in names]
     return added, removed
 
 
-def choices(single_process: bool, excluded=()):
-    """(label, options): the optimized stack with each other value of a choice switch (one process:
-    no dense_parallel, which needs ranks; ``excluded``: the switches or values that do not act on
-    the model, skipped_switches)."""
+def choices(single_process: bool, excluded=(), optimized=None):
+    """(label, options): ``optimized`` (default the named stack) with each other value of a
+    choice switch (one process: no dense_parallel, which needs ranks; ``excluded``: the switches
+    or values that do not act on the model, skipped_switches)."""
     from gembench.harness.train.stack import CHOICES, STACKS
 
+    optimized = optimized or STACKS["optimized"]
     skip = {"dense_parallel"} if single_process else set()
     return [
-        (f"{name}={value}", replace(STACKS["optimized"], **{name: value}))
+        (f"{name}={value}", replace(optimized, **{name: value}))
         for name, values in CHOICES.items()
         if name not in skip
         for value in values[1:]
@@ -126,16 +129,20 @@ def _ablate(args: argparse.Namespace) -> int:
     device_type = resolve_device(args.device).type
     workload = workload.on_device(device_type)
     skip = skipped_switches(workload)  # only the switches that act on the model
-    added, removed = variants(single_process=True, skip=skip)
-    chosen = choices(single_process=True, excluded=skip)
+    # ablate's --out is its own table
+    run = run_config_from(args, out=None, nproc=None, model_args=tuple(args.model_args or ()))
+    optimized, why = run.precision()  # the optimized stack as this device runs it
+    if why:  # bf16 emulated here: a row of it would time the emulation, and every row after it too
+        skip = set(skip) | {"bf16"}
+        print(f"gembench ablate: bf16 not measured, the stacks run {why}", file=sys.stderr)
+    added, removed = variants(single_process=True, skip=skip, optimized=optimized)
+    chosen = choices(single_process=True, excluded=skip, optimized=optimized)
     # Variants run one at a time, and each must fit: the memory check takes the hungriest.
     counts = parameter_shapes(workload)
     hungriest = max(
         (options for _, options in added + removed),
         key=lambda o: memory_estimate(workload.for_stack(o), counts, workload.global_batch, o, device_type)["total"],
     )
-    # ablate's --out is its own table
-    run = run_config_from(args, out=None, nproc=None, model_args=tuple(args.model_args or ()))
     setup = prepare(run, [hungriest])
     runs = {}  # options -> Measured: "+ compile" is the optimized stack, measured once
     todo = added + removed + chosen
