@@ -15,7 +15,7 @@ import torch
 from synthetic import gembench_cli, run_cli, schema_and_readers_agree
 
 from gembench.errors import UsageError
-from gembench.harness.device.hardware import native_bf16
+from gembench.harness.device.hardware import cpu_native_bf16
 from gembench.harness.train.distributed.plan import parse_sharding
 from gembench.models.config import load_config
 from gembench.models.data import SyntheticData
@@ -59,7 +59,7 @@ def test_one_result_with_per_rank_stages_imbalance_and_comm(table_wise):
     assert run["options"] == {
         "fused_embeddings": True,
         "jagged": True,
-        "bf16": native_bf16(torch.device("cpu")),  # the stack's bf16 where the CPU multiplies it
+        "bf16": cpu_native_bf16(),  # the stack's bf16 where the CPU multiplies it
         "fused_optimizer": True,
         "compile": True,
         "pipeline": False,
@@ -283,7 +283,6 @@ def test_the_staged_step_leaves_a_data_parallel_tables_gradient_to_torchrec(tmp_
     """TorchRec wraps a data_parallel table's lookup in a DDP of its own, which all-reduces its
     gradient in the backward: grad_sync all-reduces only the other dense parameters (it once
     all-reduced the table's gradient a second time)."""
-    import torch
     import torch.distributed as dist
     from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder

@@ -84,7 +84,7 @@ def test_the_run_config_carries_the_model_to_ranks_and_continuous():
 def test_the_stacks_bf16_is_kept_only_where_the_cpu_multiplies_it(monkeypatch):
     from gembench.harness.train import runconfig
 
-    monkeypatch.setattr(runconfig, "native_bf16", lambda device: False)
+    monkeypatch.setattr(runconfig, "cpu_native_bf16", lambda: False)
     options, why = RunConfig("tiny", device="cpu").precision()
     assert not options.bf16 and "AVX-512 BF16 nor AMX" in why and "--dtype bf16" in why
     for asked in (
@@ -94,6 +94,6 @@ def test_the_stacks_bf16_is_kept_only_where_the_cpu_multiplies_it(monkeypatch):
         assert asked.precision() == (asked.options, None) and asked.options.bf16  # asked for: kept
     assert RunConfig("tiny", device="cpu", stack="baseline").precision()[1] is None  # fp32 already
     assert RunConfig("tiny", device="cuda").options.bf16  # a GPU's word is taken, from any host
-    monkeypatch.setattr(runconfig, "native_bf16", lambda device: True)
+    monkeypatch.setattr(runconfig, "cpu_native_bf16", lambda: True)
     assert RunConfig("tiny", device="cpu").precision() == (RunConfig("tiny").precision()[0], None)
     assert RunConfig("tiny", device="cpu").options.bf16

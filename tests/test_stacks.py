@@ -9,7 +9,7 @@ import pytest
 import torch
 from synthetic import BF16_LOSS_RTOL, run_cli, zoo_state
 
-from gembench.harness.device.hardware import native_bf16
+from gembench.harness.device.hardware import cpu_native_bf16
 from gembench.harness.train.measure import run_steps
 from gembench.harness.train.runconfig import RunConfig
 from gembench.harness.train.runner import run_ab
@@ -56,7 +56,7 @@ def test_optimized_stack_tracks_baseline(tiny_run, baseline_losses):
     run = result["run"]
     here = RunConfig("tiny").options  # the optimized stack as this host runs it
     assert run["seed"] == 0 and run["warmup"] + run["steps"] == STEPS and run["options"] == here.to_dict()
-    assert here.bf16 == native_bf16(torch.device("cpu")) and ("dtype_why" in run) != here.bf16
+    assert here.bf16 == cpu_native_bf16() and ("dtype_why" in run) != here.bf16
     assert result["samples"]["loss"] == pytest.approx(baseline_losses[run["warmup"] :], rel=BF16_LOSS_RTOL)
 
 

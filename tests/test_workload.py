@@ -10,10 +10,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import torch
 from synthetic import cli_in_process, gembench_cli, run_cli
 
-from gembench.harness.device.hardware import native_bf16
+from gembench.harness.device.hardware import cpu_native_bf16
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -201,7 +200,7 @@ def test_ablate_a_workload_measures_only_the_switches_that_act_on_it(capsys):
     assert code == 0, err
     assert "+ fused_embeddings" in out and "activation_checkpointing=all" in out
     # bf16 is measured where the CPU multiplies it; where torch would emulate it, ablate says so
-    native = native_bf16(torch.device("cpu"))
+    native = cpu_native_bf16()
     assert ("- bf16" in out) == native and ("bf16 not measured" in err) != native, err
     assert "jagged" not in out and "content" not in out and "activation_checkpointing=hstu" not in out
 

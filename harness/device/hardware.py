@@ -96,12 +96,10 @@ def keep_freed_memory() -> bool:
     return bool(libc.mallopt(m_mmap_threshold, 2**30) and libc.mallopt(m_trim_threshold, 2**31 - 1))
 
 
-def native_bf16(device: torch.device) -> bool:
-    """Whether ``device`` multiplies bf16 in hardware: a CUDA device that supports it, a CPU with
-    AVX-512 BF16 or AMX. Elsewhere torch emulates bf16 GEMMs, about a hundred times slower than
-    fp32's, so mixed precision there loses time instead of saving it."""
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
+def cpu_native_bf16() -> bool:
+    """Whether this host's CPU multiplies bf16 in hardware (AVX-512 BF16 or AMX). Elsewhere torch
+    emulates bf16 GEMMs, about a hundred times slower than fp32's, so mixed precision there loses
+    time instead of saving it."""
     return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
 
 

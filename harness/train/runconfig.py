@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from gembench.errors import UsageError
-from gembench.harness.device.hardware import native_bf16
+from gembench.harness.device.hardware import cpu_native_bf16
 from gembench.harness.store.results import writable_folder
 from gembench.harness.train.stack import StackOptions, check_one_process, stack_options
 
@@ -108,7 +108,7 @@ class RunConfig:
         asked = self.dtype is not None or any(s.partition("=")[0].strip() == "bf16" for s in self.switches)
         # a CUDA device is taken at its word: a job for GPU nodes may be submitted from a CPU host
         cuda = self.device.startswith("cuda") or (self.device == "auto" and torch.cuda.is_available())
-        if not options.bf16 or asked or cuda or native_bf16(torch.device("cpu")):
+        if not options.bf16 or asked or cuda or cpu_native_bf16():
             return options, None
         return replace(options, bf16=False), NO_NATIVE_BF16
 
