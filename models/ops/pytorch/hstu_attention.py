@@ -137,9 +137,10 @@ def _scatter(out: torch.Tensor, dest: torch.Tensor, heads: list[torch.Tensor]) -
     out.index_copy_(0, dest, torch.stack(heads, 2).view(dest.numel(), out.shape[1], out.shape[2]))
 
 
-def _spare_row(T: int, H: int, D: int, like: torch.Tensor) -> torch.Tensor:
-    """(T + 1, H, D) uninitialised: every real row is written by a tile, row T takes the padding."""
-    return torch.empty(T + 1, H, D, dtype=like.dtype, device=like.device)
+def _spare_row(like: torch.Tensor) -> torch.Tensor:
+    """``like`` (T, H, D) with a spare row T, uninitialised: every real row is written by a tile,
+    row T takes the padding."""
+    return like.new_empty(like.shape[0] + 1, *like.shape[1:])
 
 
 def _scores(qt: torch.Tensor, kt: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -161,10 +162,10 @@ def hstu_jagged_attention(
     Returns:
         (T, H, D): per sequence of real length n, ``(SiLU(Q K^T + rab) / n, causal) @ V``.
     """
-    T, H, D = v.shape
+    T, H = v.shape[:2]
     if T == 0:
         return torch.zeros_like(v)
-    out = _spare_row(T, H, D, v)
+    out = _spare_row(v)
     bias = _masked_bias(rab, int((offsets[1:] - offsets[:-1]).max()))
     for rows, dest, row_w, m, L in _tiles(offsets):
         qt, kt, vt = _gather(q, rows, m, L), _gather(k, rows, m, L), _gather(v, rows, m, L)
@@ -199,11 +200,11 @@ def hstu_jagged_attention_bwd(
 
     Returns (grad_q, grad_k, grad_v) of shape (T, H, D) and grad_rab (H, R).
     """
-    T, H, D = q.shape
+    T, H = q.shape[:2]
     R = rab.shape[1]
     if T == 0:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), torch.zeros_like(rab)
-    gq, gk, gv = (_spare_row(T, H, D, q) for _ in range(3))
+    gq, gk, gv = _spare_row(q), _spare_row(k), _spare_row(v)
     Lmax = int((offsets[1:] - offsets[:-1]).max())
     bias = _masked_bias(rab, Lmax)
     # Bias gradient summed over sequences in fp32, folded into buckets once at the end.
