@@ -170,7 +170,7 @@ def main() -> None:
         f"batch {args.batch} sequences, H={heads}, d_head={d_head}, lengths 2..{cap} (mean {np.mean(lengths):.0f}, "
         f"T={int(q.shape[0])}), model FLOPs fwd+bwd = 3 H (d_qk + d_v) sum n^2 = {flops / 1e12:.4g} TFLOP\n"
     )
-    rows = []
+    rows, times_ms = [], {}
     for name, fn in paths(device).items():
         if args.only and name not in args.only:
             continue
@@ -180,6 +180,7 @@ def main() -> None:
             rows.append([name, "out of memory", "", "", ""])
             torch.cuda.empty_cache()
             continue
+        times_ms[name] = ms
         tflops = flops / (ms / 1e3) / 1e12
         launches = count_launches(fn, call) if cuda else None
         syncs = count_syncs(fn, call) if cuda else None
@@ -208,7 +209,7 @@ def main() -> None:
         )
     )
     if not cuda:
-        cpu_goals(rows)
+        cpu_goals(times_ms, flops, peak.tflops_per_device)
         return
     triton_row = next((r for r in rows if r[0] == "triton" and r[1] != "out of memory"), None)
     print("\ngoals (triton, one H200, batch 512)")
@@ -224,13 +225,13 @@ def main() -> None:
     print(f"  launches    {launches}  goal <= {GOAL_LAUNCHES}: {'met' if launches <= GOAL_LAUNCHES else 'not met'}")
 
 
-def cpu_goals(rows: list) -> None:
-    times = {r[0]: float(r[1]) for r in rows if r[1] != "out of memory"}
+def cpu_goals(times: dict[str, float], flops: float, peak_tflops: float) -> None:
+    """The CPU goals from each path's fwd+bwd ms and the model FLOPs against the dtype's peak."""
     print("\ngoals (tiled, a CPU)")
     if "tiled" not in times:
         print("  not measured (--only left the tiled op out)")
         return
-    share = float(next(r for r in rows if r[0] == "tiled")[3].rstrip("%")) / 100
+    share = flops / (times["tiled"] / 1e3) / 1e12 / peak_tflops
     if "padded" in times:
         speedup = times["padded"] / times["tiled"]
         print(

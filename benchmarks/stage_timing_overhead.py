@@ -74,21 +74,19 @@ def counter_cost(state, batches, rounds: int) -> float:
     return float(np.median(ratios))
 
 
-def kernel_profile_cost(workload, options, device, batches, rounds: int, steps: int) -> float | None:
-    """Untimed steps of the stack compiled with inductor's kernel ranges (what the op table reads
-    a CPU's fused kernels from; the stack turns them on) / compiled without - 1, the median over
-    rounds in alternating order; None where nothing is compiled for a CPU."""
+def kernel_profile_cost(state, workload, options, device, batches, rounds: int, steps: int) -> float | None:
+    """Untimed steps of ``state`` (compiled as the stack compiles, with inductor's kernel ranges:
+    what the op table reads a CPU's fused kernels from) / the same stack compiled without them - 1,
+    the median over rounds in alternating order; None where nothing is compiled for a CPU."""
     import torch._inductor.config as inductor_config
 
     if not options.compile or device.type != "cpu":
         return None
-    states = {}
-    for profiled in (True, False):
-        state = build_train_state(workload, options, device)  # the stack sets the ranges on
-        inductor_config.cpp.enable_kernel_profile = profiled
-        run_steps(state, batches, 0, warmup=3, timed=False)  # compiles under that setting
-        states[profiled] = state
+    without = build_train_state(workload, options, device)  # the stack turns the ranges on
+    inductor_config.cpp.enable_kernel_profile = False
+    run_steps(without, batches, 0, warmup=3, timed=False)  # compiles without them
     inductor_config.cpp.enable_kernel_profile = True
+    states = {True: state, False: without}
     ratios = []
     for r in range(rounds):
         spent = {}
@@ -142,7 +140,7 @@ def main() -> None:
         counted = counter_cost(state, batches, args.rounds)
         name = f"{workload.name} ({args.stack}, {options.describe()})"
         report(name, ratios, totals, args.rounds, args.steps, counted, args.run_steps)
-        kernels = kernel_profile_cost(workload, options, device, batches, args.rounds, args.steps)
+        kernels = kernel_profile_cost(state, workload, options, device, batches, args.rounds, args.steps)
         if kernels is not None:
             print(
                 f"op table's kernel ranges (inductor cpp.enable_kernel_profile) in the timed steps: "
