@@ -175,12 +175,9 @@ def as_rank(entry: Callable[..., int], *entry_args) -> None:
     Ctrl-C as KeyboardInterrupt and SIGTERM's default end (a fork inherits the agent's handlers)."""
     import torch
 
-    from gembench.harness.device.hardware import keep_freed_memory
-
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-    keep_freed_memory()
     code = entry(*entry_args)
     if code:
         sys.exit(code)
