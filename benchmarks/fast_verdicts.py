@@ -2,14 +2,15 @@
 slowdown, each N times, on the DIN-style workload (benchmarks/workloads/din.py, 15 ms steps here).
 
 Builds a throwaway git repository with three commits of the model: the model, a comment-only
-change (unchanged code), and a planted slowdown of about 2% of a step: a pure-Python loop in the
-forward (about 0.3 ms), which changes no op count and no FLOP, so only the step time can catch
-it. Runs `gembench
-continuous` on each pair of commits ``--repeats`` times with ``--budget`` seconds (default 300:
-the goal is a verdict within 5 minutes) and prints, per try, the verdict, the pairs and the
-minutes it took. The goal: "unchanged" and "regressed" respectively, every try within 5 minutes.
+change (unchanged code), and a planted slowdown of 2% of a step: a pure-Python loop in the
+forward, which changes no op count and no FLOP, so only the step time can catch it. The loop's
+length is sized on this machine: one `gembench run` of the model gives its step time, and the
+loop is timed here. Runs `gembench continuous` on each pair of commits ``--repeats`` times with
+``--budget`` seconds (default 300: the goal is a verdict within 5 minutes) and prints, per try,
+the verdict, the pairs and the minutes it took. The goal: "unchanged" and "regressed"
+respectively, every try within 5 minutes.
 
-  python benchmarks/fast_verdicts.py --repeats 5     # about 20 minutes on 2 cores
+  python benchmarks/fast_verdicts.py --repeats 5     # at most 50 minutes on 2 cores
 """
 
 import argparse
@@ -19,28 +20,46 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import timeit
 from pathlib import Path
 
 from tabulate import tabulate
 
 HERE = Path(__file__).resolve().parent
 GOAL_MINUTES = 5.0
-WASTE = """    def forward(self, batch: Batch) -> torch.Tensor:
-        sum(range(16_000))  # planted: ~0.3 ms of Python, ~2% of a 15 ms step
-"""
+SLOWDOWN = 0.02
+FORWARD = "    def forward(self, batch: Batch) -> torch.Tensor:\n"
 
 
-def repository(folder: Path) -> Path:
+def step_seconds(batch: int, folder: Path) -> float:
+    """The model's median step time here, from a short `gembench run` on one thread."""
+    out = folder / "step.json"
+    cmd = [sys.executable, "-m", "gembench", "run", "--model", str(HERE / "workloads" / "din.py") + ":din"]
+    cmd += ["--model-arg", f"batch={batch}", "--steps", "200", "--quiet", "--out", str(out)]
+    subprocess.run(cmd, check=True, env=os.environ | {"OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL)
+    return json.loads(out.read_text())["metrics"]["step_time_s"]
+
+
+def loop_length(seconds: float) -> int:
+    """How many numbers `sum(range(n))` adds in ``seconds`` here (best of 20 timings)."""
+    n = 100_000
+    per = min(timeit.repeat(lambda: sum(range(n)), number=1, repeat=20)) / n
+    return max(1, round(seconds / per))
+
+
+def repository(folder: Path, waste: int) -> Path:
     repo = folder / "din"
     repo.mkdir()
     shutil.copy(HERE / "workloads" / "din.py", repo / "din.py")
     git = ["git", "-C", str(repo), "-c", "user.email=bench@gembench", "-c", "user.name=bench"]
     subprocess.run([*git, "init", "-q"], check=True)
     model = (repo / "din.py").read_text()
+    if FORWARD not in model:
+        raise SystemExit(f"fast_verdicts: no {FORWARD.strip()!r} in workloads/din.py to plant the slowdown in")
     for message, text in (
         ("the model", model),
         ("a comment", model + "# a comment-only change\n"),
-        ("a 2% slowdown", model.replace("    def forward(self, batch: Batch) -> torch.Tensor:\n", WASTE, 1)),
+        ("a 2% slowdown", model.replace(FORWARD, f"{FORWARD}        sum(range({waste}))  # planted slowdown\n", 1)),
     ):
         (repo / "din.py").write_text(text)
         subprocess.run([*git, "add", "din.py"], check=True)
@@ -57,7 +76,9 @@ def main() -> None:
     load = os.getloadavg()
     rows, met = [], 0
     with tempfile.TemporaryDirectory() as tmp:
-        repo = repository(Path(tmp))
+        step = step_seconds(args.batch, Path(tmp))
+        waste = loop_length(SLOWDOWN * step)
+        repo = repository(Path(tmp), waste)
         for case, (base, head, want) in {
             "unchanged": ("HEAD~2", "HEAD~1", "unchanged"),
             "2% slower": ("HEAD~1", "HEAD", "regressed"),
@@ -84,7 +105,9 @@ def main() -> None:
                     ]
                 )
     print(
-        f"DIN-style workload, batch {args.batch}, --budget {args.budget:g} s; load average at the start {load[0]:.2f}"
+        f"DIN-style workload, batch {args.batch}, step {1e3 * step:.2f} ms here, planted slowdown "
+        f"sum(range({waste:,})) = {100 * SLOWDOWN:g}% of it; --budget {args.budget:g} s; "
+        f"load average at the start {load[0]:.2f}"
     )
     print(
         tabulate(
