@@ -1,16 +1,19 @@
 """Does `gembench continuous` reach its verdict in time on a fast model? Unchanged code and a 2%
-slowdown, each N times, on the DIN-style workload (benchmarks/workloads/din.py, 15 ms steps here).
+slowdown, each N times, on the DIN-style workload (benchmarks/workloads/din.py, 10-50 ms steps).
 
-Builds a throwaway git repository with three commits of the model: the model, a comment-only
-change (unchanged code), and a planted slowdown of 2% of a step: a pure-Python loop in the
-forward, which changes no op count and no FLOP, so only the step time can catch it. The loop's
-length is sized on this machine: one `gembench run` of the model gives its step time, and the
+Builds a throwaway git repository with four commits of the model: the model, a comment-only
+change (unchanged code), a planted slowdown of 2% of a step (a pure-Python loop in the forward,
+which changes no op count and no FLOP, so only the step time can catch it) and, instead of it, a
+planted start-up delay (a 1 s sleep in the model's factory, judged on startup_s: --cases). The
+loop's length is sized on this machine: one `gembench run` of the model gives its step time, and the
 loop is timed here. Runs `gembench continuous` on each pair of commits ``--repeats`` times with
 ``--budget`` seconds (default 300: the goal is a verdict within 5 minutes) and prints, per try,
 the verdict, the pairs and the minutes it took. The goal: "unchanged" and "regressed"
-respectively, every try within 5 minutes.
+respectively (start-up: never "regressed" unchanged, "regressed" 1 s later), every try within 5
+minutes.
 
   python benchmarks/fast_verdicts.py --repeats 5     # at most 50 minutes on 2 cores
+  python benchmarks/fast_verdicts.py --cases "start-up unchanged" "start-up +1 s"
 """
 
 import argparse
@@ -47,6 +50,9 @@ def loop_length(seconds: float) -> int:
     return max(1, round(seconds / per))
 
 
+FACTORY = "def din("
+
+
 def repository(folder: Path, waste: int) -> Path:
     repo = folder / "din"
     repo.mkdir()
@@ -54,12 +60,19 @@ def repository(folder: Path, waste: int) -> Path:
     git = ["git", "-C", str(repo), "-c", "user.email=bench@gembench", "-c", "user.name=bench"]
     subprocess.run([*git, "init", "-q"], check=True)
     model = (repo / "din.py").read_text()
-    if FORWARD not in model:
-        raise SystemExit(f"fast_verdicts: no {FORWARD.strip()!r} in workloads/din.py to plant the slowdown in")
+    for where in (FORWARD, FACTORY):
+        if where not in model:
+            raise SystemExit(f"fast_verdicts: no {where.strip()!r} in workloads/din.py to plant a change in")
+    commented = model + "# a comment-only change\n"
+    delay = "import time as _time\n\n\n" + FACTORY  # the factory runs before the run's first step
     for message, text in (
         ("the model", model),
-        ("a comment", model + "# a comment-only change\n"),
-        ("a 2% slowdown", model.replace(FORWARD, f"{FORWARD}        sum(range({waste}))  # planted slowdown\n", 1)),
+        ("a comment", commented),
+        ("a 2% slowdown", commented.replace(FORWARD, f"{FORWARD}        sum(range({waste}))  # planted slowdown\n", 1)),
+        (
+            "a 1 s start-up delay",
+            commented.replace(FACTORY, delay, 1).replace(") -> DIN:\n", ") -> DIN:\n    _time.sleep(1.0)\n", 1),
+        ),
     ):
         (repo / "din.py").write_text(text)
         subprocess.run([*git, "add", "din.py"], check=True)
@@ -67,11 +80,23 @@ def repository(folder: Path, waste: int) -> Path:
     return repo
 
 
+# case -> (BASE, HEAD, the metric judged, the verdicts that meet the goal)
+CASES = {
+    "unchanged": ("HEAD~3", "HEAD~2", "step_time_s", ("unchanged",)),
+    "2% slower": ("HEAD~2", "HEAD~1", "step_time_s", ("regressed",)),
+    "start-up unchanged": ("HEAD~3", "HEAD~2", "startup_s", ("unchanged", "inconclusive")),  # never regressed
+    "start-up +1 s": ("HEAD~2", "HEAD", "startup_s", ("regressed",)),
+}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--budget", type=float, default=300.0)
     p.add_argument("--batch", type=int, default=32)
+    p.add_argument(
+        "--cases", nargs="+", choices=list(CASES), default=list(CASES)[:2], help="which pairs (default: the step's two)"
+    )
     args = p.parse_args()
     load = os.getloadavg()
     rows, met = [], 0
@@ -79,23 +104,23 @@ def main() -> None:
         step = step_seconds(args.batch, Path(tmp))
         waste = loop_length(SLOWDOWN * step)
         repo = repository(Path(tmp), waste)
-        for case, (base, head, want) in {
-            "unchanged": ("HEAD~2", "HEAD~1", "unchanged"),
-            "2% slower": ("HEAD~1", "HEAD", "regressed"),
-        }.items():
+        for case in args.cases:
+            base, head, metric, wanted = CASES[case]
             for i in range(args.repeats):
                 out = Path(tmp) / f"{case}-{i}.json"
                 print(f"{case}, try {i + 1} ...", file=sys.stderr, flush=True)
                 cmd = [sys.executable, "-m", "gembench", "continuous", base, head, "--repo", str(repo)]
                 cmd += ["--model", "din.py:din", "--model-arg", f"batch={args.batch}", "--budget", str(args.budget)]
+                cmd += ["--metric", metric]
                 subprocess.run([*cmd, "--quiet", "--json-out", str(out)], capture_output=True, text=True)
                 doc = json.loads(out.read_text()) if out.exists() else {}
-                row = next((r for r in doc.get("rows", []) if r["metric"] == "step_time_s"), {})
-                ok = row.get("verdict") == want and doc.get("minutes", 99) <= GOAL_MINUTES
+                row = next((r for r in doc.get("rows", []) if r["metric"] == metric), {})
+                ok = row.get("verdict") in wanted and doc.get("minutes", 99) <= GOAL_MINUTES
                 met += ok
                 rows.append(
                     [
                         case,
+                        metric,
                         i + 1,
                         row.get("verdict", "failed"),
                         f"{row.get('ratio') or 0:.4f}",
@@ -111,7 +136,9 @@ def main() -> None:
     )
     print(
         tabulate(
-            rows, headers=["case", "try", "verdict", "HEAD/BASE", "pairs", "minutes", "goal met"], disable_numparse=True
+            rows,
+            headers=["case", "metric", "try", "verdict", "HEAD/BASE", "pairs", "minutes", "goal met"],
+            disable_numparse=True,
         )
     )
     print(f"goal: the right verdict within {GOAL_MINUTES:g} minutes: {met} of {len(rows)}")

@@ -472,3 +472,18 @@ def test_an_added_op_is_named_by_its_aten_name(clone, capsys):
     assert re.search(
         r"aten ops changed per step \([\d,]+ -> [\d,]+\):\n  aten\.mul\.Tensor \d+ -> \d+ \((added|changed)\)", out
     )
+
+
+def test_each_revision_compiles_into_a_cache_of_its_own(tmp_path):
+    from gembench.harness.continuous.config import Measuring
+    from gembench.harness.continuous.pairs import revision_env
+    from gembench.harness.continuous.worktrees import Checkout
+
+    caches = set()
+    for model in (None, "din.py:din"):
+        for label in ("BASE", "HEAD"):
+            c = Checkout(label, label, "0" * 40, tmp_path / label.lower(), tmp_path / f"path-{label.lower()}")
+            env = revision_env(Measuring(pairs=2, model=model), c)
+            assert Path(env["TORCHINDUCTOR_CACHE_DIR"]).parent == tmp_path
+            caches.add((model, env["TORCHINDUCTOR_CACHE_DIR"]))
+    assert len({cache for _, cache in caches}) == 2  # one per revision, whatever it runs

@@ -58,6 +58,18 @@ def test_threshold_missed_exit_1(setup, capsys):
     assert code == 1 and "FAIL           max_imbalance: imbalance_max_mean 1.6 > 1.25 ([defaults])" in out
 
 
+def test_a_start_up_past_its_limit_fails_the_gate(setup, capsys):
+    tmp, t, base = setup
+    limit = Path(t).read_text() + "max_startup_s = 30\n"  # under the tiny table
+    Path(t).write_text(limit)
+    slow = save(tmp, make_result(rid="slow-start", seed=2, noise=0.002, metrics={"startup_s": 41.5}))
+    code, out, _ = _gate(capsys, t, base, slow)
+    assert code == 1 and "FAIL           max_startup_s: startup_s 41.5 > 30" in out
+    fast = save(tmp, make_result(rid="fast-start", seed=2, noise=0.002, metrics={"startup_s": 12.0}))
+    code, out, _ = _gate(capsys, t, base, fast)
+    assert code == 0 and "PASS           max_startup_s: startup_s 12 <= 30" in out
+
+
 def test_errors_exit_2_and_name_the_field(setup, capsys, tmp_path):
     tmp, t, base = setup
     r = save(tmp, make_result(rid="x", seed=2))

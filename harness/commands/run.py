@@ -313,6 +313,7 @@ def first_step_key(run) -> str:
 
 def _run(run) -> int:
     from gembench.errors import UsageError
+    from gembench.harness.metrics.startup import Startup
     from gembench.harness.report.tables import run_report
     from gembench.harness.store.reservation import write_or_fallback
     from gembench.harness.train.progress import Progress, first_step_seconds, remember_first_step
@@ -348,7 +349,8 @@ def _run(run) -> int:
     if run.ab:
         result = run_ab(run, progress=progress, on_prepared=compile_notice)
     else:
-        result = run_benchmark(run, progress=progress, on_prepared=compile_notice, pace=pace)
+        startup = Startup(from_process_start=True)  # this process is the run: its imports count
+        result = run_benchmark(run, progress=progress, on_prepared=compile_notice, pace=pace, startup=startup)
     if progress.first_step_s is not None and not run.ab:
         remember_first_step(first_step, progress.first_step_s)
     out = run.out or DEFAULT_OUT_DIR / f"{result['id']}.json"

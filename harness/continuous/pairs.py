@@ -124,12 +124,16 @@ def revision_env(m: Measuring, c) -> dict:
     is relative to it) before this gembench, and the result's commit is the worktree's."""
     first = f"{c.overlay}{os.pathsep}" if getattr(c, "overlay", None) else ""  # what --setup installed
     if m.model is None:
-        return child_env(Path(f"{first}{c.pythonpath}"), m.threads)
-    import gembench
+        env = child_env(Path(f"{first}{c.pythonpath}"), m.threads)
+    else:
+        import gembench
 
-    here = Path(gembench.__file__).parent.parent  # the folder holding this gembench (a symlink kept)
-    env = child_env(Path(f"{first}{c.path}{os.pathsep}{here}"), m.threads)
-    env["GEMBENCH_COMMIT"] = c.sha
+        here = Path(gembench.__file__).parent.parent  # the folder holding this gembench (a symlink kept)
+        env = child_env(Path(f"{first}{c.path}{os.pathsep}{here}"), m.threads)
+        env["GEMBENCH_COMMIT"] = c.sha
+    # Each revision compiles into a cache of its own, beside its worktree: with one shared cache the
+    # first process to compile would warm the other revision's start-up (and its startup_s).
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(c.path.parent / f"compile-cache-{c.label.lower()}")
     return env
 
 

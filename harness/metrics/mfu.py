@@ -40,6 +40,19 @@ def mfu(flops_per_step: float, step_s: float, peak_tflops: float, devices: int =
     return flops_per_step / step_s / (peak_tflops * 1e12 * devices)
 
 
+def end_to_end(startup_s: float, step_s, forward_flops, peak_tflops: float, devices: int = 1) -> dict:
+    """A job of these timed steps taken whole, start-up included (what GEM calls end-to-end
+    efficiency): its wall time, goodput (the share of it spent in the steps) and end-to-end MFU,
+    the model FLOPs of every step over that wall time. Checkpoints would add their blocking here."""
+    stepping = float(np.sum(step_s))
+    job_s = startup_s + stepping
+    return {
+        "job_s": job_s,
+        "goodput": stepping / job_s if job_s > 0 else 0.0,
+        "end_to_end_mfu": mfu(float(train_flops(np.sum(forward_flops))), job_s, peak_tflops, devices) if job_s else 0.0,
+    }
+
+
 def median_ci(xs, confidence: float = 0.95) -> tuple[float, float]:
     """Distribution-free confidence interval of the median from order statistics.
 

@@ -36,6 +36,7 @@ METRICS: dict[str, MetricInfo] = {
         MetricInfo("imbalance_max_mean", True, "x"),
         MetricInfo("exposed_comm_fraction", True, "fraction"),
         MetricInfo("peak_memory_bytes", True, "B", exact=True),
+        MetricInfo("startup_s", True, "s"),  # time to first step (metrics/startup.py); its phases are shown
     )
 }
 

@@ -26,6 +26,7 @@ THRESHOLD_METRICS = {
     "min_ab_mfu_ratio": ("ab_mfu_ratio", "min"),
     "max_imbalance": ("imbalance_max_mean", "max"),
     "max_exposed_comm": ("exposed_comm_fraction", "max"),
+    "max_startup_s": ("startup_s", "max"),
 }
 
 

@@ -22,6 +22,7 @@ FIELDS: dict[str, tuple[float, float, str]] = {
     "min_ab_mfu_ratio": (0.0, 1e6, "lowest acceptable optimized/naive MFU ratio (2.0 = the doubling)"),
     "max_imbalance": (1.0, 1e6, "highest acceptable embedding imbalance, max/mean over ranks (>= 1)"),
     "max_exposed_comm": (0.0, 1.0, "highest acceptable exposed-communication share of the step, a fraction"),
+    "max_startup_s": (0.0, 1e6, "longest acceptable time to the first timed step, seconds (start-up)"),
     "alpha": (1e-9, 0.4999, "false-alarm rate of the regression tests against the baseline"),
     "min_effect": (0.0, 0.9999, "smallest relative change against the baseline that counts (0.03 = 3%)"),
 }
@@ -47,6 +48,7 @@ class Limits:
     min_ab_mfu_ratio: float | None = None
     max_imbalance: float | None = None
     max_exposed_comm: float | None = None
+    max_startup_s: float | None = None
     alpha: float | None = None
     min_effect: float | None = None
     sources: dict | None = None

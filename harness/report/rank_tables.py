@@ -6,7 +6,14 @@ from __future__ import annotations
 from tabulate import tabulate
 
 from gembench.harness.report.numbers import ms, pct, si
-from gembench.harness.report.tables import blocks_line, diverged_banner, header, stage_table, totals_table
+from gembench.harness.report.tables import (
+    blocks_line,
+    diverged_banner,
+    header,
+    stage_table,
+    startup_block,
+    totals_table,
+)
 
 
 def rank_stage_table(result: dict) -> str:
@@ -220,5 +227,6 @@ def distributed_report(result: dict) -> str:
                 else []
             ),
             totals_table(result) + f"\nper rank: {per_rank}",
+            *([startup_block(result)] if "startup" in result else []),
         ]
     )

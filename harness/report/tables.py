@@ -284,6 +284,30 @@ def blocks_line(result: dict) -> str:
     return "model FLOPs by block: " + ", ".join(f"{k} {100 * v / total:.1f}%" for k, v in shares) if total else ""
 
 
+def startup_block(result: dict) -> str:
+    """What the run paid before its first timed step, by phase, and its timed steps as a job."""
+    from gembench.harness.metrics.startup import PHASES
+
+    st = result["startup"]
+    total = st["to_first_step_s"]
+    rows = [[name, f"{s:.2f}", pct(s / total) if total else "-", PHASES[name]] for name, s in st["phases"].items()]
+    untimed = total - sum(st["phases"].values())
+    rows.append(["(unnamed)", f"{untimed:.2f}", pct(untimed / total) if total else "-", "between the phases above"])
+    since = "the process's start" if st["from"] == "process" else "the run's call (its process was already running)"
+    where = ""
+    if "ranks_to_first_step_s" in st:
+        ready = ", ".join(f"{t:.1f}" if t is not None else "-" for t in st["ranks_to_first_step_s"])
+        where = f"; the slowest rank, rank {st['rank']} (ranks ready after {ready} s)"
+    s = result["summary"]
+    steps = len(result["samples"]["step_s"])
+    return (
+        f"start-up: {total:.1f} s from {since} to the first timed step{where}\n"
+        + tabulate(rows, headers=["phase", "s", "share", "what"], tablefmt="simple", disable_numparse=True)
+        + f"\na job of these {steps} timed steps: {st['job_s']:.1f} s wall, goodput {pct(st['goodput'])} "
+        f"(the rest start-up), end-to-end MFU {pct(st['end_to_end_mfu'])} (steady state {pct(s['mfu'])})"
+    )
+
+
 def run_report(result: dict) -> str:
     parts = [header(result), *diverged_banner(result), stage_table(result) + "\n" + blocks_line(result)]
     if "ops" in result:
@@ -291,6 +315,8 @@ def run_report(result: dict) -> str:
     if "counters" in result:
         parts.append(counters_block(result))
     parts += [totals_table(result), loss_line(result)]
+    if "startup" in result:
+        parts.append(startup_block(result))
     if "ab" in result:
         parts.append(ab_table(result))
     if "profile" in result:

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from gembench.harness.metrics import comm, counters, ops, trace
+from gembench.harness.metrics.startup import Startup
 from gembench.harness.train.memory import SavedForBackward, peak_memory_bytes, run_memory_bytes
 from gembench.harness.train.step import ProcessEngine, StageClock, StepSamples, TrainState, timed_steps
 
@@ -103,6 +104,7 @@ class Measurement:
     events: list = field(default_factory=list)  # the profiled steps' trace events
     op_calls: list = field(default_factory=list)  # the op step's ops (metrics/ops.OpRecorder)
     op_step_s: float = 0.0  # the op step's wall time, less the recorder's own: what the ops' times cover
+    startup: dict | None = None  # metrics/startup.py's record: what the run paid before its first timed step
 
 
 def step_indices(warmup: int, steps: int, distributed: bool) -> dict[str, range]:
@@ -131,6 +133,7 @@ def measure(
     first: int = 0,
     progress: Callable | None = None,
     pace=None,
+    startup: Startup | None = None,
 ) -> Measurement:
     """Warm up, time ``steps`` steps, then (``costs``) read the memory, count one step and profile
     the last ones. Step ``i`` of the loop is the engine's step ``first + i``: --ab measures its
@@ -138,7 +141,9 @@ def measure(
 
     ``start_bytes``: the memory floor the run's rise is taken from; ``compile_since``: the compile
     state the counts start from (counters.fresh_compile_state; None: no compile counted, a stack
-    without torch.compile); ``trace_path``: where the profiled steps' trace is kept.
+    without torch.compile); ``trace_path``: where the profiled steps' trace is kept; ``startup``:
+    the run's start-up clock, told its warm-up (the first step's compile apart) and stopped when
+    the warm-up is done, before any wait for a turn (``pace``).
     """
     at = step_indices(warmup, steps, world.distributed)
     total = at["profiled"].stop if costs else at["timed"].stop
@@ -148,8 +153,19 @@ def measure(
     saved = SavedForBackward(engine.parameters())
     profiler = trace.profiler(device)
     out = Measurement(StepSamples())
+    if startup is not None and not at["warmup"]:
+        startup.ready()
 
     def one_step(i: int):
+        if startup is None or not startup.open or i not in at["warmup"]:
+            return any_step(i)
+        with startup.phase("compile" if i == 0 else "warmup"):
+            done = any_step(i)
+        if i == at["warmup"].stop - 1:
+            startup.ready()
+        return done
+
+    def any_step(i: int):
         if i == at["counted"].start:
             out.memory = RunMemory.now(device, start_bytes)
         if i == at["profiled"].start:
@@ -172,6 +188,7 @@ def measure(
             return engine.step(first + i)
 
     out.samples = timed_steps(one_step, total, at["timed"], device, engine.stages, progress=progress, pace=pace)
+    out.startup = startup.record() if startup is not None else None
     if not costs:
         return out
     profiler.__exit__(None, None, None)

@@ -23,11 +23,11 @@ import torch
 
 from gembench.harness.device.env import fingerprint
 from gembench.harness.device.hardware import Bandwidth, Peak, device_name, peak_basis, recheck_peak
-from gembench.harness.metrics import ops
+from gembench.harness.metrics import ops, startup
 from gembench.harness.metrics.comm import across_ranks
 from gembench.harness.metrics.counters import flat_metrics
 from gembench.harness.metrics.imbalance import critical_path, job_imbalance
-from gembench.harness.metrics.mfu import mfu, per_step_mfu, summarize, tflops, train_flops
+from gembench.harness.metrics.mfu import end_to_end, mfu, per_step_mfu, summarize, tflops, train_flops
 from gembench.harness.store.document import result_document
 from gembench.harness.train.distributed.slurm import scheduler_section
 from gembench.harness.train.memory import memory_fields
@@ -76,6 +76,7 @@ class ProcessRecord:
     bandwidth: Bandwidth | None = None  # the memory side of the op table's roofline
     op_step_flops: dict | None = None  # forward and recomputed FLOPs of the op step's batch
     op_calls: list | None = None  # the op step's ops (metrics/ops.OpRecorder.calls)
+    startup: dict | None = None  # metrics/startup.py's record of what the process paid before its first timed step
     op_step_s: float = 0.0  # the op step's wall time, less the recorder's own
 
     def __post_init__(self):
@@ -127,6 +128,7 @@ def process_record(
         bandwidth=bandwidth,
         op_calls=measurement.op_calls or None,
         op_step_s=measurement.op_step_s,
+        startup=measurement.startup,
         **sharded,
     )
 
@@ -269,6 +271,12 @@ def build_result(
             **metrics,
         }
     sections.update(scheduler_section())  # a job a scheduler started: its id and nodes
+    start = startup.slowest([r.startup for r in records])
+    if start is not None:  # the slowest process's: the job's first step waits for it
+        sections["startup"] = start | end_to_end(
+            start["to_first_step_s"], step_s, job_forward, sum(peaks) / world, world
+        )
+        metrics.update(startup.metrics(start))
     label = f"{stack}-{world}r" if sharded else stack
     result = result_document(
         ident,

@@ -25,6 +25,7 @@ from gembench.harness.device.hardware import (
     resolve_device,
 )
 from gembench.harness.metrics import counters, trace
+from gembench.harness.metrics.startup import Startup
 from gembench.harness.regression.stats import paired_ratio_interval
 from gembench.harness.train import nvtx
 from gembench.harness.train.measure import Measurement, RunMemory, World, measure
@@ -67,6 +68,7 @@ class Setup:
     sparse: int  # TorchRec modules in the model
     available: float = 0.0  # free device memory when the run was prepared
     bandwidth: Bandwidth | None = None  # the op table's memory roofline
+    startup: Startup = field(default_factory=Startup)  # the run's start-up clock, until its first timed step
     _variants: dict = field(default_factory=dict)  # StackOptions -> the Work of its variant (work_of)
 
     def variant(self, options: StackOptions) -> Workload:
@@ -94,31 +96,39 @@ class Setup:
         return self.ident if variant is self.workload else identity(variant, self.run.seed)
 
 
-def prepare(run: RunConfig, stacks: list[StackOptions]) -> Setup:
+def prepare(run: RunConfig, stacks: list[StackOptions], startup: Startup | None = None) -> Setup:
     """Validate the request and prepare batches; every usage error surfaces here, before work.
 
     ``stacks``: every stack the process will hold (for the memory check). ``run.config`` is a
     config name, a .toml path or (library callers) a ModelConfig; ``run.model`` a workload's spec.
     The model is built once here, on the run's device, for its FLOPs count (then dropped).
+    ``startup``: the run's start-up clock, told the phases.
     """
-    run.check(distributed=False)
-    dev = resolve_device(run.device)
-    keep_freed_memory()
-    workload = workload_of(run.config, run.model, run.model_args, run.batch).on_device(dev.type)
-    for options in stacks:  # a switch the model cannot take is refused before anything is built
-        applied_switches(workload.for_stack(options), options)
-    meta = workload.build(torch.device("meta"))
-    counts, sparse = parameter_shapes(workload, meta), len(sparse_modules(meta))
-    estimate = check_fits(workload, counts, workload.global_batch, dev, stacks)
-    available = float(memory_available(dev))
-    peak = reference_peak(dev, run.peak_tflops)
-    bandwidth = reference_bandwidth(dev, run.bandwidth_gbs)
-    count = min(run.steps + run.warmup, MAX_DISTINCT_BATCHES)
-    batches, ident = prepared(workload, run.seed, count=count, meta=meta)
-    del meta
-    counting = next((o for o in stacks if o.bf16), stacks[0])  # a model may need its stack's precision
-    work = stack_flops(workload, workload, batches, autocast_for(counting, dev), dev, run.seed)
-    return Setup(run, workload, ident, dev, peak, batches, work, estimate, counts, sparse, available, bandwidth)
+    startup = startup or Startup()
+    with startup.phase("config"):
+        run.check(distributed=False)
+        dev = resolve_device(run.device)
+        keep_freed_memory()
+        workload = workload_of(run.config, run.model, run.model_args, run.batch).on_device(dev.type)
+        for options in stacks:  # a switch the model cannot take is refused before anything is built
+            applied_switches(workload.for_stack(options), options)
+        meta = workload.build(torch.device("meta"))
+        counts, sparse = parameter_shapes(workload, meta), len(sparse_modules(meta))
+        estimate = check_fits(workload, counts, workload.global_batch, dev, stacks)
+        available = float(memory_available(dev))
+    with startup.phase("peak"):
+        peak = reference_peak(dev, run.peak_tflops)
+        bandwidth = reference_bandwidth(dev, run.bandwidth_gbs)
+    with startup.phase("data"):
+        count = min(run.steps + run.warmup, MAX_DISTINCT_BATCHES)
+        batches, ident = prepared(workload, run.seed, count=count, meta=meta)
+        del meta
+    with startup.phase("flops"):
+        counting = next((o for o in stacks if o.bf16), stacks[0])  # a model may need its stack's precision
+        work = stack_flops(workload, workload, batches, autocast_for(counting, dev), dev, run.seed)
+    return Setup(
+        run, workload, ident, dev, peak, batches, work, estimate, counts, sparse, available, bandwidth, startup=startup
+    )
 
 
 def build_state(setup: Setup, options: StackOptions):
@@ -164,7 +174,8 @@ def measure_stack(setup: Setup, options: StackOptions, name: str, progress=None,
     start = reset_peak_memory(setup.device)
     since = counters.fresh_compile_state()  # this stack's compile counts are its own
     with out_of_memory_guard(setup, [options]):
-        state = build_state(setup, options)
+        with setup.startup.phase("build"):
+            state = build_state(setup, options)
         measured = measure(
             ProcessEngine(state, setup.batches),
             World(),
@@ -175,6 +186,7 @@ def measure_stack(setup: Setup, options: StackOptions, name: str, progress=None,
             trace_path=trace_path(trace),
             progress=progress,
             pace=pace,
+            startup=setup.startup,
         )
     return Measured(name, options, measured, dense_state(state), profile_of(setup, measured, trace))
 
@@ -239,7 +251,7 @@ def out_of_memory_guard(setup: Setup, stacks: list[StackOptions]):
         ) from None
 
 
-def run_benchmark(run: RunConfig, progress=None, on_prepared=None, pace=None) -> dict:
+def run_benchmark(run: RunConfig, progress=None, on_prepared=None, pace=None, startup: Startup | None = None) -> dict:
     """Train ``run.config`` under ``run.options`` for ``run.warmup`` + ``run.steps`` steps on one
     process; return the result document.
 
@@ -247,9 +259,10 @@ def run_benchmark(run: RunConfig, progress=None, on_prepared=None, pace=None) ->
     (``compiles``: whether the first warm-up step compiles anything). Two more
     steps after the timed ones measure the cost counters (and with ``run.trace``, a directory,
     keep the profiled one as trace/trace.json). ``pace`` takes turns with another process
-    (continuous/interleave.py's Pacer, `gembench run --pace`).
+    (continuous/interleave.py's Pacer, `gembench run --pace`). ``startup``: the run's start-up
+    clock (metrics/startup.py; by default it starts here).
     """
-    setup = prepare(run, [run.options])
+    setup = prepare(run, [run.options], startup)
     if on_prepared is not None:
         on_prepared(setup.compiles([run.options]))
     m = measure_stack(setup, run.options, run.stack, progress=progress, pace=pace, trace=run.trace)

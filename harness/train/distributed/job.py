@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from gembench.harness.metrics import comm, counters
+from gembench.harness.metrics.startup import Startup
 from gembench.harness.metrics.trace import STEP_SPAN
 from gembench.harness.train.distributed import engines, loads, plan, rebalance, watchdog
 from gembench.harness.train.distributed.carry import carry_state, load_unsharded
@@ -70,10 +71,12 @@ class RankJob:
     their FLOPs, and its peak; ``build`` shards a model, ``measure`` measures one build, ``result``
     makes the job's result on rank 0, ``rebalanced`` runs --rebalance's three plans."""
 
-    def __init__(self, args: RunConfig, world: World, dev: torch.device, fault, peaks: tuple):
+    def __init__(self, args: RunConfig, world: World, dev: torch.device, fault, peaks: tuple, startup=None):
         self.args, self.world, self.dev, self.fault = args, world, dev, fault
         self.peak, self.host_peak, self.bandwidth = peaks  # rank.peaks: Peak, Peak | None, Bandwidth
-        workload = check(args, world.size).on_device(dev.type)  # on CPU the zoo caps its tables
+        self.startup: Startup = startup or Startup()  # the rank's start-up clock, until its first timed step
+        with self.startup.phase("config"):
+            workload = check(args, world.size).on_device(dev.type)  # on CPU the zoo caps its tables
         self.local_batch = per_rank_batch(workload.global_batch, world.size)
         # The stack from harness/train/stack.py, as on one process; embeddings are always fbgemm's
         # fused TBE under DMP, and overlap is the --pipeline switch (stack.on_ranks).
@@ -84,11 +87,13 @@ class RankJob:
         steps = step_indices(args.warmup, args.steps, distributed=True)
         self.total = steps["profiled"].stop
         count = min(self.total, MAX_DISTINCT_BATCHES)
-        self.batches = [workload.batch(i, world.rank, world.size, args.seed) for i in range(count)]
-        meta = self.variant.build(torch.device("meta"))  # its shapes, for the identity and the estimate
-        self.ident = identity(self.variant, args.seed, meta)
-        self.counts = parameter_shapes(self.variant, meta)
-        del meta
+        with self.startup.phase("data"):
+            self.batches = [workload.batch(i, world.rank, world.size, args.seed) for i in range(count)]
+        with self.startup.phase("config"):
+            meta = self.variant.build(torch.device("meta"))  # its shapes, for the identity and the estimate
+            self.ident = identity(self.variant, args.seed, meta)
+            self.counts = parameter_shapes(self.variant, meta)
+            del meta
         self.work: Work | None = None  # the batches' FLOPs, from the first build's unsharded model
         self.pooling = None if args.sharding == UNTOLD else self.variant.pooling()
 
@@ -109,10 +114,12 @@ class RankJob:
         args, world, dev, options, variant = self.args, self.world, self.dev, self.options, self.variant
         world.at("build")
         start_bytes = reset_peak_memory(dev)  # the rank's floor: what was loaded before the run
-        built = seeded_model(variant, options, dev, args.seed)  # same seed on every rank: identical weights
+        with self.startup.phase("build"):
+            built = seeded_model(variant, options, dev, args.seed)  # same seed on every rank: identical weights
         if self.work is None:  # on the unsharded model, before DMP takes it
-            autocast = autocast_for(options, dev)
-            self.work = stack_flops(self.workload, variant, self.batches, autocast, dev, args.seed, built)
+            with self.startup.phase("flops"):
+                autocast = autocast_for(options, dev)
+                self.work = stack_flops(self.workload, variant, self.batches, autocast, dev, args.seed, built)
         fields = module_fields(variant, built, self.batches[0], required=args.pipeline)
         modules = len(sparse_modules(built))
         sharded = built
@@ -125,14 +132,26 @@ class RankJob:
         ddp = args.pipeline and options.dense_parallel == "ddp"  # the staged step syncs gradients itself
         env = {"rank": world.rank, "world_size": world.size, "local_world_size": world.local_size}
         dmp, planned = plan.shard_workload(
-            variant, sharded, env, dev, self.local_batch, args.sharding, pooling, measured, ddp, args.rebalance
+            variant,
+            sharded,
+            env,
+            dev,
+            self.local_batch,
+            args.sharding,
+            pooling,
+            measured,
+            ddp,
+            args.rebalance,
+            self.startup,
         )
-        load_unsharded(dmp, unsharded)
-        del unsharded
-        if options.dense_parallel != "ddp":  # FSDP2 on the dense blocks DMP left plain
-            mesh = dense_mesh(options.dense_parallel, world.size, world.local_size, dev.type)
-            apply_fsdp(built, mesh, options.bf16, *fsdp_units(variant, built))
-        apply_compile(variant, built, options)  # the dense part, after DMP has taken the tables
+        with self.startup.phase("shard"):
+            load_unsharded(dmp, unsharded)
+            del unsharded
+        with self.startup.phase("wrap"):
+            if options.dense_parallel != "ddp":  # FSDP2 on the dense blocks DMP left plain
+                mesh = dense_mesh(options.dense_parallel, world.size, world.local_size, dev.type)
+                apply_fsdp(built, mesh, options.bf16, *fsdp_units(variant, built))
+            apply_compile(variant, built, options)  # the dense part, after DMP has taken the tables
         feeds = None if fields is None else [(field, dmp.module.get_submodule(path)) for path, field in fields.items()]
         if args.pipeline:
             engine = None
@@ -146,7 +165,8 @@ class RankJob:
         timed = timed_batches(batches, args.warmup, args.steps)
         world.at("load count")
         # before the pipeline rewrites the modules' input dist for its own schedule
-        lookup_loads = loads.measure_loads(built.feeds or [], timed[:LOAD_BATCHES], dev)
+        with self.startup.phase("load_count"):
+            lookup_loads = loads.measure_loads(built.feeds or [], timed[:LOAD_BATCHES], dev)
         shape = described(self.variant, self.work, batches, args.warmup, args.steps, options)  # once, before any step
         since = counters.fresh_compile_state()
         if args.pipeline:
@@ -167,6 +187,7 @@ class RankJob:
             compile_since=since,
             trace_path=None if args.trace is None else Path(args.trace) / f"rank{world.rank}.json",
             progress=Progress(world.rank == 0 and not args.quiet, "gembench run (rank 0)"),
+            startup=self.startup,
         )
         world.at("analysis")
         comm_stats = comm.analyze(measured.events, world.size, STEP_SPAN)

@@ -21,9 +21,11 @@ import os
 import signal
 import socket
 import sys
+import time
 from typing import TYPE_CHECKING, Callable
 
 from gembench.errors import UsageError
+from gembench.harness.metrics.startup import LAUNCHED_AT_ENV, process_started
 
 if TYPE_CHECKING:
     from gembench.harness.train.runconfig import RunConfig
@@ -147,6 +149,8 @@ def relaunch(nproc: int, entry: Callable[..., int], *entry_args, extra_env: dict
     # Ranks share the cores: one rank per core slice, not every rank on every core.
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     os.environ.update(extra_env or {})
+    started = process_started()  # each rank's start-up names the launch from here
+    os.environ[LAUNCHED_AT_ENV] = str(started if started is not None else time.time())
     try:
         config, _, _ = config_from_args(torchrun)
         sys.stdout.flush()

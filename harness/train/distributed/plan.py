@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch import nn
 
 from gembench.errors import UsageError
+from gembench.harness.metrics.startup import Startup
 from gembench.harness.train.stack import ADAGRAD_EPS, EMBEDDING_LR
 from gembench.workload import Workload
 
@@ -338,24 +339,38 @@ sharders = default_sharders  # the name the rest of the harness imports
 
 
 def shard_workload(
-    workload: Workload, model, env: dict, dev, local_batch: int, sharding, pooling, measured, ddp, sharded_only=False
+    workload: Workload,
+    model,
+    env: dict,
+    dev,
+    local_batch: int,
+    sharding,
+    pooling,
+    measured,
+    ddp,
+    sharded_only=False,
+    startup: Startup | None = None,
 ):
     """TorchRec's plan for the workload's model (told ``pooling``; ``measured``, ``sharded_only``:
     --rebalance's estimator and its plans) and DMP over it, with DDP over the dense part
-    (``ddp``) or the dense part plain (the staged step syncs it, or FSDP2 shards it next)."""
-    forced = parse_sharding(sharding, table_names(model))
-    sharders = workload.sharders()
-    plan, planned = plan_sharding(
-        model,
-        forced,
-        env,
-        dev,
-        local_batch,
-        pooling,
-        measured,
-        sharders=sharders,
-        constraints=workload.constraints(),
-        sharded_only=sharded_only,
-        skew=workload.row_skew() if pooling is not None else None,  # --sharding untold: told nothing
-    )
-    return shard(model, plan, dev, ddp=ddp, sharders=sharders), planned
+    (``ddp``) or the dense part plain (the staged step syncs it, or FSDP2 shards it next).
+    ``startup``: the rank's start-up clock, told the plan and the sharding apart."""
+    startup = startup or Startup()
+    with startup.phase("plan"):
+        forced = parse_sharding(sharding, table_names(model))
+        sharders = workload.sharders()
+        plan, planned = plan_sharding(
+            model,
+            forced,
+            env,
+            dev,
+            local_batch,
+            pooling,
+            measured,
+            sharders=sharders,
+            constraints=workload.constraints(),
+            sharded_only=sharded_only,
+            skew=workload.row_skew() if pooling is not None else None,  # --sharding untold: told nothing
+        )
+    with startup.phase("shard"):
+        return shard(model, plan, dev, ddp=ddp, sharders=sharders), planned

@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from gembench.errors import UsageError
 from gembench.harness.device.hardware import cpu_peak, reference_bandwidth, reference_peak, resolve_device
+from gembench.harness.metrics.startup import Startup
 from gembench.harness.train.distributed import library_logs, process_group, watchdog
 from gembench.harness.train.distributed.job import RankJob
 from gembench.harness.train.measure import World
@@ -29,6 +30,7 @@ def main(args: RunConfig, env: dict) -> int:
     from gembench.harness.store.results import RUNS_DIR
 
     rank = env["rank"]
+    startup = Startup(from_process_start=True)
     dog = reservation = None
     finished = False  # every rank got through its job: they can part together
     try:
@@ -36,12 +38,15 @@ def main(args: RunConfig, env: dict) -> int:
         if rank == 0 and args.out is not None and held != str(Path(args.out).resolve()):
             reservation = Reservation.take(args.out)  # plain torchrun: rank 0 holds --out itself
         fault = watchdog.Fault.from_env()
-        dev = process_group.rank_device(str(resolve_device(args.device)), env["local_rank"])
-        process_group.init_process_group(dev, args.timeout)
-        store = getattr(dist.distributed_c10d, "_get_default_store", lambda: None)()
-        dog = watchdog.Watchdog(rank, env["world_size"], args.timeout, store)
+        with startup.phase("process_group"):
+            dev = process_group.rank_device(str(resolve_device(args.device)), env["local_rank"])
+            process_group.init_process_group(dev, args.timeout)
+            store = getattr(dist.distributed_c10d, "_get_default_store", lambda: None)()
+            dog = watchdog.Watchdog(rank, env["world_size"], args.timeout, store)
         world = World(rank, env["world_size"], env["local_rank"], env["local_world_size"], dog)
-        result = RankJob(args, world, dev, fault, peaks(dev, args, world)).run()
+        with startup.phase("peak"):
+            rank_peaks = peaks(dev, args, world)
+        result = RankJob(args, world, dev, fault, rank_peaks, startup).run()
         if rank == 0:
             from gembench.harness.report.rank_tables import distributed_report
 
