@@ -206,6 +206,27 @@ def configure(p: argparse.ArgumentParser) -> None:
     paced.add_argument(
         "--burst", type=int, default=20, metavar="N", help="timed steps per turn with --pace (default: 20)"
     )
+    saved = p.add_argument_group("checkpoints (torch.distributed.checkpoint; one process for now)")
+    saved.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=None,
+        metavar="N",
+        help="save the whole training state, asynchronously, after every N-th warm-up or timed step "
+        "into --checkpoint-dir DIR/step-<N>; the result records each save's time, the time the step "
+        "loop was blocked and the bytes written",
+    )
+    saved.add_argument(
+        "--checkpoint-dir", type=Path, default=None, metavar="DIR", help="where --checkpoint-every saves"
+    )
+    saved.add_argument(
+        "--resume",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="go on from a save: a step-<N> folder, or a --checkpoint-dir (its latest complete save); "
+        "the steps continue from step N, bit for bit as if the run had never stopped",
+    )
 
 
 NSYS = [

@@ -40,12 +40,14 @@ def mfu(flops_per_step: float, step_s: float, peak_tflops: float, devices: int =
     return flops_per_step / step_s / (peak_tflops * 1e12 * devices)
 
 
-def end_to_end(startup_s: float, step_s, forward_flops, peak_tflops: float, devices: int = 1) -> dict:
-    """A job of these timed steps taken whole, start-up included (what GEM calls end-to-end
-    efficiency): its wall time, goodput (the share of it spent in the steps) and end-to-end MFU,
-    the model FLOPs of every step over that wall time. Checkpoints would add their blocking here."""
+def end_to_end(
+    startup_s: float, step_s, forward_flops, peak_tflops: float, devices: int = 1, checkpoint_s: float = 0.0
+) -> dict:
+    """A job of these timed steps taken whole, start-up and the checkpoints' blocking included
+    (what GEM calls end-to-end efficiency): its wall time, goodput (the share of it spent in the
+    steps) and end-to-end MFU, the model FLOPs of every step over that wall time."""
     stepping = float(np.sum(step_s))
-    job_s = startup_s + stepping
+    job_s = startup_s + stepping + checkpoint_s
     return {
         "job_s": job_s,
         "goodput": stepping / job_s if job_s > 0 else 0.0,

@@ -300,11 +300,28 @@ def startup_block(result: dict) -> str:
         where = f"; the slowest rank, rank {st['rank']} (ranks ready after {ready} s)"
     s = result["summary"]
     steps = len(result["samples"]["step_s"])
-    return (
-        f"start-up: {total:.1f} s from {since} to the first timed step{where}\n"
-        + tabulate(rows, headers=["phase", "s", "share", "what"], tablefmt="simple", disable_numparse=True)
-        + f"\na job of these {steps} timed steps: {st['job_s']:.1f} s wall, goodput {pct(st['goodput'])} "
-        f"(the rest start-up), end-to-end MFU {pct(st['end_to_end_mfu'])} (steady state {pct(s['mfu'])})"
+    saved = result.get("checkpoint") or {}
+    lines = []
+    if saved.get("resumed_from"):
+        lines.append(f"resumed at step {saved['resumed_at']} from {saved['resumed_from']}")
+    if "every" in saved:
+        n = len(saved["saves"])
+        lines.append(
+            f"checkpoints: {n} save(s) every {saved['every']} steps into {saved['dir']}, "
+            f"{si(saved['bytes'], 'B')} written, the loop blocked {saved['blocked_s']:.2f} s in all "
+            f"(asynchronous: the state staged, then written beside the steps)"
+            + (f"; {saved['error']}" if saved.get("error") else "")
+        )
+    rest = "the rest start-up" + (" and checkpoints" if saved.get("saves") else "")
+    table = tabulate(rows, headers=["phase", "s", "share", "what"], tablefmt="simple", disable_numparse=True)
+    return "\n".join(
+        [
+            *lines,
+            f"start-up: {total:.1f} s from {since} to the first timed step{where}",
+            table,
+            f"a job of these {steps} timed steps: {st['job_s']:.1f} s wall, goodput {pct(st['goodput'])} ({rest}), "
+            f"end-to-end MFU {pct(st['end_to_end_mfu'])} (steady state {pct(s['mfu'])})",
+        ]
     )
 
 

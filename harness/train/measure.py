@@ -105,6 +105,7 @@ class Measurement:
     op_calls: list = field(default_factory=list)  # the op step's ops (metrics/ops.OpRecorder)
     op_step_s: float = 0.0  # the op step's wall time, less the recorder's own: what the ops' times cover
     startup: dict | None = None  # metrics/startup.py's record: what the run paid before its first timed step
+    checkpoint: dict | None = None  # train/checkpoint.py's saves and the save resumed from
 
 
 def step_indices(warmup: int, steps: int, distributed: bool) -> dict[str, range]:
@@ -134,6 +135,7 @@ def measure(
     progress: Callable | None = None,
     pace=None,
     startup: Startup | None = None,
+    after_step: Callable | None = None,
 ) -> Measurement:
     """Warm up, time ``steps`` steps, then (``costs``) read the memory, count one step and profile
     the last ones. Step ``i`` of the loop is the engine's step ``first + i``: --ab measures its
@@ -143,7 +145,8 @@ def measure(
     state the counts start from (counters.fresh_compile_state; None: no compile counted, a stack
     without torch.compile); ``trace_path``: where the profiled steps' trace is kept; ``startup``:
     the run's start-up clock, told its warm-up (the first step's compile apart) and stopped when
-    the warm-up is done, before any wait for a turn (``pace``).
+    the warm-up is done, before any wait for a turn (``pace``); ``after_step(i)``: called after
+    loop step i, outside its clock (checkpoint.Saver).
     """
     at = step_indices(warmup, steps, world.distributed)
     total = at["profiled"].stop if costs else at["timed"].stop
@@ -187,7 +190,9 @@ def measure(
         ):
             return engine.step(first + i)
 
-    out.samples = timed_steps(one_step, total, at["timed"], device, engine.stages, progress=progress, pace=pace)
+    out.samples = timed_steps(
+        one_step, total, at["timed"], device, engine.stages, progress=progress, pace=pace, after=after_step
+    )
     out.startup = startup.record() if startup is not None else None
     if not costs:
         return out

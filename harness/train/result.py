@@ -77,6 +77,7 @@ class ProcessRecord:
     op_step_flops: dict | None = None  # forward and recomputed FLOPs of the op step's batch
     op_calls: list | None = None  # the op step's ops (metrics/ops.OpRecorder.calls)
     startup: dict | None = None  # metrics/startup.py's record of what the process paid before its first timed step
+    checkpoint: dict | None = None  # train/checkpoint.py: the saves and the save resumed from
     op_step_s: float = 0.0  # the op step's wall time, less the recorder's own
 
     def __post_init__(self):
@@ -129,6 +130,7 @@ def process_record(
         op_calls=measurement.op_calls or None,
         op_step_s=measurement.op_step_s,
         startup=measurement.startup,
+        checkpoint=measurement.checkpoint,
         **sharded,
     )
 
@@ -271,11 +273,16 @@ def build_result(
             **metrics,
         }
     sections.update(scheduler_section())  # a job a scheduler started: its id and nodes
+    saved = records[0].checkpoint
+    if saved is not None:
+        sections["checkpoint"] = saved
+        if "blocked_s" in saved:
+            metrics["checkpoint_blocked_s"] = saved["blocked_s"]
     start = startup.slowest([r.startup for r in records])
     if start is not None:  # the slowest process's: the job's first step waits for it
-        sections["startup"] = start | end_to_end(
-            start["to_first_step_s"], step_s, job_forward, sum(peaks) / world, world
-        )
+        blocked = (saved or {}).get("blocked_s", 0.0)
+        job = end_to_end(start["to_first_step_s"], step_s, job_forward, sum(peaks) / world, world, blocked)
+        sections["startup"] = start | job
         metrics.update(startup.metrics(start))
     label = f"{stack}-{world}r" if sharded else stack
     result = result_document(

@@ -72,6 +72,10 @@ class RunConfig:
     # taking turns with another process (gembench continuous)
     pace: str | None = None
     burst: int = 20
+    # checkpoints (train/checkpoint.py): saved every N steps into a folder; a run resumed from one
+    checkpoint_every: int | None = None
+    checkpoint_dir: Path | None = None
+    resume: Path | None = None
 
     def to_argv(self) -> list[str]:
         """This request as `gembench run` flags: the one serializer, for `gembench continuous`,
@@ -153,4 +157,20 @@ class RunConfig:
             )
         if self.trace is not None:
             writable_folder(Path(self.trace), "--trace")
+        self.check_checkpoints(distributed)
         return self
+
+    def check_checkpoints(self, distributed: bool) -> None:
+        if (self.checkpoint_every is None) != (self.checkpoint_dir is None):
+            raise UsageError("--checkpoint-every N and --checkpoint-dir DIR go together: give both")
+        if self.checkpoint_every is not None and self.checkpoint_every < 1:
+            raise UsageError(f"--checkpoint-every must be at least 1 step, got {self.checkpoint_every}")
+        if (self.checkpoint_every is not None or self.resume is not None) and (distributed or self.ab):
+            raise UsageError(
+                "--checkpoint-every and --resume run on one process for now: drop --nproc"
+                + (" and --ab" if self.ab else "")
+                if distributed
+                else "--checkpoint-every and --resume take one stack: drop --ab"
+            )
+        if self.checkpoint_dir is not None:
+            writable_folder(Path(self.checkpoint_dir), "--checkpoint-dir", create=False)

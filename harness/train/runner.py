@@ -27,7 +27,8 @@ from gembench.harness.device.hardware import (
 from gembench.harness.metrics import counters, trace
 from gembench.harness.metrics.startup import Startup
 from gembench.harness.regression.stats import paired_ratio_interval
-from gembench.harness.train import nvtx
+from gembench.harness.store.results import writable_folder
+from gembench.harness.train import checkpoint, nvtx
 from gembench.harness.train.measure import Measurement, RunMemory, World, measure
 from gembench.harness.train.memory import (
     FIT_SHARE,
@@ -69,6 +70,7 @@ class Setup:
     available: float = 0.0  # free device memory when the run was prepared
     bandwidth: Bandwidth | None = None  # the op table's memory roofline
     startup: Startup = field(default_factory=Startup)  # the run's start-up clock, until its first timed step
+    saves: dict | None = None  # saves_of: the checkpoint manifest, the save resumed, its step
     _variants: dict = field(default_factory=dict)  # StackOptions -> the Work of its variant (work_of)
 
     def variant(self, options: StackOptions) -> Workload:
@@ -121,14 +123,50 @@ def prepare(run: RunConfig, stacks: list[StackOptions], startup: Startup | None 
         bandwidth = reference_bandwidth(dev, run.bandwidth_gbs)
     with startup.phase("data"):
         count = min(run.steps + run.warmup, MAX_DISTINCT_BATCHES)
+        if run.checkpoint_every is not None or run.resume is not None:
+            count = MAX_DISTINCT_BATCHES  # step i trains on batch i of one cycle, however long the run
         batches, ident = prepared(workload, run.seed, count=count, meta=meta)
         del meta
     with startup.phase("flops"):
         counting = next((o for o in stacks if o.bf16), stacks[0])  # a model may need its stack's precision
         work = stack_flops(workload, workload, batches, autocast_for(counting, dev), dev, run.seed)
-    return Setup(
+    setup = Setup(
         run, workload, ident, dev, peak, batches, work, estimate, counts, sparse, available, bandwidth, startup=startup
     )
+    setup.saves = saves_of(setup, stacks)
+    return setup
+
+
+def saves_of(setup: Setup, stacks: list[StackOptions]) -> dict | None:
+    """--checkpoint-every and --resume, checked before any work: the save to resume from (its
+    manifest matching this run's), the step it goes on at, and no earlier save to overwrite."""
+    run = setup.run
+    if run.checkpoint_every is None and run.resume is None:
+        return None
+    from gembench.harness.device.env import git_state
+
+    manifest = {
+        "workload": setup.ident.name,
+        "identity": setup.ident.hash,
+        "world_size": 1,
+        "options": stacks[0].to_dict(),
+        "seed": run.seed,
+        "commit": git_state()[0],
+    }
+    folder, first = None, 0
+    if run.resume is not None:
+        folder = checkpoint.resolve(run.resume)
+        first = int(checkpoint.check_resumable(folder, manifest)["step"])
+    if run.checkpoint_every is not None:
+        due = range(first + 1, first + run.warmup + run.steps + 1)
+        folders = [checkpoint.step_folder(run.checkpoint_dir, s) for s in due if s % run.checkpoint_every == 0]
+        taken = [f for f in folders if f.exists()]
+        if taken:
+            raise UsageError(
+                f"--checkpoint-dir {run.checkpoint_dir} already holds {taken[0].name}, which this run would save: "
+                "saves are never overwritten; pass another --checkpoint-dir"
+            )
+    return {"manifest": manifest, "resume": folder, "first": first}
 
 
 def build_state(setup: Setup, options: StackOptions):
@@ -176,6 +214,15 @@ def measure_stack(setup: Setup, options: StackOptions, name: str, progress=None,
     with out_of_memory_guard(setup, [options]):
         with setup.startup.phase("build"):
             state = build_state(setup, options)
+        saves, first, saver = setup.saves, 0, None
+        if saves is not None and saves["resume"] is not None:
+            with setup.startup.phase("restore"):
+                first = checkpoint.restore(state, saves["resume"], saves["manifest"])
+        if run.checkpoint_every is not None:
+            writable_folder(run.checkpoint_dir, "--checkpoint-dir")
+            saver = checkpoint.Saver(
+                state, run.checkpoint_every, run.checkpoint_dir, saves["manifest"], first, run.warmup + run.steps
+            )
         measured = measure(
             ProcessEngine(state, setup.batches),
             World(),
@@ -187,7 +234,14 @@ def measure_stack(setup: Setup, options: StackOptions, name: str, progress=None,
             progress=progress,
             pace=pace,
             startup=setup.startup,
+            first=first,
+            after_step=saver,
         )
+        if saves is not None:
+            measured.checkpoint = {
+                **(saver.record() if saver is not None else {}),
+                **({"resumed_from": str(saves["resume"]), "resumed_at": first} if saves["resume"] else {}),
+            }
     return Measured(name, options, measured, dense_state(state), profile_of(setup, measured, trace))
 
 

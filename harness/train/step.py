@@ -199,7 +199,7 @@ def finite_or_none(values: list) -> list:
 
 
 def timed_steps(
-    one_step, total: int, kept: range, device: torch.device, stages=STAGES, progress=None, pace=None
+    one_step, total: int, kept: range, device: torch.device, stages=STAGES, progress=None, pace=None, after=None
 ) -> StepSamples:
     """The one step loop of every runner, one process or a rank: runs steps 0..total-1.
 
@@ -208,7 +208,8 @@ def timed_steps(
     The device is synchronised around each step, so a step's wall time is its own. Steps in
     ``kept`` are recorded; warm-up and extra steps are not. ``pace(k)``, if given, is called
     before kept step k outside its clock (regression/interleave.py: wait for this worker's turn),
-    and ``pace.done()`` after the loop. Losses are read on the host after the loop, not inside it
+    and ``pace.done()`` after the loop; ``after(i)``, if given, after step i, outside its clock (a
+    checkpoint's save). Losses are read on the host after the loop, not inside it
     (a read there would sync every step): per-task losses (tasks,) give task_loss and their mean.
     """
     samples = StepSamples(stages={s: [] for s in stages})
@@ -232,6 +233,8 @@ def timed_steps(
             losses.append(loss)
             for stage, seconds in durations.items():
                 samples.stages[stage].append(seconds)
+        if after is not None:
+            after(i)
         if progress is not None:
             progress(i + 1, total, elapsed)
     capture.close()
