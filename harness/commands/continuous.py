@@ -190,7 +190,8 @@ def add_measuring_flags(p: argparse.ArgumentParser) -> None:
         action="append",
         default=None,
         help="timing metric to test (repeatable; default step_time_s, per process its --statistic step; mfu and "
-        "examples_per_s are its reciprocals at equal FLOPs, so testing them too only costs power)",
+        "examples_per_s are its reciprocals at equal FLOPs, so testing them too only costs power; startup_s, "
+        "the time to the first timed step, one value per process, each revision compiling into its own cache)",
     )
     p.add_argument(
         "--statistic",
