@@ -115,3 +115,10 @@ def test_a_failing_save_ends_the_saving_not_the_run(monkeypatch, tmp_path, capsy
     record = saver.record()
     assert record["saves"] == [] and "No space left on device" in record["error"] and "step 2" in record["error"]
     assert capsys.readouterr().out.count("warning") == 1
+
+
+def test_a_checkpoint_dir_that_cannot_be_made_is_refused_before_any_step(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder\n")
+    args = [*TINY, "--steps", "2", "--checkpoint-every", "1", "--checkpoint-dir", str(blocker / "ck")]
+    assert "--checkpoint-dir" in refused(args, tmp_path) and not (blocker / "ck").exists()

@@ -156,6 +156,8 @@ def measure(
     saved = SavedForBackward(engine.parameters())
     profiler = trace.profiler(device)
     out = Measurement(StepSamples())
+    if startup is not None and not startup.open:
+        startup = None  # an earlier measurement of this process ended its start-up (ablate's later variants)
     if startup is not None and not at["warmup"]:
         startup.ready()
 
