@@ -118,7 +118,7 @@ def test_a_too_low_cached_peak_is_beaten_and_remeasured(cache, monkeypatch):
     assert peak["calibration"]["how"].startswith("beaten by")
     s = result["summary"]
     assert s["mfu"] == pytest.approx(s["tflops"] / 0.5)  # measured against the new peak
-    assert calibration.load_entry("bf16", torch.get_num_threads()).best.tflops == 0.5
+    assert calibration.load_entry(peak["dtype"], torch.get_num_threads()).best.tflops == 0.5  # the reference dtype
     assert result["peak"]["basis"] == "ranks" and result["metrics"]["mfu_host"] == pytest.approx(s["mfu"])
 
 
@@ -154,10 +154,13 @@ def test_the_reference_is_the_faster_dtype_and_the_command_measures_both(cache, 
     fp32 stack's MFU above 100%, so the reference is fp32's; with AMX it is bf16's."""
     from gembench.harness.device.hardware import reference_peak
 
+    from gembench.harness.device import hardware
+
     machine = FakeMachine(monkeypatch, 0.4)
     speed = {torch.float32: 1.0, torch.bfloat16: 0.01}
     plain = machine.time_gemm
     monkeypatch.setattr(calibration, "time_gemm", lambda n, dtype, s: (plain(n, dtype, s)[0] * speed[dtype], n))
+    monkeypatch.setattr(hardware, "cpu_native_bf16", lambda: True)
     peak = reference_peak(torch.device("cpu"))
     assert peak.dtype == "fp32" and peak.tflops_per_device == 0.4
     speed.update({torch.float32: 0.5, torch.bfloat16: 1.0})
@@ -166,6 +169,12 @@ def test_the_reference_is_the_faster_dtype_and_the_command_measures_both(cache, 
     assert reference_peak(torch.device("cpu")).dtype == "bf16"
     code, _, err = run_cli(["peak", "--recalibrate", "--threads", "1", "--rounds", "1"], capsys)
     assert code == 0 and "bf16 1 thread(s)" in err and "fp32 1 thread(s)" in err
+    # without a bf16 path the reference is fp32's, and bf16 is never timed for it
+    monkeypatch.setattr(hardware, "cpu_native_bf16", lambda: False)
+    run_cli(["peak", "--clear"], capsys)
+    monkeypatch.setattr(calibration, "_this_process", {})
+    assert reference_peak(torch.device("cpu")).dtype == "fp32"
+    assert {e.dtype for _, e in calibration.all_entries()} == {"fp32"}
 
 
 def test_a_distributed_run_that_beats_its_peak_remeasures_on_rank_0(cache, monkeypatch):

@@ -136,9 +136,13 @@ def cpu_peak(dtype: str | None = None, threads: int | None = None) -> Peak:
 
     No ``dtype``: the CPU's reference peak, its fastest dense GEMM over the dtypes a stack runs.
     That is bf16's where the CPU has a bf16 path (AMX, AVX-512 BF16) and fp32's where it has not
-    (bf16 then runs near a GFLOP/s): a bf16-only figure there would put an fp32 stack above 100%."""
+    (bf16 then runs near a GFLOP/s): a bf16-only figure there would put an fp32 stack above 100%.
+    Without a bf16 path bf16 is not measured at all: it cannot be the fastest, and its emulated
+    GEMMs are slow and noisy enough that the start-of-run probe kept re-measuring them (tens of
+    seconds of every run's start-up)."""
     if dtype is None:
-        return max((cpu_peak(d, threads) for d in calibration.DTYPES), key=lambda p: p.tflops_per_device)
+        dtypes = calibration.DTYPES if cpu_native_bf16() else ("fp32",)
+        return max((cpu_peak(d, threads) for d in dtypes), key=lambda p: p.tflops_per_device)
     return _as_peak(calibration.peak(dtype, threads), dtype)
 
 
