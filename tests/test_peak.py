@@ -152,9 +152,8 @@ def test_peak_command_shows_recalibrates_and_clears(cache, monkeypatch, capsys):
 def test_the_reference_is_the_faster_dtype_and_the_command_measures_both(cache, monkeypatch, capsys):
     """A CPU without a bf16 path runs fp32 GEMMs 100x faster: bf16's figure there would put an
     fp32 stack's MFU above 100%, so the reference is fp32's; with AMX it is bf16's."""
-    from gembench.harness.device.hardware import reference_peak
-
     from gembench.harness.device import hardware
+    from gembench.harness.device.hardware import reference_peak
 
     machine = FakeMachine(monkeypatch, 0.4)
     speed = {torch.float32: 1.0, torch.bfloat16: 0.01}
