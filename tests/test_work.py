@@ -120,11 +120,16 @@ def test_the_gate_fails_a_planted_wasted_matmul_and_names_a_change_of_work(tmp_p
     assert wasteful["summary"]["hfu"] > wasteful["summary"]["mfu"]
     assert wasteful["metrics"]["mfu"] < clean["metrics"]["mfu"]
     code, out, _ = run_cli(["gate", str(tmp_path / "waste.json"), "--baseline", str(tmp_path / "clean.json")], capsys)
-    assert code == 1, out  # slower at the same work: MFU and step time regress (either may be too noisy alone)
+    assert code == 1, out
+    # slower at the same work: MFU or step time regresses; where a load spike on a shared runner
+    # widens both intervals past a verdict (seen once: step time's 98% CI [-55%, +437%]), the waste's
+    # 20 extra ops still fail the exact aten_ops count, which no load can hide
     failed = [line for line in out.splitlines() if line.startswith("FAIL")]
-    assert any(
-        "vs baseline mfu: regressed" in line or "vs baseline step_time_s: regressed" in line for line in failed
+    timing = [f"vs baseline {m}: regressed" for m in ("mfu", "step_time_s")]
+    assert any(t in line for t in timing for line in failed) or any(
+        "vs baseline aten_ops: regressed" in line and "exact count" in line for line in failed
     ), out
+    assert not any(f"vs baseline {m}: improved" in out for m in ("mfu", "step_time_s")), out
 
     # more trained work: MFU is not judged, step time is, and the line says which block grew
     code, out, _ = run_cli(["compare", str(tmp_path / "clean.json"), str(tmp_path / "grow.json")], capsys)
