@@ -109,7 +109,7 @@ def test_a_failing_save_ends_the_saving_not_the_run(monkeypatch, tmp_path, capsy
 
     monkeypatch.setattr(dcp, "async_save", full)
     monkeypatch.setattr(checkpoint, "app_state", lambda state, step: {})
-    saver = checkpoint.Saver(object(), 2, tmp_path, {}, last=10)
+    saver = checkpoint.Saver(object(), 2, tmp_path, {}, due=frozenset(checkpoint.due_steps(0, 10, 2)))
     for i in range(10):
         saver(i)
     record = saver.record()

@@ -29,6 +29,12 @@ def step_folder(root: Path, step: int) -> Path:
     return Path(root) / f"step-{step:08d}"
 
 
+def due_steps(first: int, loop_steps: int, every: int) -> list[int]:
+    """The steps after which a run that begins at step ``first`` and trains ``loop_steps`` (warm-up
+    and timed) saves: every ``every``-th of the whole job's steps."""
+    return [s for s in range(first + 1, first + loop_steps + 1) if s % every == 0]
+
+
 def fused_modules(model: torch.nn.Module) -> dict:
     """{name: module} of the modules whose optimizer runs inside their backward (TorchRec's fused)."""
     return {n: m for n, m in model.named_modules() if callable(getattr(m, "fused_optimizer", None))}
@@ -64,21 +70,22 @@ class Saver:
     outside the step's clock, with DCP's asynchronous save: the loop is blocked while the state is
     staged (copied aside), and again only if the previous save is still writing when the next one
     is due; the files are written beside the steps. A save that fails (a full disk) is said once
-    and ends the saving, never the run. ``first``: the step the run began at (a resumed run's)."""
+    and ends the saving, never the run. ``first``: the step the run began at (a resumed run's);
+    ``due``: the steps to save after (due_steps)."""
 
     state: object
     every: int
     root: Path
     manifest: dict
     first: int = 0
-    last: int = 0  # steps of the loop that may be saved after: warm-up and timed ones
+    due: frozenset = frozenset()
     saves: list = field(default_factory=list)
     error: str | None = None
     _pending: tuple | None = None  # (folder, step, started, blocked seconds, DCP's future)
 
     def __call__(self, i: int) -> None:
         done = self.first + i + 1  # steps trained once loop step i is over
-        if self.error is not None or i >= self.last or done % self.every:
+        if self.error is not None or done not in self.due:
             return
         import torch.distributed.checkpoint as dcp
 
@@ -183,15 +190,13 @@ def check_resumable(folder: Path, manifest: dict) -> dict:
     return saved
 
 
-def restore(state, folder: Path, manifest: dict) -> int:
-    """Load the save in ``folder`` into ``state`` (checked against this run's ``manifest``); the
-    step it was taken after, where the run goes on."""
+def restore(state, folder: Path, step: int) -> None:
+    """Load the save in ``folder`` (check_resumable passed it, its manifest naming ``step``) into
+    ``state``; a state of another step is refused."""
     import torch.distributed.checkpoint as dcp
 
-    saved = check_resumable(folder, manifest)
     loaded = app_state(state, 0)
     dcp.load(loaded, checkpoint_id=str(folder), no_dist=True)
     apply_state(state, loaded)
-    if loaded["step"] != saved["step"]:
-        raise UsageError(f"--resume {folder}: its manifest says step {saved['step']}, its state step {loaded['step']}")
-    return int(loaded["step"])
+    if loaded["step"] != step:
+        raise UsageError(f"--resume {folder}: its manifest says step {step}, its state step {loaded['step']}")

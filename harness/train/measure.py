@@ -162,7 +162,7 @@ def measure(
         startup.ready()
 
     def one_step(i: int):
-        if startup is None or not startup.open or i not in at["warmup"]:
+        if startup is None or i not in at["warmup"]:  # open until the last warm-up step ends
             return any_step(i)
         with startup.phase("compile" if i == 0 else "warmup"):
             done = any_step(i)

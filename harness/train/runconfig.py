@@ -165,12 +165,10 @@ class RunConfig:
             raise UsageError("--checkpoint-every N and --checkpoint-dir DIR go together: give both")
         if self.checkpoint_every is not None and self.checkpoint_every < 1:
             raise UsageError(f"--checkpoint-every must be at least 1 step, got {self.checkpoint_every}")
-        if (self.checkpoint_every is not None or self.resume is not None) and (distributed or self.ab):
-            raise UsageError(
-                "--checkpoint-every and --resume run on one process for now: drop --nproc"
-                + (" and --ab" if self.ab else "")
-                if distributed
-                else "--checkpoint-every and --resume take one stack: drop --ab"
-            )
+        if self.checkpoint_every is not None or self.resume is not None:
+            if distributed:  # --ab with --nproc is refused above
+                raise UsageError("--checkpoint-every and --resume run on one process for now: drop --nproc")
+            if self.ab:
+                raise UsageError("--checkpoint-every and --resume take one stack: drop --ab")
         if self.checkpoint_dir is not None:
             writable_folder(Path(self.checkpoint_dir), "--checkpoint-dir", create=False)

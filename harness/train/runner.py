@@ -139,7 +139,8 @@ def prepare(run: RunConfig, stacks: list[StackOptions], startup: Startup | None 
 
 def saves_of(setup: Setup, stacks: list[StackOptions]) -> dict | None:
     """--checkpoint-every and --resume, checked before any work: the save to resume from (its
-    manifest matching this run's), the step it goes on at, and no earlier save to overwrite."""
+    manifest matching this run's), the step it goes on at, the steps to save after, and no
+    earlier save among them to overwrite."""
     run = setup.run
     if run.checkpoint_every is None and run.resume is None:
         return None
@@ -157,16 +158,16 @@ def saves_of(setup: Setup, stacks: list[StackOptions]) -> dict | None:
     if run.resume is not None:
         folder = checkpoint.resolve(run.resume)
         first = int(checkpoint.check_resumable(folder, manifest)["step"])
+    due = []
     if run.checkpoint_every is not None:
-        due = range(first + 1, first + run.warmup + run.steps + 1)
-        folders = [checkpoint.step_folder(run.checkpoint_dir, s) for s in due if s % run.checkpoint_every == 0]
-        taken = [f for f in folders if f.exists()]
+        due = checkpoint.due_steps(first, run.warmup + run.steps, run.checkpoint_every)
+        taken = [f for f in (checkpoint.step_folder(run.checkpoint_dir, s) for s in due) if f.exists()]
         if taken:
             raise UsageError(
                 f"--checkpoint-dir {run.checkpoint_dir} already holds {taken[0].name}, which this run would save: "
                 "saves are never overwritten; pass another --checkpoint-dir"
             )
-    return {"manifest": manifest, "resume": folder, "first": first}
+    return {"manifest": manifest, "resume": folder, "first": first, "due": frozenset(due)}
 
 
 def build_state(setup: Setup, options: StackOptions):
@@ -214,14 +215,15 @@ def measure_stack(setup: Setup, options: StackOptions, name: str, progress=None,
     with out_of_memory_guard(setup, [options]):
         with setup.startup.phase("build"):
             state = build_state(setup, options)
-        saves, first, saver = setup.saves, 0, None
+        saves, saver = setup.saves, None
+        first = saves["first"] if saves is not None else 0
         if saves is not None and saves["resume"] is not None:
             with setup.startup.phase("restore"):
-                first = checkpoint.restore(state, saves["resume"], saves["manifest"])
+                checkpoint.restore(state, saves["resume"], first)
         if run.checkpoint_every is not None:
             writable_folder(run.checkpoint_dir, "--checkpoint-dir")
             saver = checkpoint.Saver(
-                state, run.checkpoint_every, run.checkpoint_dir, saves["manifest"], first, run.warmup + run.steps
+                state, run.checkpoint_every, run.checkpoint_dir, saves["manifest"], first, saves["due"]
             )
         measured = measure(
             ProcessEngine(state, setup.batches),
