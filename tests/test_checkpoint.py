@@ -94,11 +94,59 @@ def test_saves_are_never_overwritten(saved, tmp_path):
     [
         (["--checkpoint-every", "3"], "go together"),
         (["--checkpoint-every", "0", "--checkpoint-dir", "x"], "at least 1"),
-        (["--nproc", "2", "--resume", "x"], "one process for now"),
+        (["--nproc", "2", "--pipeline", "--resume", "x"], "drop --pipeline"),
     ],
 )
 def test_bad_checkpoint_flags_are_one_line(tmp_path, args, message):
     assert message in refused([*TINY, "--steps", "2", *args], tmp_path)
+
+
+@pytest.fixture(scope="module")
+def saved_on_ranks(tmp_path_factory):
+    """tiny on 2 ranks, 1 warm-up and 6 timed steps, saved after steps 3 and 6: (result, its folder)."""
+    d = tmp_path_factory.mktemp("ranks")
+    args = [*TINY, "--nproc", "2", "--steps", "6", "--checkpoint-every", "3", "--checkpoint-dir", str(d / "ck")]
+    proc = gembench_cli(*args, "--out", str(d / "a.json"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads((d / "a.json").read_text()), d
+
+
+def test_ranks_save_their_shards_into_one_save(saved_on_ranks):
+    result, d = saved_on_ranks
+    ck = result["checkpoint"]
+    assert [s["step"] for s in ck["saves"]] == [3, 6] and len(ck["ranks_blocked_s"]) == 2
+    assert ck["blocked_s"] >= max(ck["ranks_blocked_s"])  # each save blocks the job as its slowest rank
+    assert sum(ck["ranks_bytes"]) < ck["bytes"] and min(ck["ranks_bytes"]) > 0  # each its shards; rank 0 the metadata
+    folder = checkpoint.step_folder(d / "ck", 3)
+    assert checkpoint.complete(folder) and sorted(p.name for p in folder.glob("*.distcp")) == [
+        "__0_0.distcp",
+        "__1_0.distcp",
+    ]
+    assert json.loads((folder / checkpoint.MANIFEST).read_text())["world_size"] == 2
+    validate(result, "the ranks' saving run")
+
+
+def test_ranks_resume_bit_for_bit(saved_on_ranks, tmp_path):
+    result, d = saved_on_ranks
+    out = tmp_path / "b.json"
+    args = [*TINY, "--nproc", "2", "--steps", "3", "--resume", str(d / "ck" / "step-00000003"), "--out", str(out)]
+    proc = gembench_cli(*args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    resumed = json.loads(out.read_text())
+    assert resumed["samples"]["loss"] == result["samples"]["loss"][3:6]
+    assert resumed["checkpoint"]["resumed_at"] == 3 and "restore" in resumed["startup"]["phases"]
+
+
+def test_a_save_of_another_world_size_is_refused_before_any_rank_starts(saved_on_ranks, tmp_path):
+    _, d = saved_on_ranks
+    line = refused([*TINY, "--steps", "2", "--resume", str(d / "ck")], tmp_path)
+    assert "saved with another world size (world_size 2, this run 1)" in line
+
+
+def test_a_one_process_save_is_refused_by_ranks_in_one_line(saved, tmp_path):
+    _, d = saved
+    line = refused([*TINY, "--nproc", "2", "--steps", "2", "--resume", str(d / "ck")], tmp_path)
+    assert "saved with another world size (world_size 1, this run 2)" in line
 
 
 def test_a_failing_save_ends_the_saving_not_the_run(monkeypatch, tmp_path, capsys):
@@ -108,8 +156,8 @@ def test_a_failing_save_ends_the_saving_not_the_run(monkeypatch, tmp_path, capsy
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(dcp, "async_save", full)
-    monkeypatch.setattr(checkpoint, "app_state", lambda state, step: {})
-    saver = checkpoint.Saver(object(), 2, tmp_path, {}, due=frozenset(checkpoint.due_steps(0, 10, 2)))
+    held = checkpoint.Held(snapshot=lambda step: {}, apply=None)
+    saver = checkpoint.Saver(held, 2, tmp_path, {}, due=frozenset(checkpoint.due_steps(0, 10, 2)))
     for i in range(10):
         saver(i)
     record = saver.record()

@@ -206,15 +206,15 @@ def configure(p: argparse.ArgumentParser) -> None:
     paced.add_argument(
         "--burst", type=int, default=20, metavar="N", help="timed steps per turn with --pace (default: 20)"
     )
-    saved = p.add_argument_group("checkpoints (torch.distributed.checkpoint; one process for now)")
+    saved = p.add_argument_group("checkpoints (torch.distributed.checkpoint; one process or --nproc ranks)")
     saved.add_argument(
         "--checkpoint-every",
         type=int,
         default=None,
         metavar="N",
         help="save the whole training state, asynchronously, after every N-th warm-up or timed step "
-        "into --checkpoint-dir DIR/step-<N>; the result records each save's time, the time the step "
-        "loop was blocked and the bytes written",
+        "into --checkpoint-dir DIR/step-<N> (on ranks, each writes its own shards); the result records "
+        "each save's time, the time the step loop was blocked (each rank's) and the bytes written",
     )
     saved.add_argument(
         "--checkpoint-dir", type=Path, default=None, metavar="DIR", help="where --checkpoint-every saves"

@@ -1,12 +1,14 @@
 """Checkpoints as training jobs take them: the whole training state through torch.distributed.checkpoint.
 
 What is saved is what training needs to go on bit for bit: the model's state (TorchRec's fused
-embedding tables among it), every optimizer's state (torch's through DCP's ``get_state_dict``, the
-fused embedding optimizers' own KeyedOptimizer state), the step the next run starts at (which is
-also the data position: step i trains on batch i of the seed's cycle) and the RNG. One folder a
-save, ``DIR/step-00000012``: DCP's files, whose ``.metadata`` DCP writes last, then gembench's
-manifest (what ran: the workload, its identity hash, the world size, the commit, the stack),
-written last of all by a rename. A folder without both is a save cut short and is never loaded.
+embedding tables among it; on ranks, their shards as ShardedTensors and FSDP2's DTensors), every
+optimizer's state (the dense one's through DCP's state_dict API, the fused embedding optimizers'
+own KeyedOptimizer state), the step the next run starts at (which is also the data position: step
+i trains on batch i of the seed's cycle) and each process's RNG. One folder a save,
+``DIR/step-00000012``: DCP's files (every rank writes its own shards), whose ``.metadata`` DCP
+writes last, then gembench's manifest (what ran: the workload, its identity hash, the world size,
+the commit, the stack), written last of all by a rename. A folder without both is a save cut short
+and is never loaded.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,28 +43,69 @@ def fused_modules(model: torch.nn.Module) -> dict:
     return {n: m for n, m in model.named_modules() if callable(getattr(m, "fused_optimizer", None))}
 
 
-def app_state(state, step: int) -> dict:
-    """The training state of a one-process TrainState (step.py) after ``step`` steps, as DCP saves
-    and loads it: loading fills these very tensors."""
-    from torch.distributed.checkpoint.state_dict import get_state_dict
+@dataclass
+class Held:
+    """What a save holds of a process's training state: ``snapshot(step)`` is the dict DCP saves
+    and loads (its tensors the live ones, so that loading fills them in place) and ``apply(loaded)``
+    puts back what loading cannot fill in place."""
 
-    model_sd, optim_sd = get_state_dict(state.model, state.optimizers)
-    fused = {n: m.fused_optimizer().state_dict() for n, m in fused_modules(state.model).items()}
-    return {"model": model_sd, "optim": optim_sd, "fused": fused, "step": step, "rng": torch.get_rng_state()}
-
-
-def apply_state(state, loaded: dict) -> None:
-    """Put a loaded ``app_state`` back into the model, the optimizers and the RNG."""
-    from torch.distributed.checkpoint.state_dict import set_state_dict
-
-    set_state_dict(state.model, state.optimizers, model_state_dict=loaded["model"], optim_state_dict=loaded["optim"])
-    for name, module in fused_modules(state.model).items():
-        module.fused_optimizer().load_state_dict(loaded["fused"][name])
-    torch.set_rng_state(loaded["rng"])
+    snapshot: Callable[[int], dict]
+    apply: Callable[[dict], None]
 
 
-def folder_bytes(folder: Path) -> int:
-    return sum(f.stat().st_size for f in Path(folder).rglob("*") if f.is_file())
+def of_process(state) -> Held:
+    """The training state of a one-process TrainState (step.py)."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    def snapshot(step: int) -> dict:
+        model_sd, optim_sd = get_state_dict(state.model, state.optimizers)
+        fused = {n: m.fused_optimizer().state_dict() for n, m in fused_modules(state.model).items()}
+        return {"model": model_sd, "optim": optim_sd, "fused": fused, "step": step, "rng": torch.get_rng_state()}
+
+    def apply(loaded: dict) -> None:
+        set_state_dict(
+            state.model, state.optimizers, model_state_dict=loaded["model"], optim_state_dict=loaded["optim"]
+        )
+        for name, module in fused_modules(state.model).items():
+            module.fused_optimizer().load_state_dict(loaded["fused"][name])
+        torch.set_rng_state(loaded["rng"])
+
+    return Held(snapshot, apply)
+
+
+def of_rank(dmp: torch.nn.Module, optimizer: torch.optim.Optimizer, rank: int) -> Held:
+    """The training state of one rank of a DMP model, as TorchRec checkpoints it: DMP's state_dict
+    (the tables' shards, the dense part whole or as FSDP2's DTensors) and its fused optimizer's,
+    loaded in place and then handed back to them; the dense ``optimizer``'s state through DCP's
+    state_dict API (which gives a fresh optimizer the state to load into); this rank's RNG under
+    its own key.
+
+    The dense optimizer's param_groups (its hyperparameters: the stack's, which the manifest
+    checks) are not saved: a rank holds only its tables' keys, so DCP's loader, missing the others,
+    also tries its pre-2.4 key layout, which differs from today's only for such tensor-free nests."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+    def snapshot(step: int) -> dict:
+        return {
+            "model": dmp.state_dict(),
+            "dense_optim": get_optimizer_state_dict(dmp.module, optimizer)["state"],
+            "fused": dmp.fused_optimizer.state_dict(),
+            "step": step,
+            "rng": {f"rank{rank}": torch.get_rng_state()},
+        }
+
+    def apply(loaded: dict) -> None:
+        dmp.load_state_dict(loaded["model"])
+        groups = get_optimizer_state_dict(dmp.module, optimizer)["param_groups"]
+        set_optimizer_state_dict(dmp.module, optimizer, {"state": loaded["dense_optim"], "param_groups": groups})
+        dmp.fused_optimizer.load_state_dict(loaded["fused"])
+        torch.set_rng_state(loaded["rng"][f"rank{rank}"])
+
+    return Held(snapshot, apply)
+
+
+def folder_bytes(folder: Path, pattern: str = "*") -> int:
+    return sum(f.stat().st_size for f in Path(folder).rglob(pattern) if f.is_file())
 
 
 @dataclass
@@ -71,14 +115,20 @@ class Saver:
     staged (copied aside), and again only if the previous save is still writing when the next one
     is due; the files are written beside the steps. A save that fails (a full disk) is said once
     and ends the saving, never the run. ``first``: the step the run began at (a resumed run's);
-    ``due``: the steps to save after (due_steps)."""
+    ``due``: the steps to save after (due_steps). On ranks, every rank calls it at the same steps:
+    ``group`` is a process group of the save's own (DCP plans and finishes a save collectively,
+    from its writing thread, which must not share the training's group) and the ``lead`` rank writes
+    the manifest once DCP's metadata says every rank's shards are written."""
 
-    state: object
+    held: Held
     every: int
     root: Path
     manifest: dict
     first: int = 0
     due: frozenset = frozenset()
+    group: object | None = None  # torch.distributed.ProcessGroup; None: one process
+    lead: bool = True
+    rank: int = 0
     saves: list = field(default_factory=list)
     error: str | None = None
     _pending: tuple | None = None  # (folder, step, started, blocked seconds, DCP's future)
@@ -88,13 +138,18 @@ class Saver:
         if self.error is not None or done not in self.due:
             return
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.staging import BlockingAsyncStager
 
         waited = self.finish()  # the previous save's files must be written before this one starts
         folder = step_folder(self.root, done)
         start = time.perf_counter()
+        where = {"no_dist": True} if self.group is None else {"process_group": self.group}
+        # staged by a copy into CPU memory that knows TorchRec's ShardedTensors (DCP's default
+        # stager does not), before the loop goes on
+        stager = BlockingAsyncStager()
         try:
-            response = dcp.async_save(app_state(self.state, done), checkpoint_id=str(folder), no_dist=True)
-        except OSError as err:
+            response = dcp.async_save(self.held.snapshot(done), checkpoint_id=str(folder), async_stager=stager, **where)
+        except save_failures() as err:
             return self._failed(done, folder, err)
         future = getattr(response, "upload_completion", response)
         self._pending = (folder, done, start, waited + time.perf_counter() - start, future)
@@ -108,8 +163,9 @@ class Saver:
         t0 = time.perf_counter()
         try:
             future.result()
-            write_manifest(folder, self.manifest | {"step": done})
-        except OSError as err:
+            if self.lead:
+                write_manifest(folder, self.manifest | {"step": done})
+        except save_failures() as err:
             self._failed(done, folder, err)
             return time.perf_counter() - t0
         waited = time.perf_counter() - t0
@@ -119,13 +175,15 @@ class Saver:
                 "seconds": time.perf_counter() - start,  # from the call to the manifest
                 "blocked_s": blocked + waited,
                 "bytes": folder_bytes(folder),
+                "own_bytes": folder_bytes(folder, f"__{self.rank}_*.distcp"),  # the files this process wrote
             }
         )
         return waited
 
-    def _failed(self, done: int, folder: Path, err: OSError) -> None:
-        self.error = f"the save at step {done} into {folder} failed ({err.strerror or err}); no later save was tried"
-        print(f"gembench run: warning: {self.error}", flush=True)
+    def _failed(self, done: int, folder: Path, err: Exception) -> None:
+        self.error = f"the save at step {done} into {folder} failed ({reason(err)}); no later save was tried"
+        if self.lead:
+            print(f"gembench run: warning: {self.error}", flush=True)
 
     def record(self) -> dict:
         """What the run's saves cost: each save's step, seconds (call to manifest), the loop's
@@ -140,6 +198,44 @@ class Saver:
             "async": True,
             **({"error": self.error} if self.error else {}),
         }
+
+
+def save_failures() -> tuple:
+    """What a failed save raises: the OS's error on one process, DCP's (every rank's failures) on ranks."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return OSError, CheckpointException
+
+
+def reason(err: Exception) -> str:
+    """What went wrong, in a few words: the OS's reason, or the first of DCP's ranks' failures."""
+    if isinstance(err, OSError):
+        return err.strerror or str(err)
+    failures = getattr(err, "failures", None)  # DCP's CheckpointException: {rank: exception}
+    if failures:
+        rank, first = sorted(failures.items())[0]
+        return f"rank {rank}: {reason(first) if isinstance(first, Exception) else first}"
+    return str(err).splitlines()[0] if str(err) else type(err).__name__
+
+
+def across_ranks(records: list[dict | None]) -> dict | None:
+    """The job's checkpoint section from each rank's: the lead rank's saves (its bytes are the
+    whole save's, every rank's files in one folder), each save blocking the job as long as its
+    slowest rank (the next step waits for every rank), and each rank's blocked seconds and bytes."""
+    if not records or records[0] is None:
+        return None
+    if len(records) == 1 or "saves" not in records[0]:
+        return records[0]
+    saves = [
+        s | {"blocked_s": max(r["saves"][k]["blocked_s"] for r in records if len(r["saves"]) > k)}
+        for k, s in enumerate(records[0]["saves"])
+    ]
+    return records[0] | {
+        "saves": saves,
+        "blocked_s": sum(s["blocked_s"] for s in saves),
+        "ranks_blocked_s": [r["blocked_s"] for r in records],
+        "ranks_bytes": [sum(s["own_bytes"] for s in r["saves"]) for r in records],
+    }
 
 
 def write_manifest(folder: Path, manifest: dict) -> None:
@@ -176,8 +272,8 @@ def check_resumable(folder: Path, manifest: dict) -> dict:
     world size, stack and commit); else one line saying what differs."""
     saved = json.loads((Path(folder) / MANIFEST).read_text())
     for key, what in (
-        ("identity", "model or config"),
         ("world_size", "world size"),
+        ("identity", "model or config"),
         ("options", "stack"),
         ("seed", "seed"),
         ("commit", "commit"),
@@ -190,13 +286,54 @@ def check_resumable(folder: Path, manifest: dict) -> dict:
     return saved
 
 
-def restore(state, folder: Path, step: int) -> None:
+def manifest_of(ident, world_size: int, options: dict, seed: int) -> dict:
+    """What a save says of the run that made it: a resumed run must match it (check_resumable)."""
+    from gembench.harness.device.env import git_state
+
+    return {
+        "workload": ident.name,
+        "identity": ident.hash,
+        "world_size": world_size,
+        "options": options,
+        "seed": seed,
+        "commit": git_state()[0],
+    }
+
+
+def wanted(run) -> bool:
+    """Does the run (a RunConfig) save or resume?"""
+    return run.checkpoint_every is not None or run.resume is not None
+
+
+def plan(run, manifest: dict) -> dict:
+    """--checkpoint-every and --resume (``run``: a RunConfig), checked before any work: the save to
+    resume from (its manifest matching this run's), the step it goes on at, the steps to save
+    after, and no earlier save among them to overwrite."""
+    folder, first = None, 0
+    if run.resume is not None:
+        folder = resolve(run.resume)
+        first = int(check_resumable(folder, manifest)["step"])
+    due = []
+    if run.checkpoint_every is not None:
+        due = due_steps(first, run.warmup + run.steps, run.checkpoint_every)
+        taken = [f for f in (step_folder(run.checkpoint_dir, s) for s in due) if f.exists()]
+        if taken:
+            raise UsageError(
+                f"--checkpoint-dir {run.checkpoint_dir} already holds {taken[0].name}, which this run would save: "
+                "saves are never overwritten; pass another --checkpoint-dir"
+            )
+    return {"manifest": manifest, "resume": folder, "first": first, "due": frozenset(due)}
+
+
+def restore(held: Held, folder: Path, step: int, group=None) -> None:
     """Load the save in ``folder`` (check_resumable passed it, its manifest naming ``step``) into
-    ``state``; a state of another step is refused."""
+    ``held``; a state of another step is refused. ``group``: the ranks' process group (None: one
+    process)."""
     import torch.distributed.checkpoint as dcp
 
-    loaded = app_state(state, 0)
-    dcp.load(loaded, checkpoint_id=str(folder), no_dist=True)
-    apply_state(state, loaded)
+    loaded = held.snapshot(0)
+    where = {"no_dist": True} if group is None else {"process_group": group}
+    dcp.load(loaded, checkpoint_id=str(folder), **where)
+    held.apply(loaded)
     if loaded["step"] != step:
         raise UsageError(f"--resume {folder}: its manifest says step {step}, its state step {loaded['step']}")

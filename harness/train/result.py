@@ -29,6 +29,7 @@ from gembench.harness.metrics.counters import flat_metrics
 from gembench.harness.metrics.imbalance import critical_path, job_imbalance
 from gembench.harness.metrics.mfu import end_to_end, mfu, per_step_mfu, summarize, tflops, train_flops
 from gembench.harness.store.document import result_document
+from gembench.harness.train import checkpoint
 from gembench.harness.train.distributed.slurm import scheduler_section
 from gembench.harness.train.memory import memory_fields
 from gembench.harness.train.step import divergence, finite_or_none
@@ -273,7 +274,7 @@ def build_result(
             **metrics,
         }
     sections.update(scheduler_section())  # a job a scheduler started: its id and nodes
-    saved = records[0].checkpoint
+    saved = checkpoint.across_ranks([r.checkpoint for r in records])
     if saved is not None:
         sections["checkpoint"] = saved
         if "blocked_s" in saved:

@@ -166,9 +166,10 @@ class RunConfig:
         if self.checkpoint_every is not None and self.checkpoint_every < 1:
             raise UsageError(f"--checkpoint-every must be at least 1 step, got {self.checkpoint_every}")
         if self.checkpoint_every is not None or self.resume is not None:
-            if distributed:  # --ab with --nproc is refused above
-                raise UsageError("--checkpoint-every and --resume run on one process for now: drop --nproc")
             if self.ab:
                 raise UsageError("--checkpoint-every and --resume take one stack: drop --ab")
+            for flag, on in (("--pipeline", self.pipeline), ("--rebalance", self.rebalance)):
+                if on:  # the pipeline holds batches in flight across a save; --rebalance runs three plans
+                    raise UsageError(f"--checkpoint-every and --resume take the staged step: drop {flag}")
         if self.checkpoint_dir is not None:
             writable_folder(Path(self.checkpoint_dir), "--checkpoint-dir", create=False)

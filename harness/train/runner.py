@@ -123,7 +123,7 @@ def prepare(run: RunConfig, stacks: list[StackOptions], startup: Startup | None 
         bandwidth = reference_bandwidth(dev, run.bandwidth_gbs)
     with startup.phase("data"):
         count = min(run.steps + run.warmup, MAX_DISTINCT_BATCHES)
-        if run.checkpoint_every is not None or run.resume is not None:
+        if checkpoint.wanted(run):
             count = MAX_DISTINCT_BATCHES  # step i trains on batch i of one cycle, however long the run
         batches, ident = prepared(workload, run.seed, count=count, meta=meta)
         del meta
@@ -138,36 +138,11 @@ def prepare(run: RunConfig, stacks: list[StackOptions], startup: Startup | None 
 
 
 def saves_of(setup: Setup, stacks: list[StackOptions]) -> dict | None:
-    """--checkpoint-every and --resume, checked before any work: the save to resume from (its
-    manifest matching this run's), the step it goes on at, the steps to save after, and no
-    earlier save among them to overwrite."""
+    """--checkpoint-every and --resume, checked before any work (checkpoint.plan)."""
     run = setup.run
-    if run.checkpoint_every is None and run.resume is None:
+    if not checkpoint.wanted(run):
         return None
-    from gembench.harness.device.env import git_state
-
-    manifest = {
-        "workload": setup.ident.name,
-        "identity": setup.ident.hash,
-        "world_size": 1,
-        "options": stacks[0].to_dict(),
-        "seed": run.seed,
-        "commit": git_state()[0],
-    }
-    folder, first = None, 0
-    if run.resume is not None:
-        folder = checkpoint.resolve(run.resume)
-        first = int(checkpoint.check_resumable(folder, manifest)["step"])
-    due = []
-    if run.checkpoint_every is not None:
-        due = checkpoint.due_steps(first, run.warmup + run.steps, run.checkpoint_every)
-        taken = [f for f in (checkpoint.step_folder(run.checkpoint_dir, s) for s in due) if f.exists()]
-        if taken:
-            raise UsageError(
-                f"--checkpoint-dir {run.checkpoint_dir} already holds {taken[0].name}, which this run would save: "
-                "saves are never overwritten; pass another --checkpoint-dir"
-            )
-    return {"manifest": manifest, "resume": folder, "first": first, "due": frozenset(due)}
+    return checkpoint.plan(run, checkpoint.manifest_of(setup.ident, 1, stacks[0].to_dict(), run.seed))
 
 
 def build_state(setup: Setup, options: StackOptions):
@@ -219,11 +194,16 @@ def measure_stack(setup: Setup, options: StackOptions, name: str, progress=None,
         first = saves["first"] if saves is not None else 0
         if saves is not None and saves["resume"] is not None:
             with setup.startup.phase("restore"):
-                checkpoint.restore(state, saves["resume"], first)
+                checkpoint.restore(checkpoint.of_process(state), saves["resume"], first)
         if run.checkpoint_every is not None:
             writable_folder(run.checkpoint_dir, "--checkpoint-dir")
             saver = checkpoint.Saver(
-                state, run.checkpoint_every, run.checkpoint_dir, saves["manifest"], first, saves["due"]
+                checkpoint.of_process(state),
+                run.checkpoint_every,
+                run.checkpoint_dir,
+                saves["manifest"],
+                first,
+                saves["due"],
             )
         measured = measure(
             ProcessEngine(state, setup.batches),

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from gembench.harness.metrics import comm, counters
 from gembench.harness.metrics.startup import Startup
 from gembench.harness.metrics.trace import STEP_SPAN
+from gembench.harness.train import checkpoint
 from gembench.harness.train.distributed import engines, loads, plan, rebalance, watchdog
 from gembench.harness.train.distributed.carry import carry_state, load_unsharded
 from gembench.harness.train.distributed.checks import UNTOLD, check, per_rank_batch
@@ -66,6 +67,15 @@ class Built:
     modules: int  # the model's TorchRec modules
 
 
+def rank_saves(args: RunConfig, ident, world_size: int) -> dict | None:
+    """--checkpoint-every and --resume on ``world_size`` ranks (checkpoint.plan), checked by the
+    launcher before any rank starts and by every rank; None: the job neither saves nor resumes."""
+    if not checkpoint.wanted(args):
+        return None
+    options = on_ranks(args.options, args.pipeline).to_dict()
+    return checkpoint.plan(args, checkpoint.manifest_of(ident, world_size, options, args.seed))
+
+
 class RankJob:
     """This rank's job: the request, its world, the workload as the stack runs it, its batches and
     their FLOPs, and its peak; ``build`` shards a model, ``measure`` measures one build, ``result``
@@ -86,7 +96,7 @@ class RankJob:
         world.at("data")
         steps = step_indices(args.warmup, args.steps, distributed=True)
         self.total = steps["profiled"].stop
-        count = min(self.total, MAX_DISTINCT_BATCHES)
+        count = MAX_DISTINCT_BATCHES if checkpoint.wanted(args) else min(self.total, MAX_DISTINCT_BATCHES)
         with self.startup.phase("data"):
             self.batches = [workload.batch(i, world.rank, world.size, args.seed) for i in range(count)]
         with self.startup.phase("config"):
@@ -94,13 +104,14 @@ class RankJob:
             self.ident = identity(self.variant, args.seed, meta)
             self.counts = parameter_shapes(self.variant, meta)
             del meta
+            self.saves = rank_saves(args, self.ident, world.size)  # the save resumed from, the steps to save after
         self.work: Work | None = None  # the batches' FLOPs, from the first build's unsharded model
         self.pooling = None if args.sharding == UNTOLD else self.variant.pooling()
 
     def run(self) -> dict:
         """The job; its result on rank 0 ({} on the others)."""
         built = self.build(self.pooling)
-        record = self.measure(built)
+        record = self.measure(built, self.saver(built))
         records = self.world.gather(record)
         if self.args.rebalance:
             return self.rebalanced(built, record, records)
@@ -159,8 +170,36 @@ class RankJob:
             engine = engines.StagedStep(dmp, dev, world, options, variant, feeds, self.batches, self.fault)
         return Built(dmp, planned, feeds, engine, start_bytes, modules)
 
-    def measure(self, built: Built) -> ProcessRecord:
-        """This rank's record of ``built``: its lookup load counted, then measured (measure.py)."""
+    def saver(self, built: Built) -> checkpoint.Saver | None:
+        """--resume: the save loaded into ``built`` (every rank its shards); --checkpoint-every: the
+        saver of its state (None: no saving)."""
+        if self.saves is None:
+            return None
+        held = checkpoint.of_rank(built.dmp, built.engine.optimizer, self.world.rank)
+        if self.saves["resume"] is not None:
+            self.world.at("restore")
+            with self.startup.phase("restore"):
+                checkpoint.restore(held, self.saves["resume"], self.saves["first"], dist.group.WORLD)
+        if self.args.checkpoint_every is None:
+            return None
+        # DCP finishes an async save collectively from its writing thread: a group of its own
+        group = dist.new_group(backend="gloo")
+        args, saves = self.args, self.saves
+        return checkpoint.Saver(
+            held,
+            args.checkpoint_every,
+            args.checkpoint_dir,
+            saves["manifest"],
+            saves["first"],
+            saves["due"],
+            group=group,
+            lead=self.world.rank == 0,
+            rank=self.world.rank,
+        )
+
+    def measure(self, built: Built, saver: checkpoint.Saver | None = None) -> ProcessRecord:
+        """This rank's record of ``built``: its lookup load counted, then measured (measure.py),
+        saved by ``saver`` as it goes; a resumed run's steps go on from the save's."""
         args, world, dev, options, batches = self.args, self.world, self.dev, self.options, self.batches
         timed = timed_batches(batches, args.warmup, args.steps)
         world.at("load count")
@@ -188,7 +227,15 @@ class RankJob:
             trace_path=None if args.trace is None else Path(args.trace) / f"rank{world.rank}.json",
             progress=Progress(world.rank == 0 and not args.quiet, "gembench run (rank 0)"),
             startup=self.startup,
+            first=self.saves["first"] if self.saves is not None else 0,
+            after_step=saver,
         )
+        if self.saves is not None:
+            resumed = self.saves["resume"]
+            measured.checkpoint = {
+                **(saver.record() if saver is not None else {}),
+                **({"resumed_from": str(resumed), "resumed_at": self.saves["first"]} if resumed else {}),
+            }
         world.at("analysis")
         comm_stats = comm.analyze(measured.events, world.size, STEP_SPAN)
         if not args.pipeline:

@@ -91,8 +91,9 @@ def check(args: RunConfig) -> None:
     from gembench.harness.store.results import check_writable
     from gembench.harness.train.distributed.process_group import backend_for
 
-    check_job(args, nnodes=1)
+    workload = check_job(args, nnodes=1)
     dev = resolve_device(args.device)
+    check_saves(args, workload, dev)
     backend_for(dev)
     if dev.type == "cuda" and torch.cuda.device_count() < args.nproc:
         raise UsageError(
@@ -100,6 +101,23 @@ def check(args: RunConfig) -> None:
         )
     if args.out is not None:
         check_writable(args.out)
+
+
+def check_saves(args: RunConfig, workload, dev) -> None:
+    """--checkpoint-every and --resume as every rank will check them (the save to resume from
+    matches the job, no save to overwrite), once, before any rank starts."""
+    from gembench.harness.train import checkpoint
+
+    if not checkpoint.wanted(args):
+        return
+    import torch
+
+    from gembench.harness.train.distributed.job import rank_saves
+    from gembench.harness.train.stack import on_ranks
+    from gembench.harness.train.workloads import identity
+
+    variant = workload.on_device(dev.type).for_stack(on_ranks(args.options, args.pipeline))
+    rank_saves(args, identity(variant, args.seed, variant.build(torch.device("meta"))), args.nproc)
 
 
 def check_job(args: RunConfig, nnodes: int):
