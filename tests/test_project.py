@@ -445,6 +445,44 @@ def dataclasses_replace(obj, **kw):
     return dataclasses.replace(obj, **kw)
 
 
+def test_a_jobs_checkpoints_are_staged_then_written_and_a_slow_write_blocks_the_next_save():
+    from gembench.harness.projection.job import DENSE_STATE_BYTES, job_cost
+
+    row = {
+        "world": 16,
+        "step_time_s": 0.01,
+        "mfu": 0.2,
+        "memory": {"embeddings_bytes": 4e9},
+        "plan": {"fits": True, "seconds": 3.0},
+    }
+    cluster = dataclasses_replace(H100, storage_Bps=8e9)
+    startup = {"to_first_step_s": 60.0, "phases": {"plan": 10.0, "compile": 30.0}}
+    job = job_cost(row, 1e8, cluster, startup, steps=1000, every=100)
+    per_gpu = 4e9 + DENSE_STATE_BYTES * 1e8 / 16
+    staged, written = per_gpu / H100.host_copy_Bps, per_gpu * 8 / 8e9  # a node's 8 GPUs share its storage
+    assert job["checkpoint_bytes_per_gpu"] == pytest.approx(per_gpu) and job["checkpoint_written_s"] == written
+    # each write (~4.1 s) outlasts the 1 s between saves: the loop waits for the rest
+    assert job["checkpoint_blocked_s"] == pytest.approx(staged + written - 100 * 0.01)
+    assert job["startup_s"] == pytest.approx(60.0 - 10.0 + 3.0)
+    assert job["job_s"] == pytest.approx(1000 * 0.01 + 53.0 + 10 * job["checkpoint_blocked_s"])
+    assert job["end_to_end_mfu"] == pytest.approx(0.2 * 10.0 / job["job_s"]) and job["goodput"] < 1
+    fast = job_cost(row, 1e8, dataclasses_replace(H100, storage_Bps=1e12), None, steps=1000, every=100)
+    assert fast["checkpoint_blocked_s"] == pytest.approx(staged) and fast["includes"] == ["checkpoints"]
+    assert job_cost(row | {"plan": {"fits": False}}, 1e8, cluster, None, 1000, 100) is None
+
+
+def test_a_cluster_files_storage_figures_survive_its_round_trip_and_a_bad_one_is_named(tmp_path):
+    from gembench.harness.projection.cluster import read_cluster, to_toml
+
+    path = tmp_path / "c.toml"
+    path.write_text(to_toml(dataclasses_replace(H100, storage_Bps=2e9)))
+    back = read_cluster(path)
+    assert back.storage_Bps == pytest.approx(2e9) and back.host_copy_Bps == pytest.approx(H100.host_copy_Bps)
+    path.write_text(to_toml(H100).replace("host_copy_GBps = 51.2", "host_copy_GBps = -1"))
+    with pytest.raises(UsageError, match="host_copy_GBps must be a number of GB/s"):
+        read_cluster(path)
+
+
 def test_dcnv2_mlperf_is_held_against_the_published_system(capsys):
     from gembench.harness.projection.published import MLPERF_V4_DCNV2, published
     from gembench.harness.projection.rates import datasheet_compute
@@ -496,6 +534,11 @@ def test_project_prints_a_row_per_world_and_writes_a_valid_document(projection):
     assert re.search(r"\n\s+8\s.*: GPU \d+, ", first.stdout)  # the critical path column
     assert "plans rated" in first.stdout and "kept for speed" in first.stdout
     assert "critical path per stage" in first.stdout and "h100" in first.stdout
+    for row in doc["rows"]:  # no --from, no storage bandwidth in a preset: the checkpoints' staging alone
+        job = row["job"]
+        assert job["startup_s"] is None and job["checkpoint_written_s"] is None and job["includes"] == ["checkpoints"]
+        assert job["checkpoint_blocked_s"] == pytest.approx(job["checkpoint_bytes_per_gpu"] / H100.host_copy_Bps)
+    assert "the job: 10,000 steps, a checkpoint every 500" in first.stdout and "no storage_GBps" in first.stdout
     assert doc["rows"][1]["per_rank_batch"] == doc["rows"][0]["per_rank_batch"] // 8
     # the second run reads both plans from the cache
     rows = [line for line in again.stdout.splitlines() if re.match(r"\s+(8|64)\s+\d+\s", line)]
@@ -600,6 +643,7 @@ def test_calibrate_writes_a_cluster_file_of_this_hosts_links(measured):
     }
     assert all(link.bandwidth_Bps > 1e6 for link in cluster.collectives.values())
     assert cluster.memory_Bps > 1e8  # every rank's Adam over a buffer far larger than the caches
+    assert cluster.storage_Bps > 1e6 and cluster.host_copy_Bps == cluster.memory_Bps  # a checkpoint's two legs
     again = _gembench("project", "--calibrate", "--out", str(measured / "here.toml"), "--quiet")
     assert again.returncode == 2 and "never overwritten" in again.stderr
 
@@ -721,6 +765,13 @@ def test_from_prices_compute_as_measured(measured, tmp_path):
     per_example = one["stage_means_s"]["dense_forward"] / one["per_rank_batch"]
     for row in doc["rows"]:  # the dense forward scales with the per-rank batch, nothing else
         assert row["stages"]["dense_forward"]["time_s"] == pytest.approx(per_example * row["per_rank_batch"])
+    # the job's start-up: the measured one, its sharding plan as the projection's planner took it
+    start = json.loads((measured / "one.json").read_text())["startup"]
+    for row in doc["rows"]:
+        expected = start["to_first_step_s"] - start["phases"].get("plan", 0.0) + row["plan"]["seconds"]
+        assert row["job"]["startup_s"] == pytest.approx(expected)
+        assert row["job"]["includes"] == ["start-up", "checkpoints"] and row["job"]["end_to_end_mfu"] < row["mfu"]
+    assert "the sharding plan as this projection's planner took at each size" in proc.stdout
 
 
 def test_batch_per_gpu_scales_the_batch_with_the_world_and_small_setups_are_named(capsys):

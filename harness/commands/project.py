@@ -57,6 +57,8 @@ class ProjectConfig:
     trace: str | None = None
     check: str | None = None
     quiet: bool = False
+    job_steps: int = 10_000  # the job a row's start-up and checkpoints are priced over (projection/job.py)
+    checkpoint_every: int = 500
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -116,6 +118,20 @@ def configure(p: argparse.ArgumentParser) -> None:
         "full: without them, to measure what they cost (docs/projection.md)",
     )
     p.add_argument("--no-cache", action="store_true", help="plan again instead of reading the plan cache")
+    job = p.add_argument_group(
+        "the job around the steps (a model: start-up as --from measured it, the planner timed at each size; "
+        "checkpoints over the cluster's host-copy and storage_GBps bandwidths)"
+    )
+    job.add_argument(
+        "--job-steps", type=int, default=10_000, metavar="N", help="steps of the job priced (default: 10,000)"
+    )
+    job.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=500,
+        metavar="K",
+        help="steps between checkpoints (default: 500, as torchtitan's example configs save)",
+    )
     p.add_argument(
         "--out",
         metavar="FILE",
@@ -182,6 +198,9 @@ def project_config(args: argparse.Namespace) -> ProjectConfig:
         if not args.cluster.endswith(".toml"):
             raise UsageError("--check needs --cluster FILE.toml measured on this host (gembench project --calibrate)")
     elif not args.calibrate:
+        for flag, value in (("--job-steps", args.job_steps), ("--checkpoint-every", args.checkpoint_every)):
+            if value < 1:
+                raise UsageError(f"{flag} takes a positive number of steps, got {value}")
         if args.sharding:
             from gembench.harness.train.distributed.plan import SHARDING_TYPES
 
@@ -273,6 +292,13 @@ def project_command(request: ProjectConfig) -> int:
         per_world,
         request.search,
     )
+    from gembench.harness.projection.job import job_cost
+
+    startup = (result or {}).get("startup")
+    for row in rows:
+        row["job"] = job_cost(
+            row, m.counts["dense_params"], cluster, startup, request.job_steps, request.checkpoint_every
+        )
     doc = projection_document(
         m,
         cluster,

@@ -37,6 +37,7 @@ SIZES = [2**k for k in range(12, 25, 2)]  # 4 KiB .. 16 MiB
 ITERS = 15
 STREAM_PARAMS = 2**25  # fp32 elements Adam steps over per rank for the memory rate: 512 MiB with its state
 STREAM_STEPS = 5
+STORAGE_BYTES = 256 * 2**20  # written and synced once for the storage bandwidth
 
 
 def fit(sizes, seconds, family: str, n: int) -> Link:
@@ -265,8 +266,16 @@ def calibrate_command(args) -> int:
     if args.nproc < 2:
         raise UsageError("--calibrate needs --nproc 2 or more: a collective of one rank moves nothing")
     data = _measure_ranks(args.nproc, args.quiet)
-    cluster = cluster_from(data)
+    store = next(d for d in (out.parent.resolve(), *out.parent.resolve().parents) if d.is_dir())
+    storage = storage_Bps(store)
+    # a checkpoint's staging on a CPU host is a copy within its memory
+    cluster = dataclasses.replace(cluster_from(data), storage_Bps=storage)
+    cluster = dataclasses.replace(cluster, host_copy_Bps=cluster.memory_Bps)
     rows = [f"{f}: {_link_text(cluster.collectives[f])}" for f in FAMILIES]
+    rows.append(
+        f"storage: {storage / 1e9:.2f} GB/s into {store} ({STORAGE_BYTES / 2**20:.0f} MiB "
+        "written and synced: where a checkpoint of this host would go)"
+    )
     if cluster.memory_Bps:
         rows.append(
             f"memory: {cluster.memory_Bps / 1e9:.2f} GB/s per rank, every rank at once (fused Adam over "
@@ -284,6 +293,21 @@ def calibrate_command(args) -> int:
     print("\n".join(rows))
     print(f"cluster file: {out}")
     return 0
+
+
+def storage_Bps(folder: Path) -> float:
+    """Bytes per second one file takes to be written and synced in ``folder``, as a checkpoint's
+    shards are (DCP syncs each file it writes)."""
+    import tempfile
+
+    block = os.urandom(2**20)
+    with tempfile.NamedTemporaryFile(dir=folder, prefix=".gembench-storage-") as f:
+        start = time.perf_counter()
+        for _ in range(STORAGE_BYTES // len(block)):
+            f.write(block)
+        f.flush()
+        os.fsync(f.fileno())
+        return STORAGE_BYTES / (time.perf_counter() - start)
 
 
 def cluster_from(data: dict) -> Cluster:

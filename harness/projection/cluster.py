@@ -23,6 +23,8 @@ file of the same fields, which is what `gembench project --calibrate` writes for
     [in_run.kjt_all_to_all]      # a link as a run's own trace timed it, per collective's job (KINDS)
     latency_us = 200             # or per family; never under the isolated one (--calibrate --trace)
     bandwidth_GBps = 0.4
+    storage_GBps = 2.0           # optional: a node's write bandwidth into the checkpoint store
+    host_copy_GBps = 51.2        # optional: device to host memory, per GPU (an async save's staging)
 """
 
 from __future__ import annotations
@@ -76,6 +78,11 @@ class Cluster:
     # fused Adam over a buffer far larger than the caches); 0: not measured. What a data-parallel
     # table's update costs, where a result measured on a small dense part ran from the caches
     memory_Bps: float = 0.0
+    # what a checkpoint costs (projection/job.py): a node's write bandwidth into the checkpoint
+    # store (no datasheet has it: a cluster file's, or --calibrate's of this host; 0: not priced)
+    # and one GPU's copy into host memory, what an asynchronous save blocks the loop for
+    storage_Bps: float = 0.0
+    host_copy_Bps: float = 0.0
 
     def link(self, family: str, across_nodes: bool, kind: str | None = None) -> Link:
         if across_nodes:
@@ -111,9 +118,15 @@ class Cluster:
         )
 
 
+# PCIe Gen5 x16, every preset's host link: 128 GB/s both directions (the H100, H200 and B200
+# datasheets; AMD's MI355X specifications), 64 GB/s each way
+PCIE5_GBPS = 64.0
+
+
 def _preset(name, gpus, peak, hbm_gib, hbm_GBps, nvlink_GBps, nic_Gbps) -> Cluster:
     # Bus bandwidths as nccl-tests would read them: ~80% of the per-direction link rate
     # (docs/design.md section 8); latencies of NCCL's small messages within and across nodes.
+    # The host copy at the same share of PCIe's rate. No storage bandwidth: no datasheet gives one.
     return Cluster(
         name=name,
         gpus_per_node=gpus,
@@ -123,6 +136,7 @@ def _preset(name, gpus, peak, hbm_gib, hbm_GBps, nvlink_GBps, nic_Gbps) -> Clust
         intra=Link(10e-6, 0.8 * nvlink_GBps * 1e9),
         inter=Link(25e-6, 0.9 * nic_Gbps / 8 * 1e9),
         source="preset",
+        host_copy_Bps=0.8 * PCIE5_GBPS * 1e9,
     )
 
 
@@ -167,6 +181,9 @@ def read_cluster(path: Path) -> Cluster:
         unknown = set(table) - set(known)
         if unknown:
             raise UsageError(f"{path}: [{where}] knows {', '.join(known)}, not {', '.join(sorted(unknown))}")
+    for key in ("memory_GBps", "storage_GBps", "host_copy_GBps"):
+        if key in data and (not isinstance(data[key], (int, float)) or data[key] < 0):
+            raise UsageError(f"{path}: {key} must be a number of GB/s (0: not known), got {data[key]!r}")
     links = data.get("links", "isolated")
     if links not in ("isolated", "in_run"):
         raise UsageError(f'{path}: links must be "isolated" or "in_run", got {links!r}')
@@ -187,6 +204,8 @@ def read_cluster(path: Path) -> Cluster:
         in_run={k: _link(v, f"in_run.{k}", path) for k, v in in_run.items()},
         links=links,
         memory_Bps=float(data.get("memory_GBps", 0.0)) * 1e9,
+        storage_Bps=float(data.get("storage_GBps", 0.0)) * 1e9,
+        host_copy_Bps=float(data.get("host_copy_GBps", 0.0)) * 1e9,
     )
 
 
@@ -214,6 +233,8 @@ def to_toml(c: Cluster, comment: str = "") -> str:
         f"efficiency = {c.efficiency:g}",
         f"lookup_efficiency = {c.lookup_efficiency:g}",
         *([f"memory_GBps = {c.memory_Bps / 1e9:.6g}"] if c.memory_Bps else []),
+        *([f"storage_GBps = {c.storage_Bps / 1e9:.6g}"] if c.storage_Bps else []),
+        *([f"host_copy_GBps = {c.host_copy_Bps / 1e9:.6g}"] if c.host_copy_Bps else []),
         "",
         "[intra]",
         link(c.intra),

@@ -147,6 +147,7 @@ def print_projection(doc: dict) -> None:
             )
             print(f"\n{r['world']} GPUs: no plan fits: {why}")
     _print_search(doc["rows"])
+    _print_job(doc)
     _print_published(doc)
     print(
         "\n(imbalance: max/mean of per-GPU embedding lookup bytes from the plan, in brackets the lowest among "
@@ -154,6 +155,62 @@ def print_projection(doc: dict) -> None:
         "and by what; exposed comm: share of the step; memory: the largest GPU's embedding shards + dense "
         "state + activations)"
     )
+
+
+def _print_job(doc: dict) -> None:
+    """The job around the steps (projection/job.py): start-up, checkpoints, end-to-end MFU."""
+    jobs = [(r, r["job"]) for r in doc["rows"] if r.get("job")]
+    if not jobs:
+        return
+    c, first = doc["cluster"], jobs[0][1]
+
+    def seconds(x):
+        return "" if x is None else f"{x:,.2f}"
+
+    table = [
+        [
+            r["world"],
+            seconds(j["startup_s"]) or "not known",
+            figures2(j["checkpoint_bytes_per_gpu"] / 2**30),
+            seconds(j["checkpoint_staged_s"]),
+            seconds(j["checkpoint_written_s"]) or "no storage_GBps",
+            seconds(j["checkpoint_blocked_s"]),
+            f"{100 * j['goodput']:.1f}%",
+            f"{100 * j['end_to_end_mfu']:.1f}% ({100 * r['mfu']:.1f}%)",
+        ]
+        for r, j in jobs
+    ]
+    storage = f"{c['storage_Bps'] / 1e9:g} GB/s a node" if c.get("storage_Bps") else "not in the cluster file"
+    host = f"{c['host_copy_Bps'] / 1e9:g} GB/s a GPU" if c.get("host_copy_Bps") else "not in the cluster file"
+    print(
+        f"\nthe job: {first['steps']:,} steps, a checkpoint every {first['checkpoint_every']:,} (a model, "
+        f"not a measurement: projection/job.py; host copy {host}, storage {storage}; "
+        f"the job counts {' and '.join(first['includes']) or 'the steps alone'}):"
+    )
+    print(
+        tabulate(
+            table,
+            headers=[
+                "GPUs",
+                "start-up s",
+                "checkpoint GiB/GPU",
+                "staged s",
+                "written s",
+                "blocks s/save",
+                "goodput",
+                "end-to-end MFU (steady)",
+            ],
+            disable_numparse=True,
+            colalign=["right"] * 8,
+        )
+    )
+    if first["startup_s"] is not None:
+        print(
+            "start-up: each phase as --from measured it, the sharding plan as this projection's planner "
+            "took at each size; rendezvous, build and compile held as measured (not scaled)"
+        )
+    else:
+        print("start-up: not known (--from a result that recorded it prices it)")
 
 
 def _imbalance(imb: dict) -> str:
