@@ -176,10 +176,10 @@ pace.done()
 """
 
 
-def _fake_workers(tmp_path, steps, burst, die_after=(-1, -1), labels="AB"):
+def _fake_workers(tmp_path, steps, burst, die_after=(-1, -1), labels="AB", log=None):
     from gembench.harness.continuous import interleave
 
-    log = tmp_path / f"turns-{labels}.txt"
+    log = log or tmp_path / f"turns-{labels}.txt"
     return log, [
         interleave.start(
             label,
@@ -220,7 +220,25 @@ def test_pairs_side_by_side_each_take_their_own_turns(tmp_path):
     assert log2.read_text() == "DDCCCCDDDDCCCD"
 
 
-def test_a_worker_that_dies_beside_another_pair_ends_both_pairs(tmp_path):
+def test_a_worker_warmed_before_its_partner_started_is_not_waited_for_again(tmp_path):
+    """Start-ups judged: a pair's second process starts once its first is warm (its "ready" read
+    by the caller), and the turns begin from there."""
+    import time
+
+    from gembench.harness.continuous import interleave
+
+    log, (a,) = _fake_workers(tmp_path, steps=4, burst=2, labels="A")
+    workers = [a]
+    try:
+        interleave.wait_ready([a], time.monotonic() + 60)
+        _, (b,) = _fake_workers(tmp_path, steps=4, burst=2, labels="B", log=log)
+        workers.append(b)
+        interleave.take_turns_side_by_side([([a, b], None)], bursts=2, timeout=30, warm=[a])
+        interleave.finish(workers, timeout=60)
+    finally:
+        interleave.close(workers)
+    assert log.read_text() == "AABBBBAA"
+
     from gembench.harness.continuous import interleave
 
     _, pair1 = _fake_workers(tmp_path, steps=6, burst=2, labels="AB")

@@ -227,17 +227,21 @@ class _Turns:
         self.next += 1
 
 
-def take_turns_side_by_side(pairs: list[tuple[list[Worker], int | None]], bursts: int, timeout: float) -> None:
+def take_turns_side_by_side(
+    pairs: list[tuple[list[Worker], int | None]], bursts: int, timeout: float, warm: list[Worker] = ()
+) -> None:
     """Drive several started pairs at once, each pair taking its own turns on its own CPU.
 
     ``pairs`` holds (workers, cpu) per pair. First every worker of every pair finishes its
     start-up (a pair does not begin timing while another still imports and compiles beside it:
     measuring runs alongside measuring); then each pair is pinned to its CPU and goes through
     its turns as take_turns describes, independently of the others. Returns when every worker
-    has sent "done"; a worker that fails or passes ``timeout`` raises WorkerFailed.
+    has sent "done"; a worker that fails or passes ``timeout`` raises WorkerFailed. ``warm``:
+    workers whose first "ready" the caller has read already.
     """
     deadline = time.monotonic() + timeout
-    wait_ready([w for workers, _ in pairs for w in workers], deadline)  # start-ups overlap, untimed
+    # start-ups overlap, untimed
+    wait_ready([w for workers, _ in pairs for w in workers if w not in warm], deadline)
     active: dict[int, _Turns] = {}  # the read end of whoever's turn it is -> that pair's turns
     for workers, cpu in pairs:
         pin(workers, cpu)

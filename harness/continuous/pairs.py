@@ -213,27 +213,31 @@ def interleaved_pairs(
 
     Alone (one pair), a pair's two start-ups run on two CPUs and it is pinned once warm; side by
     side, each pair is pinned from its start, so its start-ups, turns and counters stay on its CPU.
+    Where start-up is judged (``startup_s`` among the metrics), a pair's second process starts once
+    its first is warm: two start-ups sharing a CPU would each take the other's time into their own.
     """
     from gembench.harness.continuous import interleave
     from gembench.harness.continuous.worktrees import deferred_interrupts
 
-    workers, pairs = [], []
+    stagger = "startup_s" in m.metrics
+    workers, pairs, warm = [], [([], cpu) for _, _, _, cpu in batch], []
     try:
-        for r, outs, order, cpu in batch:
-            sub = folder / f"pair{r + 1:02d}"  # each pair's stderr files apart
-            sub.mkdir(exist_ok=True)
-            pair = []
-            for label in order:  # who goes first also starts first: which core, which pid
-                c = co[label]
-                cmd, env = run_command(m, outs[label], c.path, interpreter(m, label)), revision_env(m, c)
+        for k in (0, 1):  # who goes first also starts first: which core, which pid
+            if k == 1 and stagger:
+                warm = [pair[0] for pair, _ in pairs]
+                interleave.wait_ready(warm, time.monotonic() + m.timeout)
+            for (r, outs, order, cpu), (pair, _) in zip(batch, pairs):
+                sub = folder / f"pair{r + 1:02d}"  # each pair's stderr files apart
+                sub.mkdir(exist_ok=True)
+                c = co[order[k]]
+                cmd, env = run_command(m, outs[order[k]], c.path, interpreter(m, order[k])), revision_env(m, c)
                 with deferred_interrupts():  # held until the worker is in `workers`, where close() finds it
-                    worker = interleave.start(label, cmd, env, c.path, sub, m.burst_steps)
+                    worker = interleave.start(order[k], cmd, env, c.path, sub, m.burst_steps)
                     workers.append(worker)
                 if len(batch) > 1:
                     interleave.pin([worker], cpu)
                 pair.append(worker)
-            pairs.append((pair, cpu))
-        interleave.take_turns_side_by_side(pairs, m.bursts, m.timeout)
+        interleave.take_turns_side_by_side(pairs, m.bursts, m.timeout, warm)
         interleave.finish(workers, m.timeout)
     except interleave.WorkerFailed as err:
         if err.predates_pacing:
