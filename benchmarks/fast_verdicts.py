@@ -8,7 +8,8 @@ planted start-up delay (a 1 s sleep in the model's factory, judged on startup_s:
 loop's length is sized on this machine: one `gembench run` of the model gives its step time, and the
 loop is timed here. Runs `gembench continuous` on each pair of commits ``--repeats`` times with
 ``--budget`` seconds (default 300: the goal is a verdict within 5 minutes) and prints, per try,
-the verdict, the pairs and the minutes it took. The goal: "unchanged" and "regressed"
+the verdict, the pairs and the minutes it took. The model's batch is sized so that a step takes
+10-50 ms here (the goal's fast models). The goal: "unchanged" and "regressed"
 respectively (start-up: never "regressed" unchanged, "regressed" 1 s later), every try within 5
 minutes.
 
@@ -41,6 +42,22 @@ def step_seconds(batch: int, folder: Path) -> float:
     cmd += ["--model-arg", f"batch={batch}", "--steps", "200", "--quiet", "--out", str(out)]
     subprocess.run(cmd, check=True, env=os.environ | {"OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL)
     return json.loads(out.read_text())["metrics"]["step_time_s"]
+
+
+FAST_STEPS = (0.010, 0.050)  # the goal's fast models: 10-50 ms a step
+
+
+def sized(batch: int | None, folder: Path) -> tuple[int, float]:
+    """(batch, its step seconds): ``batch``, else the first of 32, 64, ... whose step takes 10 ms here."""
+    if batch is not None:
+        return batch, step_seconds(batch, folder)
+    batch = 32
+    step = step_seconds(batch, folder)
+    while step < FAST_STEPS[0] and batch < 8192:
+        print(f"fast_verdicts: batch {batch} steps in {1e3 * step:.1f} ms, under 10: doubling", file=sys.stderr)
+        batch *= 2
+        step = step_seconds(batch, folder)
+    return batch, step
 
 
 def loop_length(seconds: float) -> int:
@@ -93,7 +110,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--budget", type=float, default=300.0)
-    p.add_argument("--batch", type=int, default=32)
+    p.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        help="the model's batch (default: sized here, doubled from 32 until a step takes 10 ms: the goal's models)",
+    )
     p.add_argument(
         "--cases", nargs="+", choices=list(CASES), default=list(CASES)[:2], help="which pairs (default: the step's two)"
     )
@@ -101,7 +123,7 @@ def main() -> None:
     load = os.getloadavg()
     rows, met = [], 0
     with tempfile.TemporaryDirectory() as tmp:
-        step = step_seconds(args.batch, Path(tmp))
+        args.batch, step = sized(args.batch, Path(tmp))
         waste = loop_length(SLOWDOWN * step)
         repo = repository(Path(tmp), waste)
         for case in args.cases:
