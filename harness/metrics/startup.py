@@ -28,6 +28,7 @@ PHASES = {
     "flops": "the model's FLOPs counted (gembench's own cost, not a training job's)",
     "build": "the model built and initialized, the stack applied on one process",
     "restore": "--resume: the saved training state loaded (torch.distributed.checkpoint)",
+    "staging": "--checkpoint-every: the host buffers every save copies the state into, made once",
     "plan": "TorchRec's sharding plan",
     "shard": "DistributedModelParallel over the plan, the unsharded weights loaded into it",
     "wrap": "FSDP2 over the dense part, torch.compile's wrapper",

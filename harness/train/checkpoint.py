@@ -13,6 +13,7 @@ and is never loaded.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -30,6 +31,26 @@ METADATA = ".metadata"  # DCP's, written once every shard is
 
 def step_folder(root: Path, step: int) -> Path:
     return Path(root) / f"step-{step:08d}"
+
+
+def cached_stager():
+    """DCP's blocking stager (a copy into CPU memory that knows TorchRec's ShardedTensors, which
+    DCP's default stager does not), copying into the same buffers every save: allocating them
+    anew faulted in every page of the state, which on this 2-core VM took most of a save's
+    blocking. The buffers are page-locked only where an accelerator copies into them (DCP's own
+    cached staging pins them always, which a CPU-only torch cannot). Reusing them is safe: a
+    save begins only once the previous one is written (Saver.finish)."""
+    from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+    from torch.distributed.checkpoint.staging import BlockingAsyncStager
+
+    class Stager(BlockingAsyncStager):
+        def stage(self, state_dict):
+            if self.state_dict_cache is None:
+                pinned = torch.accelerator.is_available()
+                self.state_dict_cache = _create_cpu_state_dict(state_dict, pin_memory=pinned)
+            return _copy_state_dict(state_dict, self.state_dict_cache)
+
+    return Stager(cache_staged_state_dict=True)
 
 
 def due_steps(first: int, loop_steps: int, every: int) -> list[int]:
@@ -129,30 +150,46 @@ class Saver:
     group: object | None = None  # torch.distributed.ProcessGroup; None: one process
     lead: bool = True
     rank: int = 0
+    startup: object | None = None  # metrics/startup.Startup: the run's, told the staging buffers' making
+    staging_s: float = 0.0
     saves: list = field(default_factory=list)
     error: str | None = None
     _pending: tuple | None = None  # (folder, step, started, blocked seconds, DCP's future)
+    _stager: object | None = None
 
     def __call__(self, i: int) -> None:
         done = self.first + i + 1  # steps trained once loop step i is over
-        if self.error is not None or done not in self.due:
+        if self.error is not None:
             return
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.staging import BlockingAsyncStager
 
+        if self._stager is None:
+            self.prepare()
+        if done not in self.due:
+            return
         waited = self.finish()  # the previous save's files must be written before this one starts
         folder = step_folder(self.root, done)
         start = time.perf_counter()
         where = {"no_dist": True} if self.group is None else {"process_group": self.group}
-        # staged by a copy into CPU memory that knows TorchRec's ShardedTensors (DCP's default
-        # stager does not), before the loop goes on
-        stager = BlockingAsyncStager()
         try:
-            response = dcp.async_save(self.held.snapshot(done), checkpoint_id=str(folder), async_stager=stager, **where)
+            snapshot = self.held.snapshot(done)
+            response = dcp.async_save(snapshot, checkpoint_id=str(folder), async_stager=self._stager, **where)
         except save_failures() as err:
             return self._failed(done, folder, err)
         future = getattr(response, "upload_completion", response)
         self._pending = (folder, done, start, waited + time.perf_counter() - start, future)
+
+    def prepare(self) -> None:
+        """Make the staging buffers (a copy of the state), so that no save pays for them: each
+        then blocks the loop for a copy into them. After the loop's first step, when every
+        optimizer has its state (asking for it earlier would make it, with a step of Adam's
+        count the run never took), inside the start-up's warm-up where it has one."""
+        start = time.perf_counter()
+        phase = self.startup.phase("staging") if self.startup is not None and self.startup.open else None
+        with phase or contextlib.nullcontext():
+            self._stager = cached_stager()
+            self._stager.stage(self.held.snapshot(self.first))
+        self.staging_s = time.perf_counter() - start
 
     def finish(self) -> float:
         """Wait for the save still writing, then write its manifest; the seconds waited."""
@@ -187,7 +224,7 @@ class Saver:
 
     def record(self) -> dict:
         """What the run's saves cost: each save's step, seconds (call to manifest), the loop's
-        blocked seconds and bytes written, and the totals."""
+        blocked seconds and bytes written, the totals, and the staging buffers' making."""
         self.finish()
         return {
             "every": self.every,
@@ -195,6 +232,7 @@ class Saver:
             "saves": self.saves,
             "blocked_s": sum(s["blocked_s"] for s in self.saves),
             "bytes": sum(s["bytes"] for s in self.saves),
+            "staging_s": self.staging_s,  # the staging buffers made once, after the first step
             "async": True,
             **({"error": self.error} if self.error else {}),
         }

@@ -204,6 +204,7 @@ def measure_stack(setup: Setup, options: StackOptions, name: str, progress=None,
                 saves["manifest"],
                 first,
                 saves["due"],
+                startup=setup.startup,
             )
         measured = measure(
             ProcessEngine(state, setup.batches),

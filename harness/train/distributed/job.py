@@ -185,7 +185,7 @@ class RankJob:
         # DCP finishes an async save collectively from its writing thread: a group of its own
         group = dist.new_group(backend="gloo")
         args, saves = self.args, self.saves
-        return checkpoint.Saver(
+        saver = checkpoint.Saver(
             held,
             args.checkpoint_every,
             args.checkpoint_dir,
@@ -195,7 +195,9 @@ class RankJob:
             group=group,
             lead=self.world.rank == 0,
             rank=self.world.rank,
+            startup=self.startup,
         )
+        return saver
 
     def measure(self, built: Built, saver: checkpoint.Saver | None = None) -> ProcessRecord:
         """This rank's record of ``built``: its lookup load counted, then measured (measure.py),
