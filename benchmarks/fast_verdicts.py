@@ -37,7 +37,7 @@ FORWARD = "    def forward(self, batch: Batch) -> torch.Tensor:\n"
 
 def step_seconds(batch: int, folder: Path) -> float:
     """The model's median step time here, from a short `gembench run` on one thread."""
-    out = folder / "step.json"
+    out = folder / f"step-{batch}.json"
     cmd = [sys.executable, "-m", "gembench", "run", "--model", str(HERE / "workloads" / "din.py") + ":din"]
     cmd += ["--model-arg", f"batch={batch}", "--steps", "200", "--quiet", "--out", str(out)]
     subprocess.run(cmd, check=True, env=os.environ | {"OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL)
