@@ -137,6 +137,32 @@ def test_ranks_resume_bit_for_bit(saved_on_ranks, tmp_path):
     assert resumed["checkpoint"]["resumed_at"] == 3 and "restore" in resumed["startup"]["phases"]
 
 
+def test_fsdp2s_sharded_dense_state_resumes_bit_for_bit(tmp_path):
+    """FSDP2 over the dense part: its parameters and Adam state are DTensors, saved and loaded by
+    every rank as its shard."""
+    fsdp = [*TINY, "--nproc", "2", "--set", "dense_parallel=fsdp"]
+    saving = gembench_cli(
+        *fsdp,
+        "--steps",
+        "4",
+        "--checkpoint-every",
+        "2",
+        "--checkpoint-dir",
+        str(tmp_path / "ck"),
+        "--out",
+        str(tmp_path / "a.json"),
+    )
+    assert saving.returncode == 0, saving.stderr[-3000:]
+    resumed = gembench_cli(
+        *fsdp, "--steps", "2", "--resume", str(tmp_path / "ck" / "step-00000002"), "--out", str(tmp_path / "b.json")
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    a, b = (json.loads((tmp_path / f).read_text()) for f in ("a.json", "b.json"))
+    assert a["run"]["options"]["dense_parallel"] == "fsdp"
+    # the saving run's timed steps are steps 1..4; the resumed one's warm-up is step 2, its timed 3..4
+    assert b["samples"]["loss"] == a["samples"]["loss"][2:4]
+
+
 def test_a_save_of_another_world_size_is_refused_before_any_rank_starts(saved_on_ranks, tmp_path):
     _, d = saved_on_ranks
     line = refused([*TINY, "--steps", "2", "--resume", str(d / "ck")], tmp_path)
