@@ -88,7 +88,7 @@ def document(cfg, co, rounds, interleaved, design, plan, alpha, judgements, loss
     """The JSON result; its notes and minutes, the caller's, are held None in their places."""
     from gembench.harness.continuous import environments
     from gembench.harness.regression import paired
-    from gembench.harness.regression.work import model_flops
+    from gembench.harness.regression.work import executed_beyond, model_flops
     from gembench.harness.store.results import field
 
     m = cfg.measuring
@@ -122,6 +122,7 @@ def document(cfg, co, rounds, interleaved, design, plan, alpha, judgements, loss
         "op_changes": ops,
         "exit_status": code,
         "model_flops": {"base": model_flops(rounds[0][0]), "head": model_flops(rounds[0][1])},
+        "executed_beyond": {"base": executed_beyond(rounds[0][0]), "head": executed_beyond(rounds[0][1])},
         "work_changed": None
         if (w := work_changed(rounds)) is None
         else {"base": w.a, "head": w.b, "change": w.change, "line": w.line("HEAD", "BASE")},
@@ -157,9 +158,11 @@ def header_lines(cfg: ContinuousConfig, doc: dict, design, plan: Plan, judgement
             f"(Pocock-type); the verdict is the last look's, at alpha {alpha:.2g}"
         )
     header += [f"note: BASE and HEAD differ in {d}" for d in doc["notes"]]
+    flops, executed = doc["model_flops"], doc.get("executed_beyond") or {}
+    beyond = (executed.get("base") or {}, executed.get("head") or {})
     if doc.get("work_changed"):
         header.append("work changed: " + doc["work_changed"]["line"])
-    elif (same := side_by_side(doc["model_flops"]["base"], doc["model_flops"]["head"], "BASE", "HEAD")) is not None:
+    elif (same := side_by_side(flops["base"], flops["head"], "BASE", "HEAD", beyond)) is not None:
         header.append(same)
     if m.benchmark == "instructions":
         header[1] = (

@@ -14,7 +14,7 @@ from gembench.harness.regression import stats
 from gembench.harness.regression.counters import judge_counter
 from gembench.harness.regression.directions import METRICS, info, per_step
 from gembench.harness.regression.opdiff import time_changes
-from gembench.harness.regression.work import WORK_METRICS, WorkChange, model_flops, work_change
+from gembench.harness.regression.work import WORK_METRICS, WorkChange, executed_beyond, model_flops, work_change
 from gembench.harness.store.results import COMPARABLE_KEYS, differences
 
 
@@ -30,6 +30,7 @@ class Comparison:
     unjudged: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)
     work: WorkChange | None = None  # the model FLOPs differ: MFU unjudged, step time judged
     model_flops: tuple = (None, None)  # per step, each side's first result's
+    beyond: tuple = ({}, {})  # what each side's first result executes beyond them, by block
     op_times: list | None = None  # opdiff.time_changes of the two sides' op tables (unpaired)
 
     @property
@@ -99,6 +100,7 @@ def compare(
     for r in a + b:
         names += [n for n in (r.get("metrics") or {}) if n not in names]
     c.work, c.model_flops = work_change(a, b), (model_flops(a[0]), model_flops(b[0]))
+    c.beyond = (executed_beyond(a[0]), executed_beyond(b[0]))
     c.op_times = time_changes(a, b, paired=False)
     if only:
         asked = [*only, "step_time_s"] if c.work and any(m in WORK_METRICS for m in only) else only

@@ -117,7 +117,7 @@ def baseline_checks(
     checks = []
     if c.work is not None:
         checks.append(Check(SKIP, "vs baseline mfu", "work changed: " + c.work.line("the run", "the baseline")))
-    elif (same := side_by_side(*c.model_flops, "baseline", "run")) is not None:
+    elif (same := side_by_side(*c.model_flops, "baseline", "run", c.beyond)) is not None:
         checks.append(Check(PASS, "vs baseline work", same))
     for j in c.judgements:
         name = f"vs baseline {j.metric}"

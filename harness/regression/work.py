@@ -66,12 +66,40 @@ def work_change(a: list[dict], b: list[dict]) -> WorkChange | None:
     return WorkChange(fa, fb, blocks)
 
 
-def side_by_side(fa: float | None, fb: float | None, a_name: str = "A", b_name: str = "B") -> str | None:
+def executed_beyond(result: dict) -> dict[str, float]:
+    """The FLOPs a step executes beyond its model FLOPs, by block: work that reaches no loss and
+    the padding a kernel computes past the formula ("padding"); what HFU counts and MFU does not."""
+    flops = result.get("flops") or {}
+    beyond = dict(flops.get("untrained_per_block") or {})
+    if flops.get("beyond_formula_per_step"):
+        beyond["padding"] = flops["beyond_formula_per_step"]
+    return beyond
+
+
+def side_by_side(
+    fa: float | None,
+    fb: float | None,
+    a_name: str = "A",
+    b_name: str = "B",
+    beyond: tuple[dict, dict] = ({}, {}),
+) -> str | None:
     """``model FLOPs per step: A 1.2 GFLOP, B 1.2 GFLOP (the same work)``, where work_change found
-    none; None without them. (A change of work is WorkChange.line's to say.)"""
+    none, and what B executes beyond them where that moved (``beyond``: each side's
+    executed_beyond); None without them. (A change of work is WorkChange.line's to say.)"""
     if not fa or not fb:
         return None
-    return f"model FLOPs per step: {a_name} {_gflop(fa)}, {b_name} {_gflop(fb)} (the same work)"
+    line = f"model FLOPs per step: {a_name} {_gflop(fa)}, {b_name} {_gflop(fb)} (the same work)"
+    ea, eb = beyond
+    moved = {k: eb.get(k, 0.0) - ea.get(k, 0.0) for k in dict.fromkeys([*ea, *eb])}
+    moved = {k: d for k, d in moved.items() if abs(d) > TOLERANCE * max(fa, fb)}
+    if moved:
+        total = sum(moved.values())
+        blocks = ", ".join(f"{k} {_gflop(d, sign=True)}" for k, d in sorted(moved.items(), key=lambda kv: -abs(kv[1])))
+        line += (
+            f"; {b_name} executes {_gflop(abs(total))} {'more' if total > 0 else 'less'} beyond them "
+            f"({blocks}): HFU counts it, MFU does not"
+        )
+    return line
 
 
 def held_mfu(result: dict, baseline: dict) -> float:

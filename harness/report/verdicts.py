@@ -20,7 +20,7 @@ def header(c: Comparison) -> list[str]:
         lines.append(("FORCED, " if c.forced else "") + "not comparable: " + "; ".join(c.reasons))
     if c.work is not None:
         lines.append("work changed: " + c.work.line())
-    elif (same := side_by_side(*c.model_flops)) is not None:
+    elif (same := side_by_side(*c.model_flops, beyond=c.beyond)) is not None:
         lines.append(same)
     tested = sum(1 for j in c.judgements if j.method != "count")
     counted = len(c.judgements) - tested
