@@ -170,3 +170,14 @@ def test_continuous_judges_step_time_where_head_does_other_work():
     assert judged_metrics(m, same) == ["mfu", "aten_ops"] and work_changed(same) is None
     assert judged_metrics(m, more) == ["step_time_s", "aten_ops"]
     assert work_changed(more).line("HEAD", "BASE").startswith("HEAD does 35.0% more model FLOPs per step than BASE")
+
+
+def test_the_same_work_line_names_what_a_side_executes_beyond_it():
+    from gembench.harness.regression.work import side_by_side
+
+    same = side_by_side(1e9, 1e9, "BASE", "HEAD", ({"padding": 3e8}, {"other": 2e9, "padding": 1e8}))
+    assert same == (
+        "model FLOPs per step: BASE 1 GFLOP, HEAD 1 GFLOP (the same work); HEAD executes 1.8 GFLOP more "
+        "beyond them (other +2 GFLOP, padding -0.2 GFLOP): HFU counts it, MFU does not"
+    )
+    assert side_by_side(1e9, 1e9, beyond=({"other": 5.0}, {"other": 5.0})).endswith("(the same work)")
