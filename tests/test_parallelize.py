@@ -320,7 +320,11 @@ def test_ablate_on_ranks_prints_the_goals_against_what_was_measured():
             REFERENCE: result(1.0, 100, 100, 0.10, 0.10),
             "dense_parallel=fsdp": result(1.05, 50, 90, 0.095, 0.095),
             "activation_checkpointing=hstu": result(1.2, 100, 40, 0.08, 0.10),
+            "activation_dtype=fp8": result(1.12, 100, 55, 0.09, 0.09),
         }
+    )
+    assert lines[2].startswith(
+        "goal FP8 activations: activation memory 45% lower (goal >= 40%: met); step time +12.0% (goal <= +10%: NOT met"
     )
     assert lines[0].startswith(
         "goal FSDP: dense state per rank 0.50x DDP's (goal <= 0.60: met); step time +5.0% vs DDP (goal within 10%: met)"

@@ -3,8 +3,8 @@
 Starting from the baseline stack, each row adds one more optimization (cumulative): the gain
 column is what it adds on top of those before it. Then, from the optimized stack, each row removes
 one alone: the loss column is what the full stack would lose without it. After the two tables
-the choices (activation_checkpointing=hstu / all, and content=off for a config with a [content]
-section) are measured on the optimized stack, with MFU, HFU and the activation memory each step
+the choices (activation_checkpointing=hstu / all, activation_dtype=fp8, and content=off for a config
+with a [content] section) are measured on the optimized stack, with MFU, HFU and the activation memory each step
 saved; content=off's MFU is against its own, smaller FLOPs. All MFU figures are against the same
 reference peak, so a ratio of MFUs is a ratio of throughputs. `pipeline` acts on ranks only.
 
@@ -221,6 +221,10 @@ def _ablate(args: argparse.Namespace) -> int:
         "(HFU - MFU: the recomputed forward's share; activation MiB: saved for backward in one step;"
         " dense_parallel: only with --nproc > 1)"
     )
+    if "activation_dtype=fp8" in measured:
+        from gembench.harness.commands.ablate_ranks import fp8_goal
+
+        print("\n".join(fp8_goal(measured[full]["summary"], measured["activation_dtype=fp8"]["summary"])))
     if args.out is not None:
         doc = {
             "schema": "gembench.ablation/1",

@@ -92,7 +92,8 @@ def configure(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="NAME=VALUE",
         help="one stack switch, over --stack (repeatable): dense_parallel=ddp|fsdp|hsdp, "
-        "activation_checkpointing=none|hstu|all, or an on/off one (compile=off, "
+        "activation_checkpointing=none|hstu|all, activation_dtype=compute|fp8 (what the forward saves for "
+        "the backward: as computed, or float8 with a scale per row), or an on/off one (compile=off, "
         "fused_optimizer=off, jagged=off, ...); recorded in the result's run.options",
     )
     p.add_argument(

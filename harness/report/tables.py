@@ -13,7 +13,8 @@ def header(result: dict) -> str:
     commit = env["git_commit"][:10] + ("+dirty" if env.get("git_dirty") else "")
     return (
         f"gembench run {result['config']['name']} ({result['config']['kind']}): "
-        f"stack {run['stack']}, {run['dtype']}, {run['device']} = {env['device_name']}\n"
+        f"stack {run['stack']}{''.join(' + ' + c for c in run.get('choices', []))}, {run['dtype']}, "
+        f"{run['device']} = {env['device_name']}\n"
         f"batch {run['global_batch']} global / {run['per_rank_batch']} per rank x {run['nproc']} rank(s); "
         f"{run['steps']} timed steps after {run['warmup']} warm-up; seed {run['seed']}; commit {commit}\n"
         + (f"precision {run['dtype_why']}\n" if run.get("dtype_why") else "")

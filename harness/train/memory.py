@@ -252,24 +252,35 @@ class SavedForBackward:
     (torch.autograd.graph.saved_tensors_hooks, torch.compile's graphs included), parameters
     excepted: what activation checkpointing trades for recompute. A checkpointed block's own
     saves go through checkpointing's hooks and are not held, so only its inputs count here.
+    Hooks do not nest: hooks entered inside these (FP8 activations, activations.py) report what
+    they hold through ``current.count``.
     """
+
+    current: "SavedForBackward | None" = None  # the one counting now
 
     def __init__(self, params):
         self.params = {ptr for ptr in map(_storage_ptr, params) if ptr is not None}
         self.storages: dict[int, int] = {}
 
-    def _pack(self, t):
+    def count(self, t) -> None:
+        if t.is_leaf and t.requires_grad:  # a weight the model does not list (fbgemm's flat table buffer)
+            return
         ptr = _storage_ptr(t)
         if ptr is not None and ptr not in self.params:
             self.storages[ptr] = t.untyped_storage().nbytes()
+
+    def _pack(self, t):
+        self.count(t)
         return t
 
     def __enter__(self) -> "SavedForBackward":
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
         self._hooks.__enter__()
+        SavedForBackward.current = self
         return self
 
     def __exit__(self, *exc) -> None:
+        SavedForBackward.current = None
         self._hooks.__exit__(*exc)
 
     @property

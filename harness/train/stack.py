@@ -30,7 +30,7 @@ from torch import nn
 from torchrec import EmbeddingBagCollection, EmbeddingCollection
 
 from gembench.errors import UsageError
-from gembench.harness.train import nvtx
+from gembench.harness.train import activations, nvtx
 from gembench.harness.train.parallelize import apply_ac, apply_compile, embedding_parameters
 from gembench.harness.train.step import TrainState
 from gembench.harness.train.workloads import SparseTimer, applied_switches, seeded
@@ -71,6 +71,9 @@ class StackOptions:
     # config without it, so that its cost is one row of `gembench ablate`. A model choice, not
     # an optimization: the baseline stack keeps it on.
     content: str = "on"
+    # What the forward saves for the backward is stored as: as computed ("compute"), or float8 e4m3
+    # with a scale per row ("fp8", harness/train/activations.py): GEM's activation compression.
+    activation_dtype: str = "compute"
 
     @property
     def dtype(self) -> str:
@@ -91,6 +94,7 @@ CHOICES = {
     "dense_parallel": ("ddp", "fsdp", "hsdp"),
     "activation_checkpointing": ("none", "hstu", "all"),
     "content": ("on", "off"),
+    "activation_dtype": ("compute", "fp8"),
 }
 STACKS = {
     "baseline": StackOptions(**{name: False for name in OPTIMIZATIONS}),
@@ -239,10 +243,18 @@ def dense_optimizer(params, options: StackOptions) -> torch.optim.Optimizer:
 
 
 def autocast_for(options: StackOptions, device: torch.device):
-    """A context factory: bf16 autocast of the step (weights and optimizer state stay fp32), or none."""
-    if options.bf16:
-        return functools.partial(torch.autocast, device_type=device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext
+    """A context factory for the forward: its precision, bf16 autocast (weights and optimizer state
+    stay fp32) or none, and how it saves activations for the backward (activation_dtype)."""
+    saves = activations.saving(options.activation_dtype)
+    if not options.bf16:
+        return saves
+
+    @contextlib.contextmanager
+    def bf16():
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16), saves():
+            yield
+
+    return bf16
 
 
 def seeded_model(workload, options: StackOptions, device: torch.device, seed: int) -> nn.Module:

@@ -1,0 +1,134 @@
+"""FP8 activations: what autograd saves for the backward, stored as float8 and restored there.
+
+GEM compresses the activations a step holds between its forward and its backward. Here that is a
+pair of saved-tensor hooks (torch.autograd.graph.saved_tensors_hooks) entered around the forward,
+from outside the model: each floating tensor autograd saves is stored as float8 e4m3 with one
+fp32 scale per row (its last dimension), and decompressed to its own dtype and strides when the
+backward reads it. Left as they are: parameters and the casts autocast makes of them (weights, not activations),
+integer tensors (indices, lengths) and tensors under MIN_NUMEL elements, whose scales would cost
+more than they save. A tensor saved by several ops is compressed once.
+
+The two conversions are compiled (one fused pass each way, shapes dynamic): eager they take
+several memory passes and cost a large share of a CPU step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import weakref
+
+import torch
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0  # e4m3fn's largest finite value
+MIN_NUMEL = 4096
+
+
+def _quantize(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    amax = rows.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12)
+    return (rows * (FP8_MAX / amax)).to(FP8), amax / FP8_MAX
+
+
+def _dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return (q.float() * scale).to(dtype)
+
+
+@functools.cache
+def codec():
+    """(quantize, dequantize), compiled once per process."""
+    return torch.compile(_quantize, dynamic=True), torch.compile(_dequantize, dynamic=True)
+
+
+def is_weight(t: torch.Tensor) -> bool:
+    """A parameter, or autocast's cast of one (a copy whose only input is a leaf)."""
+    if t.is_leaf:
+        return t.requires_grad
+    fn = t.grad_fn
+    return fn is not None and type(fn).__name__ == "ToCopyBackward0" and _from_leaf(fn)
+
+
+def _from_leaf(fn) -> bool:
+    nexts = [f for f, _ in fn.next_functions if f is not None]
+    return len(nexts) == 1 and type(nexts[0]).__name__ == "AccumulateGrad"
+
+
+class Packed:
+    """A saved tensor as float8 rows and their scales, with what restores its shape and dtype."""
+
+    __slots__ = ("q", "scale", "shape", "stride", "dtype")
+
+    def __init__(self, t: torch.Tensor):
+        quantize, _ = codec()
+        # always contiguous rows (a copy where ``t`` is a view across them), so that the compiled
+        # codec sees one layout per dtype: dynamo compiles a function at most 8 ways, then runs it eager
+        self.q, self.scale = quantize(t.reshape(-1, t.shape[-1]).contiguous())
+        self.shape, self.stride, self.dtype = t.shape, t.stride(), t.dtype
+
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.q, self.scale
+
+    def restore(self) -> torch.Tensor:
+        _, dequantize = codec()
+        t = dequantize(self.q, self.scale, self.dtype).reshape(self.shape)
+        if t.stride() == self.stride:
+            return t
+        # a compiled backward asserts the strides it saved (a permuted view's, say)
+        return torch.empty_strided(self.shape, self.stride, dtype=self.dtype).copy_(t)
+
+
+class Fp8Saves:
+    """The hooks of one forward. ``counter`` (memory.SavedForBackward, when a step's saves are being
+    measured) is told what is actually held: hooks do not nest, so it cannot see past these."""
+
+    def __init__(self, counter=None):
+        self.counter = counter
+        self.seen: dict[tuple, tuple[weakref.ref, Packed]] = {}
+
+    def compressible(self, t: torch.Tensor) -> bool:
+        return (
+            t.is_floating_point()
+            and t.dtype != FP8
+            and t.dim() > 0
+            and t.numel() >= MIN_NUMEL
+            and t.layout == torch.strided
+            and type(t) is torch.Tensor  # not a DTensor, fake or other subclass
+            and not is_weight(t)
+        )
+
+    def pack(self, t: torch.Tensor):
+        if not self.compressible(t):
+            if self.counter is not None:
+                self.counter.count(t)
+            return t
+        key = (t.data_ptr(), t.shape, t.stride(), t.dtype, t._version)
+        hit = self.seen.get(key)
+        if hit is not None and hit[0]() is t:
+            return hit[1]
+        packed = Packed(t.detach())
+        self.seen[key] = (weakref.ref(t), packed)
+        if self.counter is not None:
+            for part in packed.tensors():
+                self.counter.count(part)
+        return packed
+
+    @staticmethod
+    def unpack(saved):
+        return saved.restore() if isinstance(saved, Packed) else saved
+
+
+def saving(activation_dtype: str):
+    """A context factory for the forward: ``fp8`` enters the hooks above (reporting to the step's
+    SavedForBackward where one is counting), anything else nothing."""
+    if activation_dtype != "fp8":
+        return contextlib.nullcontext
+
+    @contextlib.contextmanager
+    def fp8_saves():
+        from gembench.harness.train.memory import SavedForBackward
+
+        hooks = Fp8Saves(SavedForBackward.current)
+        with torch.autograd.graph.saved_tensors_hooks(hooks.pack, hooks.unpack):
+            yield
+
+    return fp8_saves
