@@ -25,6 +25,7 @@ CPU = torch.device("cpu")
         lambda: torch.randn(64, 128),
         lambda: torch.randn(8, 128, 16).permute(0, 2, 1),  # a view whose strides the backward asserts
         lambda: torch.randn(32, 256).to(torch.bfloat16),
+        lambda: torch.randn(64, 192)[:, 32:160],  # a slice across rows: copied, its strides kept
     ],
 )
 def test_a_saved_tensor_comes_back_in_its_dtype_and_strides_within_fp8s_precision(make):

@@ -3,10 +3,10 @@
 GEM compresses the activations a step holds between its forward and its backward. Here that is a
 pair of saved-tensor hooks (torch.autograd.graph.saved_tensors_hooks) entered around the forward,
 from outside the model: each floating tensor autograd saves is stored as float8 e4m3 with one
-fp32 scale per row (its last dimension), and decompressed to its own dtype and strides when the
-backward reads it. Left as they are: parameters and the casts autocast makes of them (weights, not activations),
-integer tensors (indices, lengths) and tensors under MIN_NUMEL elements, whose scales would cost
-more than they save. A tensor saved by several ops is compressed once.
+fp32 scale per row (its last dimension in memory), and decompressed to its own dtype and strides
+when the backward reads it. Left as they are: parameters and the casts autocast makes of them
+(weights, not activations), integer tensors (indices, lengths) and tensors under MIN_NUMEL
+elements, whose scales would cost more than they save. A tensor saved by several ops is compressed once.
 
 The two conversions are compiled (one fused pass each way, shapes dynamic): eager they take
 several memory passes and cost a large share of a CPU step.
@@ -54,27 +54,31 @@ def _from_leaf(fn) -> bool:
 
 
 class Packed:
-    """A saved tensor as float8 rows and their scales, with what restores its shape and dtype."""
+    """A saved tensor as float8 rows and their scales, with what restores its shape, strides and
+    dtype. A permuted view (dense, its strides a permutation of a contiguous tensor's) is quantized
+    in its memory order, with no copy, and permuted back when restored: a compiled backward asserts
+    the strides it saved."""
 
-    __slots__ = ("q", "scale", "shape", "stride", "dtype")
+    __slots__ = ("q", "scale", "shape", "order", "strides", "dtype")
 
     def __init__(self, t: torch.Tensor):
         quantize, _ = codec()
-        # always contiguous rows (a copy where ``t`` is a view across them), so that the compiled
-        # codec sees one layout per dtype: dynamo compiles a function at most 8 ways, then runs it eager
-        self.q, self.scale = quantize(t.reshape(-1, t.shape[-1]).contiguous())
-        self.shape, self.stride, self.dtype = t.shape, t.stride(), t.dtype
+        order = sorted(range(t.dim()), key=lambda d: -t.stride(d))
+        dense, self.strides = t.permute(order), None
+        if not dense.is_contiguous():  # a view across rows (a slice): a copy, its strides kept
+            order, dense, self.strides = list(range(t.dim())), t.contiguous(), t.stride()
+        self.q, self.scale = quantize(dense.view(-1, dense.shape[-1]))
+        self.shape, self.order, self.dtype = dense.shape, order, t.dtype
 
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self.q, self.scale
 
     def restore(self) -> torch.Tensor:
         _, dequantize = codec()
-        t = dequantize(self.q, self.scale, self.dtype).reshape(self.shape)
-        if t.stride() == self.stride:
-            return t
-        # a compiled backward asserts the strides it saved (a permuted view's, say)
-        return torch.empty_strided(self.shape, self.stride, dtype=self.dtype).copy_(t)
+        t = dequantize(self.q, self.scale, self.dtype).view(self.shape)
+        if self.strides is not None:
+            return torch.empty_strided(self.shape, self.strides, dtype=self.dtype).copy_(t)
+        return t.permute(sorted(range(len(self.order)), key=self.order.__getitem__))
 
 
 class Fp8Saves:
