@@ -92,7 +92,8 @@ def memory_estimate(
     """Training memory of one process (or one rank), in bytes, for the stack that will run: its peak.
 
     ``stack`` is any object with the StackOptions fields fused_embeddings, jagged, bf16, compile,
-    activation_checkpointing (None: the optimized stack). On ranks, ``batch_size`` is the rank's,
+    activation_checkpointing, activation_dtype (None: the optimized stack). On ranks,
+    ``batch_size`` is the rank's,
     ``embedding_share`` the share of the tables this rank holds, ``shards`` the FSDP shard
     group of the dense part (1: every rank holds all of it), and ``on_rank`` picks the rank's
     runtime term. The figures, each a sum of tensors
@@ -106,7 +107,8 @@ def memory_estimate(
       FSDP (``shards`` > 1) those 16 B are divided by the shard group, and the largest block is
       held unsharded twice (it and the next one, prefetched) in the gather dtype, plus its fp32
       gradient before the reduce-scatter.
-    - activations: tensors saved for backward, bf16 or fp32 as the stack computes them:
+    - activations: tensors saved for backward, bf16 or fp32 as the stack computes them (float8
+      under activation_dtype=fp8):
       HSTU_SAVED_BYTES per token, width and layer over E[n] + 1 tokens per sequence; padded
       attention adds its (B, H, N, N) scores and SiLU (both saved) and padded Q, K, V per layer,
       N = max_len + 1; Wukong and the MLPs a few widths per example. A checkpointed block keeps
@@ -192,6 +194,8 @@ def memory_estimate(
     else:
         widest = max([*cfg.dense.mlp, *cfg.over.mlp, (len(cfg.sparse.rows) + 1) * cfg.sparse.dim])
         acts += (len(cfg.dense.mlp) + len(cfg.over.mlp) + 8) * widest * batch_size * act
+    if getattr(stack, "activation_dtype", "compute") == "fp8":  # a byte an element (and a scale a row)
+        acts /= act
     runtime = 0.0
     if device_type != "cuda":
         table = CPU_RUNTIME_BYTES_RANK if on_rank else CPU_RUNTIME_BYTES
