@@ -66,6 +66,7 @@ def test_one_result_with_per_rank_stages_imbalance_and_comm(table_wise):
         "dense_parallel": "ddp",
         "activation_checkpointing": "none",
         "content": "on",
+        "activation_dtype": "compute",
     }
     assert run["backend"] == "gloo" and run["stack"] == "optimized-staged"
     assert [x["rank"] for x in r["ranks"]] == [0, 1]
@@ -219,7 +220,9 @@ def test_planted_skew_table_wise_vs_row_wise(table_wise, row_wise):
 def test_a_failing_rank_ends_the_run_without_a_result(tmp_path, mode, message):
     out = tmp_path / "r.json"
     start = time.monotonic()
-    # the baseline stack: no compile in the first step, which on a loaded machine can outlast --timeout
+    # the baseline stack: no compile in the first step, and peak and bandwidth given, not calibrated
+    # (a GEMM probe re-measuring on a loaded machine outlasted --timeout in the peak stage): the
+    # fault is the only thing that may stall
     proc = gembench_cli(
         "run",
         "--config",
@@ -232,6 +235,10 @@ def test_a_failing_rank_ends_the_run_without_a_result(tmp_path, mode, message):
         "1",
         "--stack",
         "baseline",
+        "--peak-tflops",
+        "1",
+        "--bandwidth-gbs",
+        "10",
         "--timeout",
         "10",
         "--out",

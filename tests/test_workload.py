@@ -383,6 +383,7 @@ def test_ablate_on_ranks_takes_only_the_switches_that_act_on_the_workload():
         "optimized, ddp",
         "dense_parallel=fsdp",
         "activation_checkpointing=all",
+        "activation_dtype=fp8",
         "compile=off",
         "+ pipeline",
     ]

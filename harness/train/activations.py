@@ -5,8 +5,9 @@ pair of saved-tensor hooks (torch.autograd.graph.saved_tensors_hooks) entered ar
 from outside the model: each floating tensor autograd saves is stored as float8 e4m3 with one
 fp32 scale per row (its last dimension in memory), and decompressed to its own dtype and strides
 when the backward reads it. Left as they are: parameters and the casts autocast makes of them
-(weights, not activations), integer tensors (indices, lengths) and tensors under MIN_NUMEL
-elements, whose scales would cost more than they save. A tensor saved by several ops is compressed once.
+(weights, not activations), integer tensors (indices, lengths), views that are not a permutation of
+a whole tensor (a slice across rows, an expand) and tensors under MIN_NUMEL elements, whose scales
+would cost more than they save. A tensor saved by several ops is compressed once.
 
 The two conversions are compiled (one fused pass each way, shapes dynamic): eager they take
 several memory passes and cost a large share of a CPU step.
@@ -53,20 +54,23 @@ def _from_leaf(fn) -> bool:
     return len(nexts) == 1 and type(nexts[0]).__name__ == "AccumulateGrad"
 
 
+def memory_order(t: torch.Tensor) -> list[int] | None:
+    """The dims of ``t`` from the outermost in memory, where ``t`` is a permutation of a contiguous
+    tensor (a permuted view included); None for a slice across rows or an expanded view."""
+    order = sorted(range(t.dim()), key=lambda d: -t.stride(d))
+    return order if t.permute(order).is_contiguous() else None
+
+
 class Packed:
     """A saved tensor as float8 rows and their scales, with what restores its shape, strides and
-    dtype. A permuted view (dense, its strides a permutation of a contiguous tensor's) is quantized
-    in its memory order, with no copy, and permuted back when restored: a compiled backward asserts
-    the strides it saved."""
+    dtype: quantized in its memory order, with no copy, and permuted back when restored (a
+    compiled backward asserts the strides it saved)."""
 
-    __slots__ = ("q", "scale", "shape", "order", "strides", "dtype")
+    __slots__ = ("q", "scale", "shape", "order", "dtype")
 
-    def __init__(self, t: torch.Tensor):
+    def __init__(self, t: torch.Tensor, order: list[int]):
         quantize, _ = codec()
-        order = sorted(range(t.dim()), key=lambda d: -t.stride(d))
-        dense, self.strides = t.permute(order), None
-        if not dense.is_contiguous():  # a view across rows (a slice): a copy, its strides kept
-            order, dense, self.strides = list(range(t.dim())), t.contiguous(), t.stride()
+        dense = t.permute(order)
         self.q, self.scale = quantize(dense.view(-1, dense.shape[-1]))
         self.shape, self.order, self.dtype = dense.shape, order, t.dtype
 
@@ -76,8 +80,6 @@ class Packed:
     def restore(self) -> torch.Tensor:
         _, dequantize = codec()
         t = dequantize(self.q, self.scale, self.dtype).view(self.shape)
-        if self.strides is not None:
-            return torch.empty_strided(self.shape, self.strides, dtype=self.dtype).copy_(t)
         return t.permute(sorted(range(len(self.order)), key=self.order.__getitem__))
 
 
@@ -89,8 +91,9 @@ class Fp8Saves:
         self.counter = counter
         self.seen: dict[tuple, tuple[weakref.ref, Packed]] = {}
 
-    def compressible(self, t: torch.Tensor) -> bool:
-        return (
+    def compressible(self, t: torch.Tensor) -> list[int] | None:
+        """The memory order to quantize ``t`` in, or None to keep it as it is."""
+        if (
             t.is_floating_point()
             and t.dtype != FP8
             and t.dim() > 0
@@ -98,10 +101,13 @@ class Fp8Saves:
             and t.layout == torch.strided
             and type(t) is torch.Tensor  # not a DTensor, fake or other subclass
             and not is_weight(t)
-        )
+        ):
+            return memory_order(t)
+        return None
 
     def pack(self, t: torch.Tensor):
-        if not self.compressible(t):
+        order = self.compressible(t)
+        if order is None:
             if self.counter is not None:
                 self.counter.count(t)
             return t
@@ -109,7 +115,7 @@ class Fp8Saves:
         hit = self.seen.get(key)
         if hit is not None and hit[0]() is t:
             return hit[1]
-        packed = Packed(t.detach())
+        packed = Packed(t.detach(), order)
         self.seen[key] = (weakref.ref(t), packed)
         if self.counter is not None:
             for part in packed.tensors():
