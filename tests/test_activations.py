@@ -45,9 +45,10 @@ def test_weights_views_small_and_integer_tensors_are_saved_as_they_are():
     for t in (w, cast, torch.randn(16, 16), torch.arange(8192), torch.randn(128, 128).to_sparse(), *views):
         assert hooks.pack(t) is t
     activation = torch.randn(128, 128)
-    assert hooks.pack(activation) is hooks.pack(activation)  # saved twice, held once
+    first = hooks.pack(activation)
+    assert hooks.pack(activation) is first  # saved twice, held once
     activation.mul_(2)  # changed in place: a new save
-    assert hooks.pack(activation) is not hooks.pack(torch.randn(128, 128))
+    assert hooks.pack(activation) is not first
 
 
 def _run(switch: str, batches) -> tuple[list[float], int]:

@@ -24,6 +24,9 @@ import torch
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # e4m3fn's largest finite value
 MIN_NUMEL = 4096
+# the step's measure of what it saves (memory.SavedForBackward) while one is counting: saved-tensor
+# hooks do not nest, so the hooks here report what they hold to it
+counting = None
 
 
 def _quantize(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -128,16 +131,14 @@ class Fp8Saves:
 
 
 def saving(activation_dtype: str):
-    """A context factory for the forward: ``fp8`` enters the hooks above (reporting to the step's
-    SavedForBackward where one is counting), anything else nothing."""
+    """A context factory for the forward: ``fp8`` enters the hooks above (reporting to ``counting``
+    where a step's saves are being measured), anything else nothing."""
     if activation_dtype != "fp8":
         return contextlib.nullcontext
 
     @contextlib.contextmanager
     def fp8_saves():
-        from gembench.harness.train.memory import SavedForBackward
-
-        hooks = Fp8Saves(SavedForBackward.current)
+        hooks = Fp8Saves(counting)
         with torch.autograd.graph.saved_tensors_hooks(hooks.pack, hooks.unpack):
             yield
 

@@ -14,6 +14,7 @@ from torch import nn
 
 from gembench.errors import UsageError
 from gembench.harness.device.hardware import memory_available
+from gembench.harness.train import activations
 from gembench.harness.train.parallelize import embedding_parameters, fsdp_units
 from gembench.harness.train.stack import STACKS, StackOptions, stack_label
 from gembench.loader import named
@@ -252,11 +253,9 @@ class SavedForBackward:
     (torch.autograd.graph.saved_tensors_hooks, torch.compile's graphs included), parameters
     excepted: what activation checkpointing trades for recompute. A checkpointed block's own
     saves go through checkpointing's hooks and are not held, so only its inputs count here.
-    Hooks do not nest: hooks entered inside these (FP8 activations, activations.py) report what
-    they hold through ``current.count``.
+    Hooks do not nest: hooks entered inside these (FP8 activations) report what they hold to the
+    one counting, ``activations.counting``.
     """
-
-    current: "SavedForBackward | None" = None  # the one counting now
 
     def __init__(self, params):
         self.params = {ptr for ptr in map(_storage_ptr, params) if ptr is not None}
@@ -276,11 +275,11 @@ class SavedForBackward:
     def __enter__(self) -> "SavedForBackward":
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
         self._hooks.__enter__()
-        SavedForBackward.current = self
+        activations.counting = self
         return self
 
     def __exit__(self, *exc) -> None:
-        SavedForBackward.current = None
+        activations.counting = None
         self._hooks.__exit__(*exc)
 
     @property
