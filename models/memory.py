@@ -92,12 +92,10 @@ def memory_estimate(
     """Training memory of one process (or one rank), in bytes, for the stack that will run: its peak.
 
     ``stack`` is any object with the StackOptions fields fused_embeddings, jagged, bf16, compile,
-    activation_checkpointing, activation_dtype (None: the optimized stack). On ranks,
-    ``batch_size`` is the rank's,
-    ``embedding_share`` the share of the tables this rank holds, ``shards`` the FSDP shard
-    group of the dense part (1: every rank holds all of it), and ``on_rank`` picks the rank's
-    runtime term. The figures, each a sum of tensors
-    counted from the code:
+    activation_checkpointing, activation_dtype (None: the optimized stack). On ranks, ``batch_size``
+    is the rank's, ``embedding_share`` the share of the tables this rank holds, ``shards`` the FSDP
+    shard group of the dense part (1: every rank holds all of it), and ``on_rank`` picks the rank's
+    runtime term. The figures, each a sum of tensors counted from the code:
 
     - embeddings: fp32 tables + exact Adagrad state (4 + 4 B per element), + a dense fp32
       gradient of every table without fused embeddings (+4 B). Fused tables are built next to the

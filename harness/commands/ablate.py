@@ -3,10 +3,11 @@
 Starting from the baseline stack, each row adds one more optimization (cumulative): the gain
 column is what it adds on top of those before it. Then, from the optimized stack, each row removes
 one alone: the loss column is what the full stack would lose without it. After the two tables
-the choices (activation_checkpointing=hstu / all, activation_dtype=fp8, and content=off for a config
-with a [content] section) are measured on the optimized stack, with MFU, HFU and the activation memory each step
-saved; content=off's MFU is against its own, smaller FLOPs. All MFU figures are against the same
-reference peak, so a ratio of MFUs is a ratio of throughputs. `pipeline` acts on ranks only.
+the choices (activation_checkpointing=hstu / all, activation_dtype=fp8, and content=off for a
+config with a [content] section) are measured on the optimized stack, with MFU, HFU and the
+activation memory each step saved; content=off's MFU is against its own, smaller FLOPs. All MFU
+figures are against the same reference peak, so a ratio of MFUs is a ratio of throughputs.
+`pipeline` acts on ranks only.
 
 With --nproc N the dense-side switches are measured on N torchrun ranks instead, each variant one
 `gembench run --nproc N --set ...`: DDP against FSDP2, activation checkpointing, compile, the

@@ -32,7 +32,6 @@ from gembench.harness.store.document import result_document
 from gembench.harness.train import checkpoint
 from gembench.harness.train.distributed.slurm import scheduler_section
 from gembench.harness.train.memory import memory_fields
-from gembench.harness.train.stack import CHOICES
 from gembench.harness.train.step import divergence, finite_or_none
 
 
@@ -225,7 +224,7 @@ def build_result(
         "seed": run.seed,
         "stack": stack,
         "options": options.to_dict(),
-        "choices": [f"{k}={getattr(options, k)}" for k in CHOICES if getattr(options, k) != CHOICES[k][0]],
+        "choices": options.chosen(),
         "nproc": world,
         "nnodes": len({r.host for r in records}),
         "global_batch": global_batch,

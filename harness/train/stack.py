@@ -82,10 +82,13 @@ class StackOptions:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def chosen(self) -> list[str]:
+        """``name=value`` of each choice switch not at its default (CHOICES' first value)."""
+        return [f"{name}={getattr(self, name)}" for name in CHOICES if getattr(self, name) != CHOICES[name][0]]
+
     def describe(self) -> str:
         on = [name for name in OPTIMIZATIONS if getattr(self, name)]
-        chosen = [f"{name}={getattr(self, name)}" for name in CHOICES if getattr(self, name) != CHOICES[name][0]]
-        return ", ".join(on + chosen) or "nothing"
+        return ", ".join(on + self.chosen()) or "nothing"
 
 
 OPTIMIZATIONS = tuple(f.name for f in fields(StackOptions) if f.type in (bool, "bool"))  # on/off
