@@ -100,3 +100,15 @@ def test_classify_backward_and_forward():
     hook = ["gembench/step", "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad"]
     assert comm.classify("all_reduce", hook) == "dense_grad_all_reduce"
     assert comm.classify("all_reduce", ["gembench/step"]) == "all_reduce"
+
+
+def test_a_coalesced_all_reduce_is_sized_by_every_tensor_and_the_replica_sync_is_named():
+    # 2D sparse parallelism's replica sync: TorchRec's annotation around one coalesced all-reduce,
+    # whose c10d call records a TensorList (no element type) and whose gloo worker lists each tensor
+    span = ev("## 2d_weight_sync ##_custom_hook", 0, 100)
+    call = ev("c10d::allreduce_coalesced_", 1, 5, dims=[[[20, 16], [5, 16]], []], types=["TensorList", ""])
+    worker = ev("gloo:all_reduce", 10, 50, tid=9, dims=[[20, 16], [5, 16]], types=["float", "float"])
+    [one] = comm.collectives([span, call, worker])
+    assert one["bytes"] == (20 + 5) * 16 * 4
+    assert one["kind"] == "embedding_replica_sync"
+    assert comm.classify("all_reduce", ["gembench/replica_sync"]) == "embedding_replica_sync"

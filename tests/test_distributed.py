@@ -67,6 +67,9 @@ def test_one_result_with_per_rank_stages_imbalance_and_comm(table_wise):
         "activation_checkpointing": "none",
         "content": "on",
         "activation_dtype": "compute",
+        "sparse_parallel": "1d",
+        "sharding_group": 0,
+        "replica_sync_every": 1,
     }
     assert run["backend"] == "gloo" and run["stack"] == "optimized-staged"
     assert [x["rank"] for x in r["ranks"]] == [0, 1]

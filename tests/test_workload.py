@@ -384,6 +384,7 @@ def test_ablate_on_ranks_takes_only_the_switches_that_act_on_the_workload():
         "dense_parallel=fsdp",
         "activation_checkpointing=all",
         "activation_dtype=fp8",
+        "sparse_parallel=2d",  # any workload whose tables TorchRec shards
         "compile=off",
         "+ pipeline",
     ]

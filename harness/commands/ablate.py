@@ -78,12 +78,12 @@ def variants(single_process: bool, skip=(), optimized=None):
 
 def choices(single_process: bool, excluded=(), optimized=None):
     """(label, options): ``optimized`` (default the named stack) with each other value of a
-    choice switch (one process: no dense_parallel, which needs ranks; ``excluded``: the switches
+    choice switch (one process: no dense_parallel or sparse_parallel, which need ranks; ``excluded``: the switches
     or values that do not act on the model, skipped_switches)."""
     from gembench.harness.train.stack import CHOICES, STACKS
 
     optimized = optimized or STACKS["optimized"]
-    skip = {"dense_parallel"} if single_process else set()
+    skip = {"dense_parallel", "sparse_parallel"} if single_process else set()
     return [
         (f"{name}={value}", replace(optimized, **{name: value}))
         for name, values in CHOICES.items()
@@ -220,7 +220,7 @@ def _ablate(args: argparse.Namespace) -> int:
     )
     print(
         "(HFU - MFU: the recomputed forward's share; activation MiB: saved for backward in one step;"
-        " dense_parallel: only with --nproc > 1)"
+        " dense_parallel, sparse_parallel: only with --nproc > 1)"
     )
     if "activation_dtype=fp8" in measured:
         from gembench.harness.commands.ablate_ranks import fp8_goal

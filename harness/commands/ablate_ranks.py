@@ -22,6 +22,8 @@ RANK_VARIANTS = [
     ("activation_checkpointing=all", ("activation_checkpointing=all",), {}),
     ("fsdp + checkpointing hstu", ("dense_parallel=fsdp", "activation_checkpointing=hstu"), {}),
     ("activation_dtype=fp8", ("activation_dtype=fp8",), {}),
+    # tables sharded within groups (half the ranks on one host), replicated across them
+    ("sparse_parallel=2d", ("sparse_parallel=2d",), {}),
     ("compile=off", ("compile=off",), {}),
     ("+ pipeline", (), {"pipeline": True}),
     ("content=off", ("content=off",), {}),  # configs with a [content] section only
@@ -75,6 +77,12 @@ def dense_comm_ms(result: dict) -> float:
     return 1e3 * sum(k["time_s"] for name, k in result["comm"]["by_kind"].items() if name.startswith("dense_"))
 
 
+def sparse_comm_ms(result: dict) -> float:
+    """The tables' collectives a step: IDs and embeddings exchanged, and 2D's replica sync."""
+    kinds = result["comm"]["by_kind"].items()
+    return 1e3 * sum(k["time_s"] for name, k in kinds if name.startswith(("embedding_", "kjt_")))
+
+
 def ablate_ranks(args) -> int:
     from tabulate import tabulate
 
@@ -109,7 +117,7 @@ def ablate_ranks(args) -> int:
     for label, *_ in variants:
         r = results[label]
         if r is None:
-            rows.append([label, "failed", *["-"] * 9])
+            rows.append([label, "failed", *["-"] * 11])
             continue
         s = r["summary"]
         rows.append(
@@ -123,6 +131,8 @@ def ablate_ranks(args) -> int:
                 mib(s.get("activation_bytes")),
                 mib(s.get("dense_state_bytes")),
                 f"{dense_comm_ms(r):.1f}",
+                f"{sparse_comm_ms(r):.1f}",
+                f"{r['metrics']['imbalance_max_mean']:.3f}",
                 pct(r["comm"]["exposed_comm_fraction"]),
             ]
         )
@@ -145,14 +155,18 @@ def ablate_ranks(args) -> int:
                 "activations MiB",
                 "dense state MiB",
                 "dense comm ms",
+                "sparse comm ms",
+                "imbalance",
                 "exposed comm",
             ],
-            colalign=("left",) + ("right",) * 9,
+            colalign=("left",) + ("right",) * 11,
         )
     )
     print(
         "(peak: RSS per rank, largest; activations: saved for backward in one step; dense state: "
-        "weights, gradients, Adam state on the largest rank; dense comm: the dense part's collectives per step)"
+        "weights, gradients, Adam state on the largest rank; dense comm: the dense part's collectives per step; "
+        "sparse comm: the tables' (IDs, embeddings, 2D's replica sync); imbalance: the measured embedding load, "
+        "max/mean over ranks)"
     )
     for label, error in errors.items():
         if error:
@@ -208,7 +222,25 @@ def goals(results: dict) -> list[str]:
     fp8 = results.get("activation_dtype=fp8")
     if ddp and fp8:
         out += fp8_goal(ddp["summary"], fp8["summary"])
+    two = results.get("sparse_parallel=2d")
+    if ddp and two:
+        out.append(two_d_line(ddp, two))
     return out
+
+
+def two_d_line(one: dict, two: dict) -> str:
+    """2D against the 1-D plan: its layout, the loss level on the same batches, imbalance and comm."""
+    import numpy as np
+
+    sparse = two["run"]["sparse_parallel"]
+    level = np.mean(two["samples"]["loss"]) / np.mean(one["samples"]["loss"]) - 1
+    sync = two["comm"]["by_kind"].get("embedding_replica_sync", {})
+    return (
+        f"2D: {len(sparse['groups'])} groups of {sparse['sharding_group']} ranks; rank 0's loss level {level:+.2%} "
+        f"of 1-D's (bf16's relative tolerance: 1.6%); imbalance {two['metrics']['imbalance_max_mean']:.3f} vs "
+        f"{one['metrics']['imbalance_max_mean']:.3f}; replica sync {1e3 * sync.get('time_s', 0.0):.1f} ms, "
+        f"{sync.get('bytes', 0) / 2**20:.1f} MiB a rank every {sparse['replica_sync_every']} step(s)"
+    )
 
 
 # FP8 activations' goals against the stack saving as computed (benchmarks/fp8_activations.py too)

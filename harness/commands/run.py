@@ -93,7 +93,9 @@ def configure(p: argparse.ArgumentParser) -> None:
         metavar="NAME=VALUE",
         help="one stack switch, over --stack (repeatable): dense_parallel=ddp|fsdp|hsdp, "
         "activation_checkpointing=none|hstu|all, activation_dtype=compute|fp8 (what the forward saves for "
-        "the backward: as computed, or float8 with a scale per row), or an on/off one (compile=off, "
+        "the backward: as computed, or float8 with a scale per row), sparse_parallel=1d|2d (--nproc: tables "
+        "sharded over every rank, or within groups of sharding_group=G ranks and replicated across the groups, "
+        "the replicas averaged every replica_sync_every=N steps), or an on/off one (compile=off, "
         "fused_optimizer=off, jagged=off, ...); recorded in the result's run.options",
     )
     p.add_argument(

@@ -170,15 +170,18 @@ def tensor_bytes(dims, dtype: str) -> int:
     return math.prod(dims) * DTYPE_BYTES[dtype]
 
 
-def message_bytes(family: str, event: dict) -> int:
+def message_bytes(family: str, event: dict, worker: bool = False) -> int:
     """nccl-tests' message size of a ``c10d::`` event from its recorded argument shapes.
 
     0 when the profiler recorded no element type (tensor lists show as "TensorList"); the
-    caller then takes the size from the worker event, which has one.
+    caller then takes the size from the ``worker`` event, which has one: an all-reduce's lists
+    every tensor it reduces (several when coalesced), the others' their first argument.
     """
     args = event.get("args", {})
     dims, types = args.get("Input Dims", []), args.get("Input type", [])
     sizes = [tensor_bytes(d, t) if t in DTYPE_BYTES else 0 for d, t in zip(dims, types)]
+    if worker:
+        return sum(sizes) if family == "all_reduce" else (sizes[0] if sizes else 0)
     if family == "all_to_all":  # (output, input, ...): the send buffer
         return sizes[1] if len(sizes) > 1 else (sizes[0] if sizes else 0)
     if family in ("reduce_scatter", "all_gather"):  # the full (larger) buffer
@@ -219,8 +222,12 @@ def classify(family: str, context: Sequence[str]) -> str:
         replicas)
     dense_param_all_gather / dense_grad_reduce_scatter: FSDP2's (inside its "FSDP::" spans):
         a block's parameters gathered before its forward or backward, its gradients reduce-scattered
+    embedding_replica_sync: 2D sparse parallelism's averaging of a shard's replicas (weights and
+        optimizer state) across the groups
     """
     ctx = " ".join(context).lower()
+    if "replica_sync" in ctx or "2d_weight_sync" in ctx or "2d_optimizer_sync" in ctx:
+        return "embedding_replica_sync"
     if "fsdp::" in ctx:
         if family == "all_gather":
             return "dense_param_all_gather"
@@ -270,7 +277,7 @@ def collectives(events: Sequence[dict]) -> list[dict]:
             used.add(match)
             w = workers[match]
             start, end = w["ts"], w["ts"] + w.get("dur", 0)
-            size = message_bytes(family, call) or message_bytes("worker", w)
+            size = message_bytes(family, call) or message_bytes(family, w, worker=True)
         else:  # no worker event (nccl without kernels traced): the call's own span, a lower bound
             start, end = call["ts"], call["ts"] + call.get("dur", 0)
             size = message_bytes(family, call)

@@ -197,6 +197,20 @@ def rebalance_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def sparse_line(run: dict) -> str:
+    """2D sparse parallelism's layout, under the plan it repeats in every group ("" under 1-D)."""
+    sparse = run.get("sparse_parallel")
+    if not sparse:
+        return ""
+    groups = ", ".join(str(g) for g in sparse["groups"])
+    every = sparse["replica_sync_every"]
+    return (
+        f"\n2D sparse parallel: that plan (its ranks a group's) on each of {len(sparse['groups'])} groups of "
+        f"{sparse['sharding_group']} ranks {groups}; each shard's replicas averaged every "
+        f"{'step' if every == 1 else f'{every} steps'} (stage replica_sync)"
+    )
+
+
 def distributed_report(result: dict) -> str:
     run = result["run"]
     plan = ", ".join(f"{t.removeprefix('table_')}:{placement(p)}" for t, p in result["plan"].items())
@@ -213,7 +227,7 @@ def distributed_report(result: dict) -> str:
             *diverged_banner(result),
             f"{run['nproc']} ranks on {run['nnodes']} host(s), {run['backend']}; step: {engine}\n"
             f"batch: global {run['global_batch']} = {run['nproc']} ranks x {run['per_rank_batch']} per rank\n"
-            f"sharding ({run['sharding']}): {plan}",
+            f"sharding ({run['sharding']}): {plan}" + sparse_line(run),
             "critical path: the slowest rank in each stage\n" + stage_table(result) + "\n" + blocks_line(result),
             rank_stage_table(result),
             "embedding imbalance: measured on the real batches vs the planner's estimates\n" + imbalance_table(result),

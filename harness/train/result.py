@@ -31,6 +31,7 @@ from gembench.harness.metrics.mfu import end_to_end, mfu, per_step_mfu, summariz
 from gembench.harness.store.document import result_document
 from gembench.harness.train import checkpoint
 from gembench.harness.train.distributed.slurm import scheduler_section
+from gembench.harness.train.distributed.sparse2d import global_view
 from gembench.harness.train.memory import memory_fields
 from gembench.harness.train.step import divergence, finite_or_none
 
@@ -165,6 +166,7 @@ class Sharded:
     sharding: str | None
     pipeline: bool
     timeout_s: float
+    sparse: dict | None = None  # 2D sparse parallelism's layout (distributed/sparse2d.py layout())
 
 
 def build_result(
@@ -258,7 +260,14 @@ def build_result(
             batches=sharded.batch_indices,
         )
         planned = sharded.planned
-        planned_loads = {"perf_ms": planned.perf, "lookup_ms": planned.lookup, "storage_bytes": planned.storage}
+        # under 2D the plan is one group's: each rank holds what its place in the group does
+        planned_loads = {
+            "perf_ms": global_view(planned.perf, sharded.sparse),
+            "lookup_ms": global_view(planned.lookup, sharded.sparse),
+            "storage_bytes": global_view(planned.storage, sharded.sparse),
+        }
+        if sharded.sparse is not None:
+            run_section["sparse_parallel"] = sharded.sparse
         imb = job_imbalance(
             [r.loads for r in records], [r.hot for r in records], planned_loads, stage_means, step_s=p50
         )

@@ -74,6 +74,14 @@ class StackOptions:
     # What the forward saves for the backward is stored as: as computed ("compute"), or float8 e4m3
     # with a scale per row ("fp8", harness/train/activations.py): GEM's activation compression.
     activation_dtype: str = "compute"
+    # Several ranks: how the tables are parallel. "1d": each sharded over every rank; "2d": sharded
+    # within groups of sharding_group ranks and replicated across the groups (TorchRec's
+    # DMPCollection), the replicas averaged every replica_sync_every steps
+    # (harness/train/distributed/sparse2d.py). sharding_group 0: half the ranks of a one-host job,
+    # a host's ranks on several hosts.
+    sparse_parallel: str = "1d"
+    sharding_group: int = 0
+    replica_sync_every: int = 1
 
     @property
     def dtype(self) -> str:
@@ -83,8 +91,13 @@ class StackOptions:
         return asdict(self)
 
     def chosen(self) -> list[str]:
-        """``name=value`` of each choice switch not at its default (CHOICES' first value)."""
-        return [f"{name}={getattr(self, name)}" for name in CHOICES if getattr(self, name) != CHOICES[name][0]]
+        """``name=value`` of each choice and number switch not at its default."""
+        default = StackOptions()
+        return [
+            f"{name}={getattr(self, name)}"
+            for name in (*CHOICES, *NUMBERS)
+            if getattr(self, name) != getattr(default, name)
+        ]
 
     def describe(self) -> str:
         on = [name for name in OPTIMIZATIONS if getattr(self, name)]
@@ -98,7 +111,9 @@ CHOICES = {
     "activation_checkpointing": ("none", "hstu", "all"),
     "content": ("on", "off"),
     "activation_dtype": ("compute", "fp8"),
+    "sparse_parallel": ("1d", "2d"),
 }
+NUMBERS = {"sharding_group": 0, "replica_sync_every": 1}  # switches that take a whole number, and its least
 STACKS = {
     "baseline": StackOptions(**{name: False for name in OPTIMIZATIONS}),
     "optimized": StackOptions(),
@@ -120,11 +135,14 @@ def with_switches(options: StackOptions, switches) -> StackOptions:
     for switch in switches:
         name, sep, value = switch.partition("=")
         name, value = name.strip().replace("-", "_"), value.strip().lower()
-        if not sep or name not in OPTIMIZATIONS + tuple(CHOICES):
-            raise UsageError(
-                f"--set takes NAME=VALUE with NAME one of {', '.join(OPTIMIZATIONS + tuple(CHOICES))}; got {switch!r}"
-            )
-        if name in CHOICES:
+        known = OPTIMIZATIONS + tuple(CHOICES) + tuple(NUMBERS)
+        if not sep or name not in known:
+            raise UsageError(f"--set takes NAME=VALUE with NAME one of {', '.join(known)}; got {switch!r}")
+        if name in NUMBERS:
+            if not value.isdigit() or int(value) < NUMBERS[name]:
+                raise UsageError(f"--set {name} takes a whole number >= {NUMBERS[name]}, got {value!r}")
+            options = replace(options, **{name: int(value)})
+        elif name in CHOICES:
             if value not in CHOICES[name]:
                 raise UsageError(f"--set {name} must be one of {', '.join(CHOICES[name])}, got {value!r}")
             options = replace(options, **{name: value})
@@ -136,11 +154,17 @@ def with_switches(options: StackOptions, switches) -> StackOptions:
 
 
 def check_one_process(options: StackOptions) -> None:
-    """Refuse what only ranks can run: a sharded dense part needs more than one replica."""
+    """Refuse what only ranks can run: a sharded dense part needs more than one replica, and
+    groups of ranks that shard the tables need ranks."""
     if options.dense_parallel != "ddp":
         raise UsageError(
             f"dense_parallel={options.dense_parallel} shards the dense part over ranks: "
             f"add --nproc 2 or more (one process has one replica)"
+        )
+    if options.sparse_parallel != "1d":
+        raise UsageError(
+            f"sparse_parallel={options.sparse_parallel} shards the tables within groups of ranks and "
+            "replicates them across the groups: add --nproc 4 or more (one process holds every table)"
         )
 
 

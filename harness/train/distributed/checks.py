@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from gembench.errors import UsageError
-from gembench.harness.train.distributed import plan
+from gembench.harness.train.distributed import plan, sparse2d
 from gembench.harness.train.runconfig import RunConfig
 from gembench.harness.train.stack import on_ranks
 from gembench.harness.train.workloads import applied_switches, module_fields, workload_of
@@ -35,6 +35,21 @@ def check(args: RunConfig, nproc: int) -> Workload:
     workload = workload_of(args.config, args.model, args.model_args, args.batch, nproc)
     per_rank_batch(workload.global_batch, nproc)
     options = on_ranks(args.options, args.pipeline)
+    sparse2d.check(options, nproc, nproc)
+    if options.sparse_parallel == "2d":
+        taken = [
+            flag
+            for flag, on in (
+                ("--rebalance", args.rebalance),
+                ("--checkpoint-every", args.checkpoint_every),
+                ("--resume", args.resume),
+            )
+            if on
+        ]
+        if taken:
+            raise UsageError(
+                f"{taken[0]} does not take sparse_parallel=2d yet (it moves 1-D shards): run it without 2D"
+            )
     variant = workload.for_stack(options)
     applied_switches(variant, options)
     if args.pipeline:

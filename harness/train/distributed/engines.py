@@ -11,6 +11,8 @@ staged (default): every stage runs to completion before the next, so each is tim
                       and the data_parallel tables' gradient all-reduce (TorchRec's own DDP)
     grad_sync         one all-reduce of the other flattened dense gradients, waited
     optimizer         the dense optimizer step
+    replica_sync      under 2D sparse parallelism (sparse2d.py): a shard's replicas averaged across
+                      the groups, every replica_sync_every steps (the pipelined step ends with it too)
   Nothing overlaps, so comm is fully exposed: the naive reference. The sharded modules' three
   phases are run here, each on the batch field that feeds the module whole (a KJT field holding
   exactly its features), and the workload's forward then reads their outputs. A model whose
@@ -39,6 +41,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from gembench.harness.train import nvtx
+from gembench.harness.train.distributed import sparse2d
 from gembench.harness.train.distributed.plan import data_parallel_tables, dense_parameters
 from gembench.harness.train.stack import StackOptions, autocast_for, dense_optimizer
 from gembench.harness.train.step import StageClock, losses
@@ -105,7 +108,9 @@ class StagedStep:
         self.dmp, self.model, self.device, self.world = dmp, dmp.module, device, world
         self.workload, self.feeds, self.batches, self.fault = workload, feeds, batches, fault
         self.autocast = autocast_for(options, device)
-        self.stages = STAGES if feeds is not None else WHOLE_STAGES
+        # 2D sparse parallelism: the replicas averaged after the step, a stage of its own
+        self.replicas = sparse2d.ReplicaSync(dmp, options.replica_sync_every) if sparse2d.is_2d(dmp) else None
+        self.stages = (STAGES if feeds is not None else WHOLE_STAGES) + ((sparse2d.STAGE,) if self.replicas else ())
         self.timer = SparseTimer(self.model, device, workload) if feeds is None else None
         self.dense = dense_parameters(dmp)
         self.optimizer = dense_optimizer(self.dense, options)
@@ -133,6 +138,9 @@ class StagedStep:
         with self.autocast():
             clock.mark("start")
             per_task = self(self.batches[i % len(self.batches)], mark, clock.split)
+            if self.replicas is not None:
+                self.replicas(i)
+                mark(sparse2d.STAGE)
         return per_task, clock.durations()
 
     def __call__(self, batch, mark, split=None) -> torch.Tensor:
@@ -275,8 +283,6 @@ class PipelineStep:
         "_optimizer_step": "optimizer",
     }
 
-    stages = PIPELINE_STAGES
-
     def __init__(self, dmp: nn.Module, device, world, options: StackOptions, feed, fault=None):
         from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
         from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
@@ -292,6 +298,8 @@ class PipelineStep:
         self.pipeline = TrainPipelineSparseDist(dmp, self.optimizer, device, execute_all_batches=True)
         self.device = device
         self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        self.replicas = sparse2d.ReplicaSync(dmp, options.replica_sync_every) if sparse2d.is_2d(dmp) else None
+        self.stages = PIPELINE_STAGES + ((sparse2d.STAGE,) if self.replicas else ())
         self.times: dict[str, float] = {}
         for method, phase in self.PHASES.items():
             setattr(self.pipeline, method, self._timed(getattr(self.pipeline, method), phase))
@@ -318,7 +326,9 @@ class PipelineStep:
         self.world.at("forward", i)
         if self.fault:
             self.fault.trigger(self.world.rank, i, "forward")
-        self.times = {p: 0.0 for p in PIPELINE_STAGES}
+        self.times = {p: 0.0 for p in self.stages}
         with self.autocast(), nvtx.span("step"):
             loss = self.pipeline.progress(self.feed)
+            if self.replicas is not None:
+                self._timed(self.replicas, sparse2d.STAGE)(i)
         return loss, dict(self.times)

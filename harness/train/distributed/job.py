@@ -26,7 +26,7 @@ from gembench.harness.metrics import comm, counters
 from gembench.harness.metrics.startup import Startup
 from gembench.harness.metrics.trace import STEP_SPAN
 from gembench.harness.train import checkpoint
-from gembench.harness.train.distributed import engines, loads, plan, rebalance, watchdog
+from gembench.harness.train.distributed import engines, loads, plan, rebalance, sparse2d, watchdog
 from gembench.harness.train.distributed.carry import carry_state, load_unsharded
 from gembench.harness.train.distributed.checks import UNTOLD, check, per_rank_batch
 from gembench.harness.train.measure import Measurement, World, measure, step_indices
@@ -154,6 +154,7 @@ class RankJob:
             ddp,
             args.rebalance,
             self.startup,
+            options,
         )
         with self.startup.phase("shard"):
             load_unsharded(dmp, unsharded)
@@ -288,7 +289,13 @@ class RankJob:
             recheck(self.peak, mine, [f" of rank {r.rank}" for r in mine])
         args = self.args
         sharded = Sharded(
-            built.planned, self.batch_indices(), dist.get_backend(), args.sharding, args.pipeline, args.timeout
+            built.planned,
+            self.batch_indices(),
+            dist.get_backend(),
+            args.sharding,
+            args.pipeline,
+            args.timeout,
+            sparse2d.layout(self.options, self.world.size, self.world.local_size),
         )
         result = build_result(self.ident, args, records, self.options, sharded)
         result["workload"] = section(

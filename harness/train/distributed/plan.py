@@ -17,6 +17,7 @@ from torch import nn
 
 from gembench.errors import UsageError
 from gembench.harness.metrics.startup import Startup
+from gembench.harness.train.distributed import sparse2d
 from gembench.harness.train.stack import ADAGRAD_EPS, EMBEDDING_LR
 from gembench.workload import Workload
 
@@ -297,18 +298,22 @@ def plan_sharding(
     return plan, recorder
 
 
-def shard(model: nn.Module, plan, device: torch.device, ddp: bool, sharders=None) -> nn.Module:
+def shard(model: nn.Module, plan, device: torch.device, ddp: bool, sharders=None, group: int = 0) -> nn.Module:
     """DMP over the model. With ``ddp`` (the pipeline's default) DMP wraps the dense part in DDP,
     which overlaps the gradient sync with the backward; otherwise the dense parameters stay plain:
-    staged runs sync them in a stage of their own, and FSDP2 (harness/train/parallelize.py) shards them."""
+    staged runs sync them in a stage of their own, and FSDP2 (harness/train/parallelize.py) shards them.
+    ``group``: 2D sparse parallelism, ``plan`` made for groups of this many ranks (sparse2d.py)."""
     from torchrec.distributed.model_parallel import DataParallelWrapper, DistributedModelParallel
 
     class NoWrap(DataParallelWrapper):
         def wrap(self, dmp, env, device) -> None:  # dense params stay plain: grad_sync stage syncs them
             pass
 
+    sharders = sharders or default_sharders()
+    if group:
+        return sparse2d.collection(model, plan, device, group, sharders, None if ddp else NoWrap())
     kwargs = {} if ddp else {"data_parallel_wrapper": NoWrap()}
-    return DistributedModelParallel(model, device=device, plan=plan, sharders=sharders or default_sharders(), **kwargs)
+    return DistributedModelParallel(model, device=device, plan=plan, sharders=sharders, **kwargs)
 
 
 def dense_parameters(dmp: nn.Module) -> list[torch.Tensor]:
@@ -350,19 +355,22 @@ def shard_workload(
     ddp,
     sharded_only=False,
     startup: Startup | None = None,
+    options=None,
 ):
     """TorchRec's plan for the workload's model (told ``pooling``; ``measured``, ``sharded_only``:
     --rebalance's estimator and its plans) and DMP over it, with DDP over the dense part
     (``ddp``) or the dense part plain (the staged step syncs it, or FSDP2 shards it next).
-    ``startup``: the rank's start-up clock, told the plan and the sharding apart."""
+    ``startup``: the rank's start-up clock, told the plan and the sharding apart. ``options``: the
+    stack's (StackOptions); under sparse_parallel=2d the plan is made for a group's ranks."""
     startup = startup or Startup()
+    planning = env if options is None else sparse2d.planning_env(options, env)  # 2D: a group's ranks
     with startup.phase("plan"):
         forced = parse_sharding(sharding, table_names(model))
         sharders = workload.sharders()
         plan, planned = plan_sharding(
             model,
             forced,
-            env,
+            planning,
             dev,
             local_batch,
             pooling,
@@ -373,4 +381,5 @@ def shard_workload(
             skew=workload.row_skew() if pooling is not None else None,  # --sharding untold: told nothing
         )
     with startup.phase("shard"):
-        return shard(model, plan, dev, ddp=ddp, sharders=sharders), planned
+        group = planning["world_size"] if planning is not env else 0
+        return shard(model, plan, dev, ddp=ddp, sharders=sharders, group=group), planned
