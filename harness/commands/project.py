@@ -6,12 +6,15 @@ plan it finds rated by one cost model (harness/projection/cost.py, docs/projecti
 from a measured result (--from) or the datasheet, lookups from bytes over HBM, each collective
 as TorchRec runs it, alpha-beta over the cluster file's links, overlap as the pipeline schedules
 it. The fastest is kept; each row names the stage on the critical path and the GPU that sets it.
+Past one node, 2D sparse parallelism too (TorchRec's DMPCollection: tables sharded within groups
+of G GPUs, replicated across them, the replicas synced every --sync-every steps): the faster kept.
 A config and a --model workload are read the same way, through the workload protocol.
 
 examples:
   gembench project --config xl --gpus 8,64,512,4096 --cluster h100 \
       --set dense_parallel=fsdp --set activation_checkpointing=hstu
   gembench project --config dcnv2-mlperf --gpus 8,64,128 --batch 8=55296,64=135168,128=135168
+  gembench project --config dcnv2-mlperf --gpus 64,128 --batch 135168 --sparse-parallel 2d --sync-every 1000
   gembench project --config small --gpus 8,64,512 --batch-per-gpu 4096   # weak scaling
   gembench project --config small --gpus 8,64 --from results/runs/r.json   # compute as measured
   gembench project --model examples/two_tower.py:two_tower --gpus 8,64 --batch 4096   # your own model
