@@ -562,6 +562,9 @@ def test_the_report_draws_the_projection(projection, tmp_path):
         (["--gpus", "eight"], "--gpus takes world sizes"),
         (["--sharding", "diagonal"], "--sharding must be one of"),
         (["--set", "activation_checkpointing=most"], "activation_checkpointing"),
+        (["--sparse-parallel", "3d"], "--sparse-parallel takes auto, 1d, 2d"),
+        (["--sync-every", "0"], "--sync-every takes a positive number"),
+        (["--sparse-parallel", "2d", "--gpus", "8,64"], "--gpus 8 has no sharding group smaller than the world"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, message):
@@ -821,3 +824,102 @@ def test_the_fast_search_names_a_plan_the_full_search_finds_faster(skew_config, 
     assert row["imbalance"]["max_mean"] > 2 and full["imbalance"] < 1.1
     assert row["step_time_s"] > 1.1 * full["step_time_s"]
     assert re.search(r"8 GPUs: --search full finds a plan [\d.]+x faster: .* pass --search full", out), out
+
+
+def _groups_plan(g: int, rows: int = 5000, dim: int = 16) -> dict:
+    """tiny's eight tables table-wise, one on each GPU of a group of ``g``."""
+    return {f"table_t{i}": {"sharding": "table_wise", "ranks": [i % g], "shard_sizes": [[rows, dim]]} for i in range(8)}
+
+
+def test_a_2d_step_prices_its_replica_sync_by_the_formula_and_its_embeddings_within_the_group():
+    """64 GPUs in groups of 8: one sync all-reduces a GPU's shard (fp32 weights, one fp32 Adagrad
+    state a row) over the 8 replicas, once every N steps; consecutive groups sync over the NICs
+    (one replica a node), strided ones within a node over NVLink. The embeddings' collectives are
+    a world of 8's, the dense gradients' a world of 64's."""
+    from gembench.harness.projection.sparse2d import SparseGroups
+
+    cfg, plan, shard = load_config("tiny"), _groups_plan(8), 5000 * (16 * 4 + 4)
+    for inter_host, link in ((True, H100.inter), (False, H100.intra)):
+        groups = SparseGroups(8, 64, inter_host, sync_every=4)
+        step = _pricer(cfg, 64, 32, groups=groups).price(plan)
+        one_sync = link.latency_s + shard * bus_factor("all_reduce", 8) / link.bandwidth_Bps
+        assert step.stages["replica_sync"].exposed_s == pytest.approx(one_sync / 4)
+        assert step.examples_per_s == pytest.approx(64 * 32 / step.step_time_s)
+    groups = SparseGroups(8, 64, True, sync_every=1)
+    two_d = _pricer(cfg, 64, 32, groups=groups).price(plan)
+    in_node, whole = _pricer(cfg, 8, 32).price(plan), _pricer(cfg, 64, 32).price(plan | {})
+    assert two_d.stages["output_dist"].time_s == pytest.approx(in_node.stages["output_dist"].time_s)
+    assert two_d.stages["grad_sync"].time_s == pytest.approx(whole.stages["grad_sync"].time_s)
+    assert _pricer(cfg, 64, 32).price(plan).stages["replica_sync"].time_s == 0.0  # 1-D has none
+
+
+def test_2d_offers_the_group_sizes_that_divide_the_world_and_place_them_evenly():
+    from gembench.harness.projection.sparse2d import group_sizes, layouts
+
+    assert group_sizes(64, 8) == [8, 16, 32] and group_sizes(8, 8) == [] and group_sizes(16, 8) == [8]
+    assert group_sizes(48, 8) == [8, 16]  # 32 does not divide 48
+    both = layouts(128, 16, 8, 1)
+    assert [g.inter_host for g in both] == [True, False]
+    consecutive, strided = both
+    assert (consecutive.group_per_node(8), consecutive.replica_per_node(8)) == (8, 1)  # 2 nodes a group
+    assert (strided.group_per_node(8), strided.replica_per_node(8)) == (1, 8)  # ranks k, k+8, ...: a node each
+    assert layouts(48, 16, 8, 1)[-1].inter_host  # a stride of 3 does not tile nodes of 8: consecutive only
+
+
+@pytest.fixture(scope="module")
+def sparse_sweeps():
+    """tiny at 16 GPUs (a group of 8: two layouts) under each --sparse-parallel."""
+    from gembench.harness.projection.rates import datasheet_compute
+    from gembench.harness.projection.sweep import sweep
+    from gembench.harness.train.stack import STACKS
+
+    m, stack = of(load_config("tiny")), STACKS["optimized"]
+    compute = datasheet_compute(m, H100)
+    batches = {16: 16 * 512}
+    run = lambda mode, **kw: sweep(
+        m, [16], H100, compute, None, "pipelined", False, lambda _: None, stack, batches, sparse=mode, **kw
+    )[0]  # noqa: E731
+    return m, {mode: run(mode) for mode in ("1d", "2d", "auto")}, run
+
+
+def test_a_forced_layout_is_kept_and_auto_keeps_the_fastest(sparse_sweeps):
+    _, rows, _ = sparse_sweeps
+    one, two, auto = rows["1d"], rows["2d"], rows["auto"]
+    assert one["sparse"]["chosen"] == "1d" and [c["layout"] for c in one["sparse"]["candidates"]] == ["1D"]
+    assert two["sparse"]["chosen"] == "2d" and all(c["group_size"] == 8 for c in two["sparse"]["candidates"])
+    # the sync moves the sharded tables alone (data-parallel ones are DDP's), every step by default
+    sync, sharded = two["stages"]["replica_sync"]["exposed_s"], set(two["plan"]["shardings"]) - {"data_parallel"}
+    assert sync == pytest.approx(two["sparse"]["sync_s"]) and (sync > 0) == bool(sharded)
+    assert one["stages"]["replica_sync"]["exposed_s"] == 0 and one["sparse"]["sync_s"] == 0
+    steps = [c["step_time_s"] for c in auto["sparse"]["candidates"] if c["fits"]]
+    assert len(steps) == 3 and auto["step_time_s"] == pytest.approx(min(steps))
+    assert auto["sparse"]["why"].startswith("2D G=8" if auto["sparse"]["chosen"] == "2d" else "1D")
+
+
+def test_a_group_that_cannot_hold_the_tables_is_not_offered(sparse_sweeps, monkeypatch):
+    from gembench.harness.projection import sweep as sweep_module
+    from gembench.harness.projection.sparse2d import table_state_bytes
+
+    m, _, run = sparse_sweeps
+    # HBM for a sixteenth of the tables and the dense side: a group of 8 cannot hold them
+    monkeypatch.setattr(sweep_module, "table_state_bytes", lambda _: 1e6 * H100.hbm_bytes)
+    row = run("auto")
+    assert table_state_bytes(m) < 1e6 * H100.hbm_bytes
+    twod = [c for c in row["sparse"]["candidates"] if c["group_size"] == 8]
+    assert twod and all(not c["fits"] and "not offered" in c["note"] for c in twod)
+    assert row["sparse"]["chosen"] == "1d" and row["sparse"]["why"].startswith("1D: no 2D group fits")
+
+
+def test_the_published_goals_are_met_or_not_on_the_rows_figures():
+    from gembench.harness.projection.published import goals
+
+    def row(world, ratio, imbalance, per_gpu):
+        pub = {"ratio": ratio, "examples_per_s": 2e6 * world * (0.3 if world > 8 else 1.0)}
+        return {"world": world, "plan": {"fits": True}, "published": pub, "imbalance": {"max_mean": imbalance},
+                "examples_per_s": per_gpu * world}  # fmt: skip
+
+    met = goals([row(8, 0.95, 1.0, 2e6), row(64, 1.0, 1.2, 1e6), row(128, 0.9, 1.4, 0.6e6)], 8)
+    assert [ok for _, ok in met] == [True, True, True]
+    assert "0.30 (>= 0.27; published 0.30)" in met[2][0]
+    missed = goals([row(8, 0.95, 1.0, 2e6), row(64, 1.2, 1.2, 1e6), row(128, 0.9, 3.8, 0.4e6)], 8)
+    assert [ok for _, ok in missed] == [False, False, False]

@@ -6,12 +6,15 @@ plan it finds rated by one cost model (harness/projection/cost.py, docs/projecti
 from a measured result (--from) or the datasheet, lookups from bytes over HBM, each collective
 as TorchRec runs it, alpha-beta over the cluster file's links, overlap as the pipeline schedules
 it. The fastest is kept; each row names the stage on the critical path and the GPU that sets it.
+Past one node, 2D sparse parallelism too (TorchRec's DMPCollection: tables sharded within groups
+of G GPUs, replicated across them, the replicas synced every --sync-every steps): the faster kept.
 A config and a --model workload are read the same way, through the workload protocol.
 
 examples:
   gembench project --config xl --gpus 8,64,512,4096 --cluster h100 \
       --set dense_parallel=fsdp --set activation_checkpointing=hstu
   gembench project --config dcnv2-mlperf --gpus 8,64,128 --batch 8=55296,64=135168,128=135168
+  gembench project --config dcnv2-mlperf --gpus 64,128 --batch 135168 --sparse-parallel 2d --sync-every 1000
   gembench project --config small --gpus 8,64,512 --batch-per-gpu 4096   # weak scaling
   gembench project --config small --gpus 8,64 --from results/runs/r.json   # compute as measured
   gembench project --model examples/two_tower.py:two_tower --gpus 8,64 --batch 4096   # your own model
@@ -57,6 +60,8 @@ class ProjectConfig:
     trace: str | None = None
     check: str | None = None
     quiet: bool = False
+    sparse_parallel: str = "auto"  # the tables over the world (1d), in groups with replicas (2d), or the faster
+    sync_every: int | None = None  # 2D: steps between the replicas' syncs (None: sparse2d.SYNC_EVERY)
     job_steps: int = 10_000  # the job a row's start-up and checkpoints are priced over (projection/job.py)
     checkpoint_every: int = 500
 
@@ -94,6 +99,22 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="N examples per GPU at every size, the global batch N x GPUs (weak scaling: how a job grows)",
     )
     p.add_argument("--sharding", metavar="TYPE", help="force one sharding type on every table (default: planner's)")
+    p.add_argument(
+        "--sparse-parallel",
+        default="auto",
+        metavar="auto|1d|2d",
+        help="1d: the tables sharded over all the GPUs; 2d: sharded within groups of G GPUs (a node, two, four ... "
+        "short of the world) and replicated across the groups, as TorchRec's DMPCollection runs it, every group "
+        "size and placement tried; auto: both, the fastest kept (default). The table says which and why",
+    )
+    p.add_argument(
+        "--sync-every",
+        type=int,
+        metavar="N",
+        help="2D: steps between syncs of the replicas (an all-reduce of each GPU's table shards and Adagrad "
+        "state; default 1, TorchRec's train pipeline's). Past 1 the replicas train apart between syncs: "
+        "an algorithm change, not only a layout",
+    )
     p.add_argument(
         "--schedule",
         choices=("pipelined", "staged"),
@@ -201,6 +222,12 @@ def project_config(args: argparse.Namespace) -> ProjectConfig:
         for flag, value in (("--job-steps", args.job_steps), ("--checkpoint-every", args.checkpoint_every)):
             if value < 1:
                 raise UsageError(f"{flag} takes a positive number of steps, got {value}")
+        from gembench.harness.projection.sparse2d import MODES
+
+        if args.sparse_parallel not in MODES:
+            raise UsageError(f"--sparse-parallel takes {', '.join(MODES)}, got {args.sparse_parallel!r}")
+        if args.sync_every is not None and args.sync_every < 1:
+            raise UsageError(f"--sync-every takes a positive number of steps, got {args.sync_every}")
         if args.sharding:
             from gembench.harness.train.distributed.plan import SHARDING_TYPES
 
@@ -263,6 +290,10 @@ def project_command(request: ProjectConfig) -> int:
             raise UsageError(
                 f"--gpus {w} does not divide the global batch {gb}; pick world sizes that divide it or pass --batch"
             )
+    if request.sparse_parallel == "2d":
+        from gembench.harness.projection.sparse2d import refuse_single_groups
+
+        refuse_single_groups(worlds, cluster)
     for note in _notes(m, worlds, per_world):
         print(f"gembench project: note: {note}", file=sys.stderr)
     if result is not None:
@@ -291,6 +322,8 @@ def project_command(request: ProjectConfig) -> int:
         stack,
         per_world,
         request.search,
+        request.sparse_parallel,
+        request.sync_every,
     )
     from gembench.harness.projection.job import job_cost
 

@@ -15,7 +15,7 @@ from tabulate import tabulate
 
 from gembench.errors import UsageError
 from gembench.harness.projection.cluster import load_cluster
-from gembench.harness.projection.cost import STAGES, project
+from gembench.harness.projection.cost import RUN_STAGES, project
 from gembench.harness.projection.offline_plan import plan_from_result
 from gembench.harness.projection.rates import measured_compute
 from gembench.harness.projection.subject import subject_of_result
@@ -63,7 +63,7 @@ def check(measured: dict, one_rank: dict, cluster, path: str = "the checked resu
     got = measured["summary"]["stages"]
     step = measured["summary"]["step_time_s"]["p50"]
     rows = []
-    for s in STAGES:
+    for s in RUN_STAGES:
         p, m = projected.stages[s].exposed_s, got.get(s, {}).get("time_s", 0.0)
         held = m >= MINOR_SHARE * step
         rows.append(

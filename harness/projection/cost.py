@@ -15,6 +15,11 @@ Constants and assumptions: docs/design.md section 8 and docs/projection.md. In s
   optimizer.
 - Compute from a measured result or the datasheet (rates.py's `Compute`); lookups as bytes over
   HBM; the fused update reads and writes each looked-up row once more (UPDATE_PER_LOOKUP).
+- 2D sparse parallelism (sparse2d.py, TorchRec's DMPCollection): the tables planned for a group
+  of G GPUs placed as the group is (its GPUs per node), the embedding collectives within the group,
+  the dense side and the data-parallel tables over all W; the replicas' sync (an all-reduce of each
+  GPU's shards and row-wise Adagrad state over W/G GPUs) a stage of its own, ``replica_sync``, once
+  every N steps (blocking: TorchRec calls it between the backward and the optimizer).
 - Overlap: ``staged`` (every stage on the critical path) or ``pipelined`` (TorchRec's sparse-dist
   pipeline and DDP's buckets). Each synchronized stage takes its slowest GPU: `Pricer.price`
   names it and what sets it (lookup bytes, all-to-all bytes, dense compute, gradient bytes).
@@ -36,11 +41,14 @@ from gembench.harness.projection.rates import (
     Exchange,
     collective_time,
 )
+from gembench.harness.projection.sparse2d import SparseGroups, sync_time
 from gembench.harness.projection.subject import Subject
 from gembench.harness.projection.volumes import EMB_BYTES, Volumes
 from gembench.harness.train.parallelize import dense_shards as parallel_shards
 
-STAGES = ("input_dist", "embedding_lookup", "output_dist", "dense_forward", "backward", "grad_sync", "optimizer")
+# the stages a measured run times; and the projection's, with 2D's replica sync (0 under 1-D)
+RUN_STAGES = ("input_dist", "embedding_lookup", "output_dist", "dense_forward", "backward", "grad_sync", "optimizer")
+STAGES = (*RUN_STAGES, "replica_sync")
 KJT_CALLS = 3  # TorchRec's KJTAllToAll per sharding group: splits, then lengths, then values
 DDP_BUCKET_BYTES = 25 * 2**20  # DDP's default bucket: the last one cannot overlap the backward
 NODE_SPLIT = ("table_row_wise", "grid_shard")  # rows over one node's GPUs, outputs out by the NICs
@@ -51,6 +59,7 @@ SET_BY = {
     "dense_forward": "dense compute",
     "grad_sync": "gradient bytes",
     "optimizer": "dense compute",
+    "replica_sync": "table bytes",
 }
 
 
@@ -157,8 +166,9 @@ class Rating:
 
 
 class Pricer:
-    """Prices plans of one setup (model, world, per-rank batch, cluster, compute, schedule, stack):
-    what does not depend on the plan is computed once."""
+    """Prices plans of one setup (model, world, per-rank batch, cluster, compute, schedule, stack;
+    ``groups``: 2D sparse parallelism, the plans then made for one group): what does not depend on
+    the plan is computed once."""
 
     def __init__(
         self,
@@ -171,11 +181,16 @@ class Pricer:
         schedule: str = "pipelined",
         stack=None,
         exchange: Exchange = Exchange(),
+        groups: SparseGroups | None = None,
     ):
         self.world, self.batch, self.cluster = world, batch, cluster
         self.compute, self.schedule, self.stack, self.exchange = compute, schedule, stack, exchange
         self.counts = m.counts
-        self.volumes = Volumes(m, ids, world, batch, cluster.gpus_per_node, exchange.emb_bytes)
+        # the embeddings' world: all W GPUs (1-D), or one group of G placed as it is (2D)
+        self.groups = groups
+        self.sparse_world = groups.size if groups else world
+        self.sparse_cluster = groups.group_cluster(cluster) if groups else cluster
+        self.volumes = Volumes(m, ids, self.sparse_world, batch, self.sparse_cluster.gpus_per_node, exchange.emb_bytes)
         self.shards = dense_shards(stack, world, cluster.gpus_per_node)
         blocks = m.flops
         self.fwd = sum(blocks.values())
@@ -192,7 +207,7 @@ class Pricer:
     def _comms(self, v: dict) -> dict[str, tuple[float, int]]:
         """Each collective of the step: (seconds, the GPU whose bytes set it). A collective waits
         for its slowest member, so it takes the time of the GPU with the most bytes."""
-        cl, w, g = self.cluster, self.world, self.volumes.g
+        cl, w, g = self.sparse_cluster, self.sparse_world, self.volumes.g
         multi = w > cl.gpus_per_node
 
         def most(family, kind, nbytes, ranks, per_node=None, calls=1):
@@ -254,6 +269,7 @@ class Pricer:
         update = UPDATE_PER_LOOKUP * (float(lookup_rank[heavy]) - v["dp_lookup"] * c.lookup_s_per_byte) + dp_grad
         sync, first, last = self._grad_sync()
         dp_sync = self._dp_sync(v["dp_params"])
+        replica_sync = self.replica_sync_s(v) / self.groups.sync_every if self.groups else 0.0
         stages = {
             "input_dist": comm["kjt"][0] + over.get("input_dist", 0.0),
             "embedding_lookup": float(lookup_rank[heavy]),
@@ -262,6 +278,7 @@ class Pricer:
             "backward": dense_bwd + grad_comm + update + dp_sync,
             "grad_sync": sync + over.get("grad_sync", 0.0),
             "optimizer": c.optimizer_s / self.shards + dp_more * dp_param_s,
+            "replica_sync": replica_sync,
         }
         exposed = dict(stages)
         if self.schedule == "pipelined":
@@ -277,6 +294,7 @@ class Pricer:
         if rating:
             return Rating(step, imbalance)
         comm_exposed = exposed["input_dist"] + exposed["output_dist"] + grad_comm + dp_sync + exposed["grad_sync"]
+        comm_exposed += replica_sync
         a2a_bytes = v["kjt_send"] + v["kjt_recv"] + v["a2a_send"] + v["a2a_recv"] + v["cross_send"] + v["cross_recv"]
         # who sets each stage: the GPU with the most of what the stage's largest part moves
         gpu = {k: heavy for k in STAGES}  # compute alike on every GPU: the one with the most lookups ends last
@@ -288,12 +306,13 @@ class Pricer:
         parts["gradient bytes"] = (dp_sync, heavy)  # every GPU all-reduces the same
         by["backward"] = max(parts, key=lambda k: parts[k][0])
         gpu["backward"] = parts[by["backward"]][1]
+        gpu["replica_sync"] = int(np.argmax(v["synced"]))
         critical = max(STAGES, key=lambda k: exposed[k])
         memory = float(v["held"].max()) + sum(self.side.values())
         flops = train_flops(self.fwd * w * batch)
         return PricedStep(
             world=w,
-            nodes=self.volumes.nodes,
+            nodes=-(-w // cl.gpus_per_node),
             per_rank_batch=batch,
             global_batch=w * batch,
             schedule=self.schedule,
@@ -323,6 +342,14 @@ class Pricer:
                 fits=memory <= cl.hbm_bytes,
             ),
         )
+
+    def replica_sync_s(self, v: dict) -> float:
+        """2D: one sync() of the replicas (sparse2d.sync_time), set by the GPU holding the most of
+        the sharded tables' weights and optimizer state (``v``: the plan's volumes)."""
+        if not self.groups:
+            return 0.0
+        most = float(v["synced"].max())
+        return sync_time(self.cluster, self.groups, most, self.exchange.in_network_reduce)
 
     def _dp_sync(self, dp_params: float) -> float:
         """The data-parallel tables' gradient all-reduce. TorchRec wraps their lookup in a DDP of its

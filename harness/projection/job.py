@@ -7,7 +7,8 @@ None of it is measured at the projected size; each figure carries a measured one
   size (TorchRec's planner, timed here). Rendezvous, build, compile and warm-up are held as
   measured: nothing here says how they grow with the world, and the table says so.
 - A checkpoint: the bytes one GPU writes (the largest GPU's embedding shards with their optimizer
-  state, and its share of the dense weights and Adam state: DCP writes a replicated tensor once),
+  state, under 2D split over the shard's replicas, and its share of the dense weights and Adam
+  state: DCP writes a replicated tensor once),
   staged into host memory at the cluster's host-copy bandwidth (what an asynchronous save blocks
   the loop for), written at the node's storage bandwidth (the cluster file's storage_GBps; not
   priced without it). A save still writing when the next is due blocks the loop for the rest.
@@ -32,7 +33,8 @@ def job_cost(
     if not row["plan"]["fits"]:
         return None
     world, step_s = row["world"], row["step_time_s"]
-    per_gpu = row["memory"]["embeddings_bytes"] + DENSE_STATE_BYTES * dense_params / world
+    replicas = (row.get("sparse") or {}).get("replicas", 1)  # 2D: each shard written once, by one replica
+    per_gpu = row["memory"]["embeddings_bytes"] / replicas + DENSE_STATE_BYTES * dense_params / world
     staged = per_gpu / cluster.host_copy_Bps if cluster.host_copy_Bps else None
     written = per_gpu * min(world, cluster.gpus_per_node) / cluster.storage_Bps if cluster.storage_Bps else None
     blocked = None

@@ -100,7 +100,7 @@ def print_projection(doc: dict) -> None:
                 r["world"],
                 r["nodes"],
                 f"{r['per_rank_batch']:,}",
-                plan_text(p["shardings"]),
+                _layout(r) + plan_text(p["shardings"]),
                 f"{1e3 * r['step_time_s']:,.1f}",
                 f"{100 * r['mfu']:.1f}%",
                 _imbalance(r["imbalance"]),
@@ -146,6 +146,7 @@ def print_projection(doc: dict) -> None:
                 else f"TorchRec's planner: {r['plan']['error']}"
             )
             print(f"\n{r['world']} GPUs: no plan fits: {why}")
+    _print_sparse(doc["rows"])
     _print_search(doc["rows"])
     _print_job(doc)
     _print_published(doc)
@@ -213,6 +214,57 @@ def _print_job(doc: dict) -> None:
         print("start-up: not known (--from a result that recorded it prices it)")
 
 
+def _layout(r: dict) -> str:
+    """A 2D row's plan names its group: the plan is one group's."""
+    sp = r.get("sparse") or {}
+    return f"2D G={sp['group_size']}: " if sp.get("chosen") == "2d" else ""
+
+
+def _print_sparse(rows: list[dict]) -> None:
+    """1-D or 2D sparse parallelism, per world: the layout kept and why, and each one tried."""
+    rows = [r for r in rows if r.get("sparse")]
+    if not any(len(r["sparse"]["candidates"]) > 1 or r["sparse"]["chosen"] == "2d" for r in rows):
+        return
+    first = rows[0]["sparse"]
+    print(
+        f"\nsparse parallelism (--sparse-parallel {first['mode']}; 2D as TorchRec's DMPCollection runs it, "
+        f"the replicas synced every {first['sync_every']} step(s)):"
+    )
+    for r in rows:
+        print(f"  {r['world']} GPUs: {r['sparse']['why']}")
+    table = []
+    for r in rows:
+        for c in r["sparse"]["candidates"]:
+            if not c["fits"]:
+                table.append([r["world"], c["layout"], "does not fit", "", "", c.get("note", "")])
+                continue
+            even = c.get("break_even_sync_every", "")
+            table.append(
+                [
+                    r["world"],
+                    c["layout"] + (" (kept)" if c["layout"] == r["sparse"]["layout"] else ""),
+                    f"{1e3 * c['step_time_s']:,.2f}",
+                    f"{c['imbalance']:.2f}",
+                    f"{1e3 * c['sync_s']:,.1f}" if c["group_size"] < r["world"] else "",
+                    "" if even == "" else ("never" if even is None else f"{even:,}"),
+                ]
+            )
+    print(
+        tabulate(
+            table,
+            headers=["GPUs", "layout", "step ms", "imbalance", "one sync ms", "faster than 1D syncing every N >="],
+            disable_numparse=True,
+            colalign=("right", "left", "right", "right", "right", "right"),
+        )
+    )
+    if any(r["sparse"]["chosen"] == "2d" for r in rows) or first["sync_every"] > 1:
+        print(
+            "2D trains otherwise than 1D: each group's replicas see only the group's share of the batch, and sync() "
+            "averages their weights and Adagrad state, not their gradients; between syncs (every "
+            f"{first['sync_every']} step(s) here) the replicas drift apart. A layout, and an algorithm change"
+        )
+
+
 def _imbalance(imb: dict) -> str:
     best = imb.get("best_found")
     return f"{imb['max_mean']:.2f}" + ("" if best is None else f" ({best:.2f})")
@@ -253,7 +305,7 @@ def _print_search(rows: list[dict]) -> None:
 
 def _print_published(doc: dict) -> None:
     """Beside the published system of the same config, cluster, GPUs and global batch, if any."""
-    from gembench.harness.projection.published import GOAL
+    from gembench.harness.projection.published import THROUGHPUT_GOAL, goals
 
     table, differences = [], []
     for r in doc["rows"]:
@@ -277,8 +329,8 @@ def _print_published(doc: dict) -> None:
         ]
     if table:
         print(
-            f"\nheld against MLPerf Training v4.0 DLRM-DCNv2 (closed; goal {GOAL}x past one node, "
-            "or the differences in docs/projection.md):"
+            f"\nheld against MLPerf Training v4.0 DLRM-DCNv2 (closed; goal {THROUGHPUT_GOAL[0]}-{THROUGHPUT_GOAL[1]}x; "
+            "the differences in docs/projection.md):"
         )
         print(
             tabulate(
@@ -301,6 +353,8 @@ def _print_published(doc: dict) -> None:
                 colalign=("right", "left", "right", "right"),
             )
         )
+        for what, met in goals(doc["rows"], doc["cluster"]["gpus_per_node"]):
+            print(f"goal: {what}: {'met' if met else 'NOT met'}")
 
 
 def _global_batches(doc: dict) -> str:

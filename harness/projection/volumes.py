@@ -20,6 +20,7 @@ ID_BYTES = 8  # int64 IDs in the KJT all-to-all (TorchRec's default index dtype)
 LENGTH_BYTES = 4  # one int32 length per example and feature
 EMB_BYTES = 4  # fp32 embedding rows and pooled outputs (TorchRec's default, no quantized comms)
 DP_STATE_BYTES = 16  # a data-parallel table's element: weight, gradient, Adam m and v (fp32)
+ROW_STATE_BYTES = 4  # a sharded table's row-wise Adagrad state: one fp32 a row (the fused TBE's)
 
 
 def _lookup_shares(sizes: list, offsets: list, rows: int, alpha: float) -> np.ndarray:
@@ -93,7 +94,7 @@ class Volumes:
         looked = gb * n_ids * share
         out.look, out.kjt_recv = looked * cols * EMB_BYTES, gb * id_bytes * share
         out.kjt_send = batch * id_bytes * len({o[1] for o in offsets})  # each column block needs every ID
-        out.held = np.array([s[0] * s[1] * EMB_BYTES + s[0] * 4 for s in sizes], dtype=float)
+        out.held = np.array([s[0] * s[1] * EMB_BYTES + s[0] * ROW_STATE_BYTES for s in sizes], dtype=float)
         sent = self.sent
         if sequence:  # unpooled rows go back to their examples' ranks
             out.a2a_send = looked * cols * sent
@@ -110,9 +111,12 @@ class Volumes:
         return out
 
     def __call__(self, tables: dict[str, dict]) -> dict:
-        """Per GPU (arrays of W): bytes looked up, sent and received by each collective, held."""
+        """Per GPU (arrays of W): bytes looked up, sent and received by each collective, held, and
+        held in sharded tables (``synced``: what 2D's replica sync all-reduces; not the data-parallel
+        tables, whose gradients DDP all-reduces)."""
         w = self.world
         keys = ("lookup", "kjt_send", "kjt_recv", "a2a_send", "a2a_recv", "rs_in", "cross_send", "cross_recv", "held")
+        keys += ("synced",)
         v: dict = {k: np.zeros(w) for k in keys}
         v["rs_world"], v["dp_params"], v["dp_lookup"] = 0.0, 0.0, 0.0
         groups = set()  # TorchRec sends each (module, sharding type) group in collectives of its own
@@ -129,6 +133,7 @@ class Volumes:
             for key in ("kjt_recv", "a2a_send", "rs_in", "cross_send", "held"):
                 np.add.at(v[key], ranks, getattr(x, key))
             np.add.at(v["lookup"], ranks, x.look)
+            np.add.at(v["synced"], ranks, x.held)
             v["kjt_send"] += x.kjt_send
             v["a2a_recv"] += x.a2a_recv
             v["cross_recv"] += x.cross_recv
