@@ -85,8 +85,15 @@ class SparseArch(nn.Module):
 
     def forward(self, sparse: KeyedJaggedTensor, seq: KeyedJaggedTensor | None):
         kt = self.pooled(sparse)
-        # One table per feature, all of one width, in config order: a view, not a copy.
-        pooled = kt.values().view(-1, len(self.feature_names), kt.values().shape[1] // len(self.feature_names))
+        # One table per feature, all of one width. Read by feature name: a sharded collection's
+        # KeyedTensor lists its keys by sharding type, then by rank (TorchRec's own DLRM reads it
+        # by name too), so its columns are in config order only where its keys are (then a view).
+        if kt.keys() == self.feature_names:
+            values = kt.values()
+        else:
+            by_name = kt.to_dict()
+            values = torch.cat([by_name[f] for f in self.feature_names], dim=1)
+        pooled = values.view(-1, len(self.feature_names), values.shape[1] // len(self.feature_names))
         sequences = {}
         if self.sequence is not None and seq is not None:
             for name, jt in self.sequence(seq).items():
