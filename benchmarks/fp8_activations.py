@@ -24,10 +24,9 @@ from pathlib import Path
 
 from gembench.harness.commands.ablate_ranks import FP8_MEMORY_GOAL as MEMORY_GOAL
 from gembench.harness.commands.ablate_ranks import FP8_TIME_GOAL as TIME_GOAL
-from gembench.harness.regression.numerics import rel_diff
-
-DRIFT_TOLERANCE = 0.02  # the last 20 steps' mean loss moved, as a share of the first 20 steps'
-TAIL = 20
+from gembench.harness.regression.numerics import LEVEL_TAIL as TAIL
+from gembench.harness.regression.numerics import LEVEL_TOLERANCE as DRIFT_TOLERANCE
+from gembench.harness.regression.numerics import level_drift, rel_diff
 
 
 def run(config: str, steps: int, warmup: int, switch: str, out: Path) -> dict:
@@ -65,7 +64,7 @@ def main() -> int:
     first = results["compute"][0]
     per_step = [rel_diff(a, b) for a, b in zip(loss, loss8)]
     level, level8 = statistics.fmean(loss[-TAIL:]), statistics.fmean(loss8[-TAIL:])
-    drift = abs(level8 - level) / statistics.fmean(loss[:TAIL])
+    drift = level_drift(loss, loss8)
     less, slower = 1 - act8 / act, step8 / step - 1
     print(
         f"\n{args.config}, {first['run']['dtype']} on {first['env']['device_name']}, commit "

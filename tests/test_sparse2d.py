@@ -79,7 +79,8 @@ def test_the_pipelined_step_syncs_the_replicas_too(tmp_path):
     out = tmp_path / "p.json"
     proc = gembench_cli(
         *("run", "--config", "tiny", "--nproc", "4", "--steps", "2", "--warmup", "1", "--pipeline", "--quiet"),
-        *("--set", "compile=off", "--set", "sparse_parallel=2d", "--set", "replica_sync_every=2", "--out", str(out)),
+        *("--set", "compile=off", "--set", "sparse_parallel=2d", "--set", "replica_sync_every=2"),
+        *("--set", "replica_merge=updates", "--out", str(out)),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(out.read_text())
@@ -126,3 +127,26 @@ def test_ablate_on_ranks_sets_2d_beside_1d(one_d, two_d):
     sync_ms = 1e3 * r["comm"]["by_kind"]["embedding_replica_sync"]["time_s"]
     assert f"replica sync {sync_ms:.1f} ms" in line
     assert sparse_comm_ms(r) > sync_ms and sparse_comm_ms(one_d) > 0
+
+
+def test_a_merge_of_updates_moves_each_row_as_far_as_the_replicas_moved_it_together():
+    import torch
+
+    from gembench.harness.train.distributed.sparse2d import SumOfUpdates
+
+    a, b = torch.zeros(3, 2), torch.zeros(3, 2)  # two replicas of one shard, as last merged
+    merge_a = SumOfUpdates(None, reduce=lambda ts: [t.add_(b - 0) for t in ts])  # the other's change
+    merge_b = SumOfUpdates(None, reduce=lambda ts: [t.add_(a_change) for t in ts])
+    merge_a.base([a]), merge_b.base([b])
+    a[0] += 1.0  # only replica a's group looked row 0 up, only b's row 1, both row 2
+    b[1] += 2.0
+    a[2] += 0.5
+    b[2] += 0.25
+    a_change = a.clone()
+    merge_a([a])
+    merge_b([b])
+    assert torch.equal(a, b) and a.tolist() == [[1.0, 1.0], [2.0, 2.0], [0.75, 0.75]]
+    # the next merge counts from here: no change, no move
+    merge_a.reduce = lambda ts: None
+    merge_a([a])
+    assert a.tolist() == [[1.0, 1.0], [2.0, 2.0], [0.75, 0.75]]

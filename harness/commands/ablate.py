@@ -83,7 +83,7 @@ def choices(single_process: bool, excluded=(), optimized=None):
     from gembench.harness.train.stack import CHOICES, STACKS
 
     optimized = optimized or STACKS["optimized"]
-    skip = {"dense_parallel", "sparse_parallel"} if single_process else set()
+    skip = {"dense_parallel", "sparse_parallel", "replica_merge"} if single_process else set()
     return [
         (f"{name}={value}", replace(optimized, **{name: value}))
         for name, values in CHOICES.items()

@@ -137,3 +137,19 @@ def exit_status(code: int, numerics: dict, fail: bool = True) -> int:
     if fail and code in (0, 4) and numerics["verdict"] in (CHANGED, UNREPRODUCIBLE):
         return NUMERICS_EXIT
     return code
+
+
+# A technique that changes the arithmetic on purpose (FP8 activations; 2D's replicas averaged only
+# every N steps) is judged by where training goes rather than step by step: how far the last TAIL
+# steps' mean loss moved from the reference's, as a share of the reference's first TAIL steps'
+# (the curve's level against the loss it started from: a model that learns its batches by heart
+# ends near 0, where relative differences mean nothing). benchmarks/fp8_activations.py and
+# benchmarks/sparse2d_sync.py gate it.
+LEVEL_TAIL = 20
+LEVEL_TOLERANCE = 0.02
+
+
+def level_drift(reference: list[float], other: list[float], tail: int = LEVEL_TAIL) -> float:
+    """|mean(other[-tail:]) - mean(reference[-tail:])| / mean(reference[:tail])."""
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    return abs(mean(other[-tail:]) - mean(reference[-tail:])) / mean(reference[:tail])

@@ -76,12 +76,14 @@ class StackOptions:
     activation_dtype: str = "compute"
     # Several ranks: how the tables are parallel. "1d": each sharded over every rank; "2d": sharded
     # within groups of sharding_group ranks and replicated across the groups (TorchRec's
-    # DMPCollection), the replicas averaged every replica_sync_every steps
+    # DMPCollection), the replicas merged every replica_sync_every steps
     # (harness/train/distributed/sparse2d.py). sharding_group 0: half the ranks of a one-host job,
-    # a host's ranks on several hosts.
+    # a host's ranks on several hosts. replica_merge: "average" (TorchRec's) or "updates" (each
+    # replica's updates since the last merge added up, as 1-D applies every rank's gradient).
     sparse_parallel: str = "1d"
     sharding_group: int = 0
     replica_sync_every: int = 1
+    replica_merge: str = "average"
 
     @property
     def dtype(self) -> str:
@@ -112,6 +114,7 @@ CHOICES = {
     "content": ("on", "off"),
     "activation_dtype": ("compute", "fp8"),
     "sparse_parallel": ("1d", "2d"),
+    "replica_merge": ("average", "updates"),
 }
 NUMBERS = {"sharding_group": 0, "replica_sync_every": 1}  # switches that take a whole number, and its least
 STACKS = {

@@ -109,7 +109,7 @@ class StagedStep:
         self.workload, self.feeds, self.batches, self.fault = workload, feeds, batches, fault
         self.autocast = autocast_for(options, device)
         # 2D sparse parallelism: the replicas averaged after the step, a stage of its own
-        self.replicas = sparse2d.ReplicaSync(dmp, options.replica_sync_every) if sparse2d.is_2d(dmp) else None
+        self.replicas = sparse2d.ReplicaSync(dmp, options) if sparse2d.is_2d(dmp) else None
         self.stages = (STAGES if feeds is not None else WHOLE_STAGES) + ((sparse2d.STAGE,) if self.replicas else ())
         self.timer = SparseTimer(self.model, device, workload) if feeds is None else None
         self.dense = dense_parameters(dmp)
@@ -298,7 +298,7 @@ class PipelineStep:
         self.pipeline = TrainPipelineSparseDist(dmp, self.optimizer, device, execute_all_batches=True)
         self.device = device
         self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-        self.replicas = sparse2d.ReplicaSync(dmp, options.replica_sync_every) if sparse2d.is_2d(dmp) else None
+        self.replicas = sparse2d.ReplicaSync(dmp, options) if sparse2d.is_2d(dmp) else None
         self.stages = PIPELINE_STAGES + ((sparse2d.STAGE,) if self.replicas else ())
         self.times: dict[str, float] = {}
         for method, phase in self.PHASES.items():

@@ -8,6 +8,15 @@ group trains on its own examples: ``sync()`` averages their weights and row-wise
 over the replica group (TorchRec's DEFAULT strategy), here every ``replica_sync_every`` steps as
 a stage of its own (replica_sync), so its bytes and time are measured like any collective's.
 
+Averaging is not 1-D's arithmetic: under 1-D a row's update is computed from every rank's
+gradient, under 2D each group updates its replica from its own, and a row only one group looked
+up then moves 1/R as far once the R replicas are averaged (Adagrad's normalized step against R - 1
+unmoved copies): embeddings learn slower. ``replica_merge=updates`` merges through TorchRec's
+all-reduce hook instead: each replica's change since the last merge is summed onto the state they
+shared then, so a row one group looked up moves as under 1-D, and the Adagrad sums add up the
+squared gradients every group saw. It holds a copy of the rank's shards (weights and state) to
+measure the change from.
+
 TorchRec places a group's ranks W/G apart (g, g + W/G, ...), so that on several hosts the replicas
 of a shard sit on one host and their averaging stays off the network.
 
@@ -43,7 +52,7 @@ def check(options: StackOptions, world: int, local: int) -> None:
     if options.sparse_parallel != "2d":
         moved = [
             n
-            for n in ("sharding_group", "replica_sync_every")
+            for n in ("sharding_group", "replica_sync_every", "replica_merge")
             if getattr(options, n) != StackOptions.__dataclass_fields__[n].default
         ]
         if moved:
@@ -126,14 +135,7 @@ def _on_cpu(module, plan, device, world, group, sharders, wrapper) -> nn.Module:
             if isinstance(spec.sharding_spec, EnumerableShardingSpec):
                 for shard in spec.sharding_spec.shards:
                     shard.placement = _remote_device(f"rank:{shard.placement.rank()}/cpu")
-    replicas = world // group
-
-    def average(tensors: list[torch.Tensor]) -> None:
-        dist.all_reduce_coalesced(tensors, group=ctx.replica_pg)
-        for t in tensors:
-            t.div_(replicas)
-
-    dmp._custom_all_reduce = average
+    dmp._custom_all_reduce = None  # gloo's merge: ReplicaSync sets it
     env = ShardingEnv2D(
         global_pg=dmp._pg, sharding_pg=ctx.sharding_pg, replica_pg=ctx.replica_pg, device_mesh=ctx.device_mesh
     )
@@ -148,18 +150,65 @@ def _on_cpu(module, plan, device, world, group, sharders, wrapper) -> nn.Module:
     return dmp
 
 
-def replica_bytes(dmp: nn.Module) -> int:
-    """Bytes one sync averages on this rank: its shards' weights and row-wise Adagrad state."""
+class Average:
+    """TorchRec's merge on gloo, which has no AVG: a sum over the replicas, divided by their count."""
+
+    def __init__(self, group, replicas: int):
+        self.group, self.replicas = group, replicas
+
+    def __call__(self, tensors: list[torch.Tensor]) -> None:
+        dist.all_reduce_coalesced(tensors, group=self.group)
+        for t in tensors:
+            t.div_(self.replicas)
+
+
+class SumOfUpdates:
+    """Each replica's change since the last merge, summed onto the state the replicas shared then.
+    ``base(tensors)`` records that state: call it on the sync's tensors once they hold it."""
+
+    def __init__(self, group, reduce=None):
+        self.shared = {}
+        self.reduce = reduce or (lambda tensors: dist.all_reduce_coalesced(tensors, group=group))
+
+    def base(self, tensors: list[torch.Tensor]) -> None:
+        for t in tensors:
+            self.shared[id(t)] = t.detach().clone()
+
+    def __call__(self, tensors: list[torch.Tensor]) -> None:
+        shared = [self.shared[id(t)] for t in tensors]
+        for t, s in zip(tensors, shared):
+            t.sub_(s)
+        self.reduce(tensors)  # the replicas' changes, summed
+        for t, s in zip(tensors, shared):
+            t.add_(s)
+            s.copy_(t)
+
+
+def sync_tensors(dmp: nn.Module) -> list[torch.Tensor]:
+    """What a sync merges on this rank: its shards' weights and row-wise Adagrad state."""
     ctx = dmp._default_ctx
-    tensors = [t for ts in (*ctx.weights_by_dtype.values(), *ctx.optimizer_tensors_by_dtype.values()) for t in ts]
-    return sum(t.numel() * t.element_size() for t in tensors)
+    return [t for ts in (*ctx.weights_by_dtype.values(), *ctx.optimizer_tensors_by_dtype.values()) for t in ts]
+
+
+def replica_bytes(dmp: nn.Module) -> int:
+    """Bytes one sync merges on this rank: its shards' weights and row-wise Adagrad state."""
+    return sum(t.numel() * t.element_size() for t in sync_tensors(dmp))
 
 
 class ReplicaSync:
-    """The replicas' averaging after a step: every ``every`` steps, else nothing."""
+    """The replicas' merge after a step: every ``options.replica_sync_every`` steps, else nothing;
+    made once the replicas hold the same state (the unsharded weights loaded), which an
+    ``updates`` merge takes as its base."""
 
-    def __init__(self, dmp: nn.Module, every: int):
-        self.dmp, self.every = dmp, every
+    def __init__(self, dmp: nn.Module, options: StackOptions):
+        self.dmp, self.every = dmp, options.replica_sync_every
+        ctx = dmp._default_ctx
+        if options.replica_merge == "updates":
+            merge = SumOfUpdates(ctx.replica_pg)
+            merge.base(sync_tensors(dmp))
+            dmp.set_all_reduce_hook(merge)
+        elif dmp._custom_all_reduce is None and dmp.device.type == "cpu":
+            dmp.set_all_reduce_hook(Average(ctx.replica_pg, dist.get_world_size(ctx.replica_pg)))
 
     def __call__(self, step: int) -> None:
         if (step + 1) % self.every == 0:
