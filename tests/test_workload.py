@@ -385,6 +385,7 @@ def test_ablate_on_ranks_takes_only_the_switches_that_act_on_the_workload():
         "activation_checkpointing=all",
         "activation_dtype=fp8",
         "sparse_parallel=2d",  # any workload whose tables TorchRec shards
+        "2d, replica_merge=updates",
         "compile=off",
         "+ pipeline",
     ]

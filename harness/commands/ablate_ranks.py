@@ -24,6 +24,7 @@ RANK_VARIANTS = [
     ("activation_dtype=fp8", ("activation_dtype=fp8",), {}),
     # tables sharded within groups (half the ranks on one host), replicated across them
     ("sparse_parallel=2d", ("sparse_parallel=2d",), {}),
+    ("2d, replica_merge=updates", ("sparse_parallel=2d", "replica_merge=updates"), {}),
     ("compile=off", ("compile=off",), {}),
     ("+ pipeline", (), {"pipeline": True}),
     ("content=off", ("content=off",), {}),  # configs with a [content] section only
@@ -222,9 +223,9 @@ def goals(results: dict) -> list[str]:
     fp8 = results.get("activation_dtype=fp8")
     if ddp and fp8:
         out += fp8_goal(ddp["summary"], fp8["summary"])
-    two = results.get("sparse_parallel=2d")
-    if ddp and two:
-        out.append(two_d_line(ddp, two))
+    for label in ("sparse_parallel=2d", "2d, replica_merge=updates"):
+        if ddp and results.get(label):
+            out.append(two_d_line(ddp, results[label]))
     return out
 
 
@@ -235,10 +236,12 @@ def two_d_line(one: dict, two: dict) -> str:
     sparse = two["run"]["sparse_parallel"]
     level = np.mean(two["samples"]["loss"]) / np.mean(one["samples"]["loss"]) - 1
     sync = two["comm"]["by_kind"].get("embedding_replica_sync", {})
+    merge = two["run"]["options"].get("replica_merge", "average")
+    imbalance = [r["metrics"]["imbalance_max_mean"] for r in (two, one)]
     return (
-        f"2D: {len(sparse['groups'])} groups of {sparse['sharding_group']} ranks; rank 0's loss level {level:+.2%} "
-        f"of 1-D's (bf16's relative tolerance: 1.6%); imbalance {two['metrics']['imbalance_max_mean']:.3f} vs "
-        f"{one['metrics']['imbalance_max_mean']:.3f}; replica sync {1e3 * sync.get('time_s', 0.0):.1f} ms, "
+        f"2D ({merge}): {len(sparse['groups'])} groups of {sparse['sharding_group']} ranks; rank 0's loss level "
+        f"{level:+.2%} of 1-D's (bf16's relative tolerance: 1.6%); imbalance {imbalance[0]:.3f} vs "
+        f"{imbalance[1]:.3f}; replica sync {1e3 * sync.get('time_s', 0.0):.1f} ms, "
         f"{sync.get('bytes', 0) / 2**20:.1f} MiB a rank every {sparse['replica_sync_every']} step(s)"
     )
 
