@@ -70,6 +70,7 @@ def test_one_result_with_per_rank_stages_imbalance_and_comm(table_wise):
         "sparse_parallel": "1d",
         "sharding_group": 0,
         "replica_sync_every": 1,
+        "replica_merge": "average",
     }
     assert run["backend"] == "gloo" and run["stack"] == "optimized-staged"
     assert [x["rank"] for x in r["ranks"]] == [0, 1]

@@ -88,6 +88,7 @@ def test_the_pipelined_step_syncs_the_replicas_too(tmp_path):
     r = json.loads(out.read_text())
     syncs = r["samples"]["stages"]["replica_sync"]
     assert len(syncs) == 2 and r["run"]["sparse_parallel"]["replica_sync_every"] == 2
+    assert "each shard's replicas merged by their updates every 2 steps" in proc.stdout
 
 
 @pytest.mark.parametrize(

@@ -204,9 +204,10 @@ def sparse_line(run: dict) -> str:
         return ""
     groups = ", ".join(str(g) for g in sparse["groups"])
     every = sparse["replica_sync_every"]
+    merged = "averaged" if run["options"].get("replica_merge", "average") == "average" else "merged by their updates"
     return (
         f"\n2D sparse parallel: that plan (its ranks a group's) on each of {len(sparse['groups'])} groups of "
-        f"{sparse['sharding_group']} ranks {groups}; each shard's replicas averaged every "
+        f"{sparse['sharding_group']} ranks {groups}; each shard's replicas {merged} every "
         f"{'step' if every == 1 else f'{every} steps'} (stage replica_sync)"
     )
 
