@@ -923,3 +923,21 @@ def test_the_published_goals_are_met_or_not_on_the_rows_figures():
     assert "0.30 (>= 0.27; published 0.30)" in met[2][0]
     missed = goals([row(8, 0.95, 1.0, 2e6), row(64, 1.2, 1.2, 1e6), row(128, 0.9, 3.8, 0.4e6)], 8)
     assert [ok for _, ok in missed] == [False, False, False]
+
+
+def test_check_prices_a_2d_run_as_its_groups_and_holds_its_replica_sync(measured):
+    """2D on 2 ranks: groups of one rank, each holding every table, the two replicas merged every
+    step. --check prices the run's plan as one group's and sets the replica sync beside its own."""
+    from gembench.harness.projection.check import check
+
+    out = measured / "two_2d.json"
+    common = ["--config", "tiny", "--steps", "3", "--warmup", "1", "--set", "compile=off", "--quiet"]
+    proc = _gembench("run", *common, "--nproc", "2", "--set", "sparse_parallel=2d", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    two, one = json.loads(out.read_text()), json.loads((measured / "one.json").read_text())
+    assert two["run"]["sparse_parallel"]["sharding_group"] == 1
+    doc = check(two, one, load_cluster(str(measured / "here.toml")))
+    rows = {r["stage"]: r for r in doc["stages"]}
+    assert rows["replica_sync"]["projected_s"] > 0 and rows["replica_sync"]["measured_s"] > 0
+    one_d = check(json.loads((measured / "two.json").read_text()), one, load_cluster(str(measured / "here.toml")))
+    assert "replica_sync" not in {r["stage"] for r in one_d["stages"]}

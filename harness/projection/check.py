@@ -5,6 +5,8 @@ and schedule); a 1-rank result of the same model and stack gives compute per exa
 lookup's seconds per byte; a calibrated cluster file gives the links. The projection of that
 setup is printed stage by stage beside what the ranks measured, with the error. Goals: the step
 within 15%, each stage within 25% (stages under MINOR_SHARE of the step are shown, not held).
+A 2D run (run.sparse_parallel) is priced as its groups: its plan is one group's, and its replica
+sync is a stage held like the others.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from gembench.harness.projection.cluster import load_cluster
 from gembench.harness.projection.cost import RUN_STAGES, project
 from gembench.harness.projection.offline_plan import plan_from_result
 from gembench.harness.projection.rates import measured_compute
+from gembench.harness.projection.sparse2d import SparseGroups
 from gembench.harness.projection.subject import subject_of_result
 
 STEP_GOAL, STAGE_GOAL = 0.15, 0.25
@@ -50,6 +53,14 @@ def check(measured: dict, one_rank: dict, cluster, path: str = "the checked resu
     peak = measured["ranks"][0]["peak_tflops"]
     cluster = dataclasses.replace(cluster, peak_tflops=peak)
     schedule = "pipelined" if mine.get("pipeline") else "staged"
+    # a 2D run: its plan is one group's, priced as such, its replica sync a stage of its own
+    # (TorchRec's placement: a group's ranks W/G apart)
+    sparse = run.get("sparse_parallel")
+    groups = (
+        SparseGroups(sparse["sharding_group"], world, inter_host=False, sync_every=sparse["replica_sync_every"])
+        if sparse
+        else None
+    )
     projected = project(
         model,
         plan_from_result(measured),
@@ -59,11 +70,12 @@ def check(measured: dict, one_rank: dict, cluster, path: str = "the checked resu
         measured_compute(one_rank),
         schedule,
         stack,
+        groups,
     )
     got = measured["summary"]["stages"]
     step = measured["summary"]["step_time_s"]["p50"]
     rows = []
-    for s in RUN_STAGES:
+    for s in RUN_STAGES + (("replica_sync",) if groups else ()):
         p, m = projected.stages[s].exposed_s, got.get(s, {}).get("time_s", 0.0)
         held = m >= MINOR_SHARE * step
         rows.append(

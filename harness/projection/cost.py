@@ -407,9 +407,10 @@ def project(
     compute: Compute,
     schedule: str = "pipelined",
     stack=None,
+    groups: SparseGroups | None = None,
 ) -> PricedStep:
-    """One projected step of ``tables`` (a plan): `Pricer.price`."""
-    return Pricer(m, m.ids, world, batch, cluster, compute, schedule, stack).price(tables)
+    """One projected step of ``tables`` (a plan; under 2D ``groups``, one group's): `Pricer.price`."""
+    return Pricer(m, m.ids, world, batch, cluster, compute, schedule, stack, groups=groups).price(tables)
 
 
 def sharding_counts(tables: dict[str, dict]) -> dict[str, int]:
