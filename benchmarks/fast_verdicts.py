@@ -119,6 +119,7 @@ def main() -> None:
     p.add_argument(
         "--cases", nargs="+", choices=list(CASES), default=list(CASES)[:2], help="which pairs (default: the step's two)"
     )
+    p.add_argument("--keep", type=Path, default=None, help="a folder to keep each try's `continuous --json-out` in")
     args = p.parse_args()
     load = os.getloadavg()
     rows, met = [], 0
@@ -136,6 +137,9 @@ def main() -> None:
                 cmd += ["--metric", metric]
                 subprocess.run([*cmd, "--quiet", "--json-out", str(out)], capture_output=True, text=True)
                 doc = json.loads(out.read_text()) if out.exists() else {}
+                if args.keep is not None and out.exists():
+                    args.keep.mkdir(parents=True, exist_ok=True)
+                    shutil.copy(out, args.keep / out.name)
                 row = next((r for r in doc.get("rows", []) if r["metric"] == metric), {})
                 ok = row.get("verdict") in wanted and doc.get("minutes", 99) <= GOAL_MINUTES
                 met += ok

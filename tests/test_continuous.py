@@ -505,3 +505,43 @@ def test_each_revision_compiles_into_a_cache_of_its_own(tmp_path):
             assert Path(env["TORCHINDUCTOR_CACHE_DIR"]).parent == tmp_path
             caches.add((model, env["TORCHINDUCTOR_CACHE_DIR"]))
     assert len({cache for _, cache in caches}) == 2  # one per revision, whatever it runs
+
+
+@pytest.mark.parametrize("metrics, warmed", [(("step_time_s",), False), (("step_time_s", "startup_s"), True)])
+def test_where_start_up_is_judged_each_revisions_cache_is_warmed_first(tmp_path, monkeypatch, metrics, warmed):
+    """Side by side, the first batch's pairs would race to fill each revision's empty compile cache
+    (one process compiling cold, the other not): a short untimed process per revision comes first."""
+    from gembench.harness.continuous import pairs
+    from gembench.harness.continuous.config import Measuring
+    from gembench.harness.continuous.worktrees import Checkout
+    from gembench.harness.regression import paired
+
+    co = {
+        label: Checkout(label, label, "0" * 40, tmp_path / label.lower(), tmp_path / f"path-{label.lower()}")
+        for label in pairs.LABELS
+    }
+    (tmp_path / "base").mkdir()
+    calls = []
+
+    def process(cmd, env, cwd, timeout):
+        calls.append((cmd, env["TORCHINDUCTOR_CACHE_DIR"]))
+        return 0, ""
+
+    def batch(m, co, batch, folder):  # the pairs themselves: not what is under test
+        for _, outs, _, _ in batch:
+            for out in outs.values():
+                out.write_text("{}")
+        return True
+
+    monkeypatch.setattr(pairs, "run_process", process)
+    monkeypatch.setattr(pairs, "interleaved_pairs", batch)
+    monkeypatch.setattr(pairs, "checked_result", lambda c, label, out: {})
+    monkeypatch.setattr(paired, "process_value", lambda result, metric, statistic: None)
+    rounds, _ = pairs.run_pairs(Measuring(pairs=2, parallel=2, metrics=metrics, steps=40), co, lambda text: None)
+    assert len(rounds) == 2
+    if not warmed:
+        assert calls == []
+        return
+    assert [cache for _, cache in calls] == [str(tmp_path / "compile-cache-base"), str(tmp_path / "compile-cache-head")]
+    for cmd, _ in calls:
+        assert cmd[cmd.index("--steps") + 1] == "1" and cmd[cmd.index("--warmup") + 1] == "1"
