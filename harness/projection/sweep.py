@@ -83,15 +83,18 @@ class _Tried:
     step: PricedStep | None
     pricer: Pricer
     note: str = ""
+    sync_s: float = 0.0  # one sync of the replicas (0 under 1-D, or where nothing was priced)
 
     @property
     def label(self) -> str:
         return self.groups.label() if self.groups else "1D"
 
-    @property
-    def sync_s(self) -> float:
-        """One sync of the replicas (0 under 1-D)."""
-        return self.pricer.replica_sync_s(self.pricer.volumes(self.plan.tables)) if self.step and self.groups else 0.0
+    def break_even(self, reference: _Tried) -> int | None:
+        """The fewest steps between syncs from which this 2D layout beats ``reference``'s step on
+        its own plan: one sync over what the step without its sync gains; None if it gains nothing."""
+        rest = self.step.step_time_s - self.sync_s / self.groups.sync_every
+        gain = reference.step.step_time_s - rest
+        return math.ceil(self.sync_s / gain) if gain > 0 else None
 
 
 class _World:
@@ -140,7 +143,8 @@ class _World:
             + ("" if plan.fits else f"; no plan fits: {plan.error}")
         )
         step = pricer.price(plan.tables) if plan.fits else None
-        return _Tried(groups, plan, step, pricer, "" if plan.fits else plan.error)
+        sync = pricer.replica_sync_s(pricer.volumes(plan.tables)) if step and groups else 0.0
+        return _Tried(groups, plan, step, pricer, "" if plan.fits else plan.error, sync)
 
     def row(self, chosen: _Tried, tried: list[_Tried], sparse: str, sync_every: int) -> dict:
         world, plan, step = self.world, chosen.plan, chosen.step
@@ -213,12 +217,9 @@ def _sparse(chosen: _Tried, tried: list[_Tried], sparse: str, sync_every: int, w
     for t in tried:
         c = {"layout": t.label, "group_size": t.groups.size if t.groups else world, "fits": t.step is not None}
         if t.step is not None:
-            sync = t.sync_s
-            c |= {"step_time_s": t.step.step_time_s, "imbalance": t.step.imbalance.max_mean, "sync_s": sync}
+            c |= {"step_time_s": t.step.step_time_s, "imbalance": t.step.imbalance.max_mean, "sync_s": t.sync_s}
             if t.groups and one_d:  # the step without its sync, against 1-D's: the interval that pays
-                rest = t.step.step_time_s - sync / t.groups.sync_every
-                gain = one_d.step.step_time_s - rest
-                c["break_even_sync_every"] = math.ceil(sync / gain) if gain > 0 else None
+                c["break_even_sync_every"] = t.break_even(one_d)
         else:
             c["note"] = t.note
         candidates.append(c)
@@ -260,12 +261,8 @@ def _why(chosen: _Tried, tried: list[_Tried], one_d: _Tried | None, sparse: str)
             return "1D: no 2D group fits (" + "; ".join(f"G={t.groups.size}: {t.note}" for t in tried if t.groups) + ")"
         return "1D: no smaller group divides the world (2D needs two nodes or more)"
     best = min(twod, key=lambda t: t.step.step_time_s)
-    g, sync = best.groups, best.sync_s
-    rest = best.step.step_time_s - sync / g.sync_every
-    if rest < chosen.step.step_time_s:
-        pays = f"it is faster syncing every {math.ceil(sync / (chosen.step.step_time_s - rest))} steps or more"
-    else:
-        pays = "slower even without its sync"
+    g, sync, even = best.groups, best.sync_s, best.break_even(chosen)
+    pays = "slower even without its sync" if even is None else f"it is faster syncing every {even} steps or more"
     return (
         f"1D: {ms(chosen)}; best 2D G={g.size} ({g.placement}) {ms(best)}, of it sync {1e3 * sync / g.sync_every:.2f} "
         f"ms/step (one sync {1e3 * sync:.1f} ms, every {g.sync_every}): {pays}"
