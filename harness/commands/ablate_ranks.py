@@ -223,8 +223,8 @@ def goals(results: dict) -> list[str]:
     fp8 = results.get("activation_dtype=fp8")
     if ddp and fp8:
         out += fp8_goal(ddp["summary"], fp8["summary"])
-    for label in ("sparse_parallel=2d", "2d, replica_merge=updates"):
-        if ddp and results.get(label):
+    for label, switches, _ in RANK_VARIANTS:
+        if ddp and "sparse_parallel=2d" in switches and results.get(label):
             out.append(two_d_line(ddp, results[label]))
     return out
 

@@ -111,10 +111,10 @@ def collection(module: nn.Module, plan, device: torch.device, group: int, sharde
         return DMPCollection(
             module, device, plan, world, group, dist.group.WORLD, sharders=sharders, init_data_parallel=True, **kwargs
         )
-    return _on_cpu(module, plan, device, world, group, sharders, wrapper)
+    return _on_cpu(module, plan, device, world, group, sharders, kwargs)
 
 
-def _on_cpu(module, plan, device, world, group, sharders, wrapper) -> nn.Module:
+def _on_cpu(module, plan, device, world, group, sharders, kwargs) -> nn.Module:
     """DMPCollection.__init__'s steps for one context (no submodule configs, no sharded relay)."""
     from torch.distributed.remote_device import _remote_device
     from torchrec.distributed.model_parallel import DistributedModelParallel, DMPCollection
@@ -141,9 +141,7 @@ def _on_cpu(module, plan, device, world, group, sharders, wrapper) -> nn.Module:
     )
     # the shards' state as ShardedTensors, as 1-D DMP writes it: what load_unsharded copies into
     env.output_dtensor = False
-    DistributedModelParallel.__init__(
-        dmp, module, env, device, plan, sharders, **({} if wrapper is None else {"data_parallel_wrapper": wrapper})
-    )
+    DistributedModelParallel.__init__(dmp, module, env, device, plan, sharders, **kwargs)
     dmp._group_sharded_modules(dmp._ctxs)
     dmp._cache_sync_tensors(dmp._ctxs)
     dmp._use_sharded_relay, dmp._sharded_relay_state = False, None
@@ -190,11 +188,6 @@ def sync_tensors(dmp: nn.Module) -> list[torch.Tensor]:
     return [t for ts in (*ctx.weights_by_dtype.values(), *ctx.optimizer_tensors_by_dtype.values()) for t in ts]
 
 
-def replica_bytes(dmp: nn.Module) -> int:
-    """Bytes one sync merges on this rank: its shards' weights and row-wise Adagrad state."""
-    return sum(t.numel() * t.element_size() for t in sync_tensors(dmp))
-
-
 class ReplicaSync:
     """The replicas' merge after a step: every ``options.replica_sync_every`` steps, else nothing;
     made once the replicas hold the same state (the unsharded weights loaded), which an
@@ -207,7 +200,7 @@ class ReplicaSync:
             merge = SumOfUpdates(ctx.replica_pg)
             merge.base(sync_tensors(dmp))
             dmp.set_all_reduce_hook(merge)
-        elif dmp._custom_all_reduce is None and dmp.device.type == "cpu":
+        elif dmp.device.type == "cpu":  # gloo has no AVG: _on_cpu left the merge to be set here
             dmp.set_all_reduce_hook(Average(ctx.replica_pg, dist.get_world_size(ctx.replica_pg)))
 
     def __call__(self, step: int) -> None:
