@@ -545,3 +545,58 @@ def test_where_start_up_is_judged_each_revisions_cache_is_warmed_first(tmp_path,
     assert [cache for _, cache in calls] == [str(tmp_path / "compile-cache-base"), str(tmp_path / "compile-cache-head")]
     for cmd, _ in calls:
         assert cmd[cmd.index("--steps") + 1] == "1" and cmd[cmd.index("--warmup") + 1] == "1"
+
+
+def _lived_rounds(pairs, steps, process_noise, step_noise, seed=0):
+    """Pairs of processes whose steps carry a factor of their process's own and one of each step."""
+    rng = random.Random(seed)
+
+    def process():
+        own = rng.lognormvariate(0, process_noise)
+        return {"samples": {"step_s": [0.01 * own * rng.lognormvariate(0, step_noise) for _ in range(steps)]}}
+
+    return [(process(), process()) for _ in range(pairs)]
+
+
+def test_halving_pays_where_the_processes_carry_the_noise_not_where_the_steps_do():
+    # a pair: 2 x 200 steps of 10 ms timed, 6 s of start-ups: half as long costs 8 of its 10 s
+    lived = paired.halving(_lived_rounds(40, 200, 0.02, 0.01), "step_time_s", "fast-half", 10.0)
+    assert lived.pays and lived.variance_ratio < 1.25 and lived.cost_ratio == pytest.approx(1.25, rel=0.02)
+    stepwise = paired.halving(_lived_rounds(40, 200, 0.0, 0.05, seed=1), "step_time_s", "fast-half", 10.0)
+    assert not stepwise.pays and stepwise.variance_ratio > 1.6
+    assert paired.halving(_lived_rounds(3, 200, 0.02, 0.01), "step_time_s", "fast-half", 10.0) is None  # too few
+
+
+@pytest.mark.parametrize(
+    "process_noise, step_noise, halve, halved",
+    [(0.02, 0.01, True, True), (0.0, 0.05, True, False), (0.02, 0.01, False, False)],
+)
+def test_the_default_steps_are_halved_once_where_the_pairs_say_it_pays(
+    tmp_path, monkeypatch, process_noise, step_noise, halve, halved
+):
+    """From the first look on, pairs whose noise their processes carry run half the steps; pairs
+    whose steps carry it, or steps the user gave (halve_steps off), keep theirs."""
+    from gembench.harness.continuous import pairs
+    from gembench.harness.continuous.config import Measuring
+
+    lived = iter(r for pair in _lived_rounds(8, 400, process_noise, step_noise) for r in pair)
+    steps_run, said = [], []
+
+    def batch(m, co, batch, folder):
+        steps_run.append((m.steps, m.bursts))
+        for _, outs, _, _ in batch:
+            for out in outs.values():
+                out.write_text("{}")
+        return True
+
+    monkeypatch.setattr(pairs, "interleaved_pairs", batch)
+    monkeypatch.setattr(pairs, "checked_result", lambda c, label, out: next(lived))
+    monkeypatch.setattr(time, "perf_counter", iter(range(0, 10_000, 10)).__next__)  # a batch: 10 s
+    (tmp_path / "base").mkdir()
+    co = {label: type("C", (), {"path": tmp_path / label.lower()})() for label in pairs.LABELS}
+    m = Measuring(pairs=8, parallel=2, steps=400, bursts=80, burst_steps=5, halve_steps=halve)
+    rounds, _ = pairs.run_pairs(m, co, said.append)
+    assert len(rounds) == 8
+    expected = [(400, 80)] * 2 + [(200, 40)] * 2 if halved else [(400, 80)] * 4
+    assert steps_run == expected
+    assert any("the next pairs take 200 steps" in line for line in said) == halved

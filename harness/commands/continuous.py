@@ -163,9 +163,10 @@ def add_measuring_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--steps",
         type=int,
-        default=DEFAULT_STEPS,
-        help=f"timed steps per process (default {DEFAULT_STEPS}: a pair's spread shrinks with its steps, "
-        "and they cost far less than another pair's start-up)",
+        default=None,
+        help=f"timed steps per process (default {DEFAULT_STEPS}, halved once the pairs measured say that pairs "
+        "half as long narrow the interval faster for the time: where a process carries its noise for its "
+        "life, fewer steps only save time; given, the steps stay as given)",
     )
     p.add_argument("--warmup", type=int, default=3, help="discarded warm-up steps per process (default 3)")
     p.add_argument(
@@ -295,6 +296,8 @@ def measuring_config(args: argparse.Namespace, pairs: int) -> Measuring:
             )
     if args.threads is not None and args.threads < 1:
         raise UsageError(f"--threads must be >= 1, got {args.threads}")
+    halve_steps = args.steps is None and args.bursts is None
+    args.steps = DEFAULT_STEPS if args.steps is None else args.steps
     if args.steps < 1 or args.warmup < 0:
         raise UsageError(f"--steps must be >= 1 and --warmup >= 0, got {args.steps} and {args.warmup}")
     check_decision_args(args.alpha, args.min_effect)
@@ -338,6 +341,7 @@ def measuring_config(args: argparse.Namespace, pairs: int) -> Measuring:
             "pairs": pairs,
             "parallel": min(parallel, pairs),
             "sequential": sequential,
+            "halve_steps": halve_steps and not sequential,
             "bursts": bursts,
             "burst_steps": burst_steps,
             "kernels": tuple(args.kernel or ()),

@@ -17,6 +17,7 @@ MAX_PAIRS = 48
 DEFAULT_BUDGET = 1200.0  # s
 DEFAULT_STEPS = 480
 TURN_STEPS = 5  # steps per turn unless --bursts says otherwise: the noise is faster than a turn
+FEWEST_HALVED_STEPS = 160  # halving stops above this: fast-half keeps 80 steps of a process
 MIN_EFFECT = 0.01  # a 2% slowdown must be caught: the regression threshold sits below it
 MARGIN = 0.02  # "unchanged" needs the interval inside +-2%: precise enough for 1%, not for 0.2%
 
@@ -37,6 +38,7 @@ class Measuring:
     model: str | None = None
     model_args: tuple[str, ...] = ()
     steps: int = DEFAULT_STEPS
+    halve_steps: bool = False  # the default steps: halved once where pairs half as long pay (paired.halving)
     warmup: int = 3
     stack: str = "optimized"
     nproc: int | None = None

@@ -73,9 +73,35 @@ def run_pairs(m: Measuring, co: dict, say, enough=None) -> tuple[list[tuple[dict
                 f"pair {r + 1}/{m.pairs} ({order[0]} first): {m.statistic} step {step_text}"
                 f"{seconds:.0f} s{where}{beside}, ~{eta / 60:.1f} min left{' at most' if enough else ''}"
             )
+        if m.halve_steps and interleaved:
+            m = halved(m, rounds, seconds, say)
         if enough is not None and enough(rounds, time.perf_counter() - began, seconds):
             break
     return rounds, interleaved
+
+
+def halved(m: Measuring, rounds: list[tuple[dict, dict]], pair_s: float, say) -> Measuring:
+    """``m`` with half its steps (in turns of as many steps) from the next batch on, where the pairs
+    so far say that pairs half as long pay (paired.halving); else ``m``. Judged from the first
+    look's pairs on, once: the halved pairs would need pairs of their own to judge again, and a
+    process is not halved below FEWEST_HALVED_STEPS."""
+    from gembench.harness.continuous.config import FEWEST_HALVED_STEPS
+    from gembench.harness.regression.paired import halving
+    from gembench.harness.regression.sequential import FIRST_LOOK
+
+    steps = m.steps // 2
+    if len(rounds) < FIRST_LOOK or "step_time_s" not in m.metrics or steps < FEWEST_HALVED_STEPS:
+        return m
+    h = halving(rounds, "step_time_s", m.statistic, pair_s)
+    if h is None or not h.pays:
+        return m
+    say(
+        f"pairs of {steps} steps pay here: a half process's ratio varies {h.variance_ratio:.2f}x as much as a "
+        f"whole one's, for {100 / h.cost_ratio:.0f}% of a pair's {pair_s:.0f} s (its noise is the process's "
+        f"more than its steps'); the next pairs take {steps} steps"
+    )
+    burst_steps = m.burst_steps
+    return dataclasses.replace(m, steps=steps, bursts=-(-steps // burst_steps), halve_steps=False)
 
 
 def run_process(cmd: list[str], env: dict, cwd: Path, timeout: float) -> tuple[int, str]:

@@ -101,6 +101,7 @@ def document(cfg, co, rounds, interleaved, design, plan, alpha, judgements, loss
         "hardware_class": field(first, "env.hardware_class"),
         "stack": m.stack,
         "steps": m.steps,
+        "steps_per_pair": [len((base.get("samples") or {}).get("step_s") or []) or m.steps for base, _ in rounds],
         "warmup": m.warmup,
         "seed": m.seed,
         "pairs": len(rounds),
@@ -129,6 +130,12 @@ def document(cfg, co, rounds, interleaved, design, plan, alpha, judgements, loss
     } | (environments.document(cfg.environments) if cfg.environments else {})
 
 
+def steps_text(per_pair: list[int]) -> str:
+    """ "480 steps", or "480 steps (240 from pair 5)" where the steps were halved."""
+    changed = next((k for k, n in enumerate(per_pair) if n != per_pair[0]), None)
+    return f"{per_pair[0]} steps" + (f" ({per_pair[changed]} from pair {changed + 1})" if changed else "")
+
+
 def header_lines(cfg: ContinuousConfig, doc: dict, design, plan: Plan, judgements) -> list[str]:
     """The lines above the verdict table: what ran, how it was judged, the looks taken."""
     from gembench.harness.continuous import environments
@@ -140,7 +147,7 @@ def header_lines(cfg: ContinuousConfig, doc: dict, design, plan: Plan, judgement
     header = [
         f"BASE {cfg.base} = {doc['base']['sha'][:10]}   HEAD {cfg.head} = {doc['head']['sha'][:10]}",
         f"{doc['config']} on {hw}, stack {m.stack}, seed {m.seed}: {pairs} process pairs ABBA "
-        f"x {m.steps} steps "
+        f"x {steps_text(doc['steps_per_pair'])} "
         f"(+{m.warmup} warm-up) per process, "
         f"{f'taking turns, {m.bursts} turns each' if interleaved else 'one process after the other'}"
         f"{f', {m.parallel} pairs at once on CPUs of their own' if interleaved and m.parallel > 1 else ''}, "

@@ -23,6 +23,7 @@ t-interval (stats.paired_ratio_interval), the Holm-adjusted p, the verdict, and 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 from gembench.harness.regression import stats
 from gembench.harness.regression.compare import counter_limit
@@ -38,21 +39,66 @@ def process_value(result: dict, metric: str, statistic: str = "median") -> float
     Falls back to the headline value in result["metrics"] where the run kept no per-step samples.
     """
     samples = [v for v in per_step(result, metric) if v > 0]
-    meta = info(metric)
     if samples:
-        lower = meta is None or meta.lower_is_better
-        if statistic == "min":
-            return min(samples) if lower else max(samples)
-        ordered = sorted(samples, reverse=not lower)
-        if statistic == "p10":  # the 10th-best step: nearly as undisturbed as the best, less of a lucky outlier
-            return ordered[len(ordered) // 10]
-        if statistic == "fast-half":  # the mean of the better half: the disturbed tail left out, half the steps used
-            return stats.mean(ordered[: max(1, len(ordered) // 2)])
-        return stats.median(samples)
+        return of_samples(samples, metric, statistic)
     value = (result.get("metrics") or {}).get(metric)
     if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
         return float(value)
     return None
+
+
+def of_samples(samples: list[float], metric: str, statistic: str) -> float:
+    """One number from a process's per-step values of ``metric`` (process_value's rule)."""
+    meta = info(metric)
+    lower = meta is None or meta.lower_is_better
+    if statistic == "min":
+        return min(samples) if lower else max(samples)
+    ordered = sorted(samples, reverse=not lower)
+    if statistic == "p10":  # the 10th-best step: nearly as undisturbed as the best, less of a lucky outlier
+        return ordered[len(ordered) // 10]
+    if statistic == "fast-half":  # the mean of the better half: the disturbed tail left out, half the steps used
+        return stats.mean(ordered[: max(1, len(ordered) // 2)])
+    return stats.median(samples)
+
+
+class Halving(NamedTuple):
+    """Whether pairs of processes half as long would give a narrower interval for the time."""
+
+    pays: bool
+    variance_ratio: float  # a half-process log ratio's variance over a whole one's, on the same pairs
+    cost_ratio: float  # a whole pair's seconds over a half-length pair's
+    overhead_s: float  # a pair's seconds that are not timed steps (start-ups, exits)
+
+
+def halving(rounds: list[tuple[dict, dict]], metric: str, statistic: str, pair_s: float) -> Halving | None:
+    """Would processes of half the steps pay? Measured on the pairs so far, with no model of the noise.
+
+    Each pair's first and second halves are two pairs of half the steps run at no extra cost, so the
+    variance of their log ratios against the whole pairs' says what halving the steps costs in
+    noise: about 2 where a pair's spread is its steps' (halving loses), about 1 where the processes
+    carry it for their life (their layout, their CPU's state: halving only saves time). A pair costs
+    ``pair_s`` (its two processes on one CPU), of which 2 x steps x the median step are the steps:
+    halving pays when the variance grows by less than the seconds shrink. None under 4 pairs or
+    without per-step samples.
+    """
+    whole, halves, steps, step_s = [], [], [], []
+    for base, head in rounds:
+        b, h = per_step(base, metric), per_step(head, metric)
+        n = min(len(b), len(h))
+        if n < 8 or min(b[:n] + h[:n]) <= 0:
+            return None
+        ratio = lambda part: math.log(of_samples(h[part], metric, statistic) / of_samples(b[part], metric, statistic))  # noqa: E731
+        whole.append(ratio(slice(0, n)))
+        halves += [ratio(slice(0, n // 2)), ratio(slice(n // 2, n))]
+        steps.append(n)
+        step_s += [stats.median(b[:n]), stats.median(h[:n])]
+    if len(whole) < 4 or stats.variance(whole) <= 0:
+        return None
+    variance_ratio = stats.variance(halves) / stats.variance(whole)
+    overhead = pair_s - 2 * stats.mean(steps) * stats.mean(step_s)
+    timed = pair_s - overhead
+    cost_ratio = pair_s / (overhead + timed / 2) if overhead > 0 else 1.0
+    return Halving(variance_ratio < cost_ratio, variance_ratio, cost_ratio, max(overhead, 0.0))
 
 
 def judge_rounds(
