@@ -36,8 +36,8 @@ def run_pairs(m: Measuring, co: dict, say, enough=None) -> tuple[list[tuple[dict
     results_dir.mkdir()
     durations: list[float] = []  # per pair: its batch's time over the pairs in it
     began = time.perf_counter()
-    if m.benchmark == "run":
-        say("warming each revision's compile cache: one short untimed process each, side by side")
+    if "startup_s" in m.metrics:
+        say("warming each revision's compile cache: one short untimed process each (start-up is judged)")
         warm_caches(m, co, results_dir)
     for start in range(0, m.pairs, m.parallel):
         t0 = time.perf_counter()
@@ -136,26 +136,19 @@ def run_process(cmd: list[str], env: dict, cwd: Path, timeout: float) -> tuple[i
 
 
 def warm_caches(m: Measuring, co: dict, folder: Path) -> None:
-    """One short process per revision, untimed and side by side, so that every judged process
-    compiles from a warm cache of its revision's own. Without it the first batch's side-by-side
-    pairs race to fill their revision's empty cache, one process compiling cold and the other not:
-    start-up ratios of 0.27 and 2.96 beside 1.09-1.26 for all the others (a planted 1 s delay, 18
-    pairs), which no paired test narrows within the budget; and four processes compiling at once
-    on two CPUs made the first batch of a fast model's pairs take 85-100 s against 25-30 s."""
-    from concurrent.futures import ThreadPoolExecutor
-
+    """One short process per revision, untimed, so that every judged start-up compiles from a
+    warm cache of its revision's own. Without it the first batch's side-by-side pairs race to fill
+    their revision's empty cache, one process compiling cold and the other not: pair ratios of
+    0.27 and 2.96 beside 1.09-1.26 for all the others (a planted 1 s delay, 18 pairs), which no
+    paired test narrows within the budget."""
     short = dataclasses.replace(m, steps=1, warmup=1)
-
-    def warm(label: str) -> tuple[int, str]:
+    for label in LABELS:
         c = co[label]
-        cmd = run_command(short, folder / f"warm-{label.lower()}.json", c.path, interpreter(m, label))
-        return run_process(cmd, revision_env(m, c), c.path, m.timeout)
-
-    with ThreadPoolExecutor(len(LABELS)) as pool:
-        ended = list(pool.map(warm, LABELS))
-    for label, (code, err) in zip(LABELS, ended):
+        out = folder / f"warm-{label.lower()}.json"
+        cmd = run_command(short, out, c.path, interpreter(m, label))
+        code, err = run_process(cmd, revision_env(m, c), c.path, m.timeout)
         if code != 0:
-            raise failure(co[label], label, code, err)
+            raise failure(c, label, code, err)
 
 
 def error_line(stderr: str) -> str:
