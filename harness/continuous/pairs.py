@@ -100,8 +100,7 @@ def halved(m: Measuring, rounds: list[tuple[dict, dict]], pair_s: float, say) ->
         f"whole one's, for {100 / h.cost_ratio:.0f}% of a pair's {pair_s:.0f} s (its noise is the process's "
         f"more than its steps'); the next pairs take {steps} steps"
     )
-    burst_steps = m.burst_steps
-    return dataclasses.replace(m, steps=steps, bursts=-(-steps // burst_steps), halve_steps=False)
+    return dataclasses.replace(m, steps=steps, bursts=-(-steps // m.burst_steps), halve_steps=False)
 
 
 def run_process(cmd: list[str], env: dict, cwd: Path, timeout: float) -> tuple[int, str]:

@@ -88,6 +88,7 @@ def document(cfg, co, rounds, interleaved, design, plan, alpha, judgements, loss
     """The JSON result; its notes and minutes, the caller's, are held None in their places."""
     from gembench.harness.continuous import environments
     from gembench.harness.regression import paired
+    from gembench.harness.regression.directions import per_step
     from gembench.harness.regression.work import executed_beyond, model_flops
     from gembench.harness.store.results import field
 
@@ -101,7 +102,7 @@ def document(cfg, co, rounds, interleaved, design, plan, alpha, judgements, loss
         "hardware_class": field(first, "env.hardware_class"),
         "stack": m.stack,
         "steps": m.steps,
-        "steps_per_pair": [len((base.get("samples") or {}).get("step_s") or []) or m.steps for base, _ in rounds],
+        "steps_per_pair": [len(per_step(base, "step_time_s")) or m.steps for base, _ in rounds],
         "warmup": m.warmup,
         "seed": m.seed,
         "pairs": len(rounds),

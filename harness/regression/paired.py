@@ -67,7 +67,6 @@ class Halving(NamedTuple):
     pays: bool
     variance_ratio: float  # a half-process log ratio's variance over a whole one's, on the same pairs
     cost_ratio: float  # a whole pair's seconds over a half-length pair's
-    overhead_s: float  # a pair's seconds that are not timed steps (start-ups, exits)
 
 
 def halving(rounds: list[tuple[dict, dict]], metric: str, statistic: str, pair_s: float) -> Halving | None:
@@ -96,9 +95,8 @@ def halving(rounds: list[tuple[dict, dict]], metric: str, statistic: str, pair_s
         return None
     variance_ratio = stats.variance(halves) / stats.variance(whole)
     overhead = pair_s - 2 * stats.mean(steps) * stats.mean(step_s)
-    timed = pair_s - overhead
-    cost_ratio = pair_s / (overhead + timed / 2) if overhead > 0 else 1.0
-    return Halving(variance_ratio < cost_ratio, variance_ratio, cost_ratio, max(overhead, 0.0))
+    cost_ratio = pair_s / (overhead + (pair_s - overhead) / 2) if overhead > 0 else 1.0
+    return Halving(variance_ratio < cost_ratio, variance_ratio, cost_ratio)
 
 
 def judge_rounds(
