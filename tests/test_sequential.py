@@ -13,7 +13,7 @@ from synthetic import make_result, run_cli
 
 from gembench.harness.continuous import pairs as pairs_module
 from gembench.harness.regression import stats
-from gembench.harness.regression.sequential import FIRST_LOOK, Looks, spend
+from gembench.harness.regression.sequential import FIRST_LOOK, Looks, SequentialDesign, look_of, spend
 from gembench.harness.store.results import write_result
 
 
@@ -46,6 +46,35 @@ def test_repeated_looks_keep_the_false_alarm_rate_within_alpha():
     naive = _false_alarm_rate(lambda looks, n: 0.05)  # every look at the full alpha
     assert spent <= 0.05
     assert naive > 0.08  # what the spending is for: eleven looks at alpha each alarm far more often
+
+
+def _budgeted_false_alarm_rate(trials=1500, seed=5) -> tuple[float, list[float]]:
+    """Null comparisons (log ratios N(0, 1%)) under a budget that ends the looks at 12 of 48 pairs:
+    how often any look says regressed, and the alphas of one comparison that looked to the end."""
+    rng = random.Random(seed)
+    alarms, spent = 0, []
+    for _ in range(trials):
+        design, ratios, n = SequentialDesign(0.05, 48, budget=300.0), [], 0
+        while True:
+            n += 2
+            ratios += [math.exp(rng.gauss(0, 0.01)) for _ in range(2)]
+            series = {"t": ([1.0] * n, list(ratios), "paired", True)}
+
+            def judge(alpha):
+                return look_of(stats.judge(series, alpha, min_effect=0.0, margin=0.02))
+
+            if design.after_batch(n, 50.0 * n / 2, 50.0, judge):  # 50 s a batch: the 6th fills 300 s
+                break
+        alarms += design.last["verdicts"]["t"] == stats.REGRESSED
+        if n == 12:  # looked to the budget's end
+            spent = [look["alpha"] for look in design.looks.history]
+    return alarms / trials, spent
+
+
+def test_a_budget_that_ends_the_looks_early_still_spends_all_of_alpha_and_no_more():
+    rate, alphas = _budgeted_false_alarm_rate()
+    assert sum(alphas) == pytest.approx(0.05)  # by pairs alone, 12 of 48 would have spent 0.35 of it
+    assert rate <= 0.05
 
 
 @pytest.fixture

@@ -163,7 +163,8 @@ def header_lines(cfg: ContinuousConfig, doc: dict, design, plan: Plan, judgement
             f"sequential: {len(history)} look(s) at "
             + ", ".join(str(h["pairs"]) for h in history)
             + f" pairs (at most {m.pairs}, --budget {cfg.budget:g} s), alpha {plan.alpha:g} spent over them "
-            f"(Pocock-type); the verdict is the last look's, at alpha {alpha:.2g}"
+            f"(Pocock-type, by pairs or the budget's share, whichever is further); the verdict is the last "
+            f"look's, at alpha {alpha:.2g}"
         )
     header += [f"note: BASE and HEAD differ in {d}" for d in doc["notes"]]
     flops, executed = doc["model_flops"], doc.get("executed_beyond") or {}

@@ -4,12 +4,15 @@ A fixed number of pairs is either too many (a plain 5% slowdown is clear after f
 noisy host a 2% one needs twenty). So the pairs are judged at looks: after the first ``FIRST_LOOK``
 pairs, then after every batch. Repeated looks would inflate the false-alarm rate if each used the
 full alpha, so alpha is spent across them (Lan and DeMets' alpha-spending: a look at information
-fraction t = pairs / max_pairs may have spent ``alpha * spend(t)`` in all) with the Pocock-type
-function spend(t) = ln(1 + (e - 1) t), which spends early and so stops early on a plain change.
-Each look tests at the increment of the spent alpha; by the union bound over the looks the chance
-of any false alarm stays at most alpha, and so does the chance that "unchanged" (the look's
-(1 - 2 alpha_k) interval inside the margin) is said of a change beyond the margin. The bound is
-conservative: the looks' statistics are correlated, so the true rates are lower.
+fraction t may have spent ``alpha * spend(t)`` in all) with the Pocock-type function
+spend(t) = ln(1 + (e - 1) t), which spends early and so stops early on a plain change. The fraction
+is the larger of pairs / max_pairs and the budget's share used (a budget that ends the looks long
+before max_pairs would otherwise leave most of alpha unspent), and the look after which no further
+batch fits spends what is left: the fractions follow the clock and the pair count, never the
+pairs' values. Each look tests at the increment of the spent alpha; by the union bound over the
+looks the chance of any false alarm stays at most alpha, and so does the chance that "unchanged"
+(the look's (1 - 2 alpha_k) interval inside the margin) is said of a change beyond the margin. The
+bound is conservative: the looks' statistics are correlated, so the true rates are lower.
 
 The run stops at the first look where every timing metric is decided (regressed, improved or
 unchanged) or a counter regressed; at ``max_pairs`` or when the time budget would be overrun
@@ -48,9 +51,10 @@ class Looks:
         """A look is due after this many pairs: the first at FIRST_LOOK, then at every batch."""
         return pairs >= min(FIRST_LOOK, self.max_pairs)
 
-    def alpha_at(self, pairs: int) -> float:
-        """The alpha of a look after ``pairs`` pairs (the increment of the spent alpha); spends it."""
-        total = self.alpha * spend(pairs / self.max_pairs)
+    def alpha_at(self, pairs: int, fraction: float = 0.0) -> float:
+        """The alpha of a look after ``pairs`` pairs (the increment of the spent alpha) at the
+        information fraction max(pairs / max_pairs, ``fraction``); spends it."""
+        total = self.alpha * spend(max(pairs / self.max_pairs, fraction))
         step = max(total - self.spent, 0.0)
         self.spent = max(total, self.spent)
         return step
@@ -113,7 +117,9 @@ class SequentialDesign:
         say = say or (lambda msg: None)
         if not self.looks.due(pairs):
             return False
-        alpha = self.looks.alpha_at(pairs)
+        last = not worth_another_batch(elapsed, per_batch, self.budget)
+        used = 1.0 if last else (elapsed / self.budget if self.budget else 0.0)
+        alpha = self.looks.alpha_at(pairs, used)
         look = judge(alpha)
         self.looks.record(pairs, alpha, look.verdicts, look.ratio, elapsed)
         say(
@@ -123,7 +129,7 @@ class SequentialDesign:
         )
         if decided(look.verdicts, look.counters_regressed):
             return True
-        if not worth_another_batch(elapsed, per_batch, self.budget):
+        if last:
             say(f"the next batch would overrun --budget {self.budget:g} s: the verdict is this look's")
             return True
         return False
