@@ -492,18 +492,22 @@ def test_an_added_op_is_named_by_its_aten_name(clone, capsys):
     )
 
 
-def test_each_revision_compiles_into_a_cache_of_its_own(tmp_path):
+def test_where_start_up_is_judged_each_revision_compiles_into_a_cache_of_its_own(tmp_path, monkeypatch):
     from gembench.harness.continuous.config import Measuring
     from gembench.harness.continuous.pairs import revision_env
     from gembench.harness.continuous.worktrees import Checkout
 
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "users-cache"))
     caches = set()
     for model in (None, "din.py:din"):
         for label in ("BASE", "HEAD"):
             c = Checkout(label, label, "0" * 40, tmp_path / label.lower(), tmp_path / f"path-{label.lower()}")
-            env = revision_env(Measuring(pairs=2, model=model), c)
+            env = revision_env(Measuring(pairs=2, model=model, metrics=("step_time_s", "startup_s")), c)
             assert Path(env["TORCHINDUCTOR_CACHE_DIR"]).parent == tmp_path
             caches.add((model, env["TORCHINDUCTOR_CACHE_DIR"]))
+            # judging steps alone, both share the user's cache: what was compiled before is warm
+            shared = revision_env(Measuring(pairs=2, model=model, metrics=("step_time_s",)), c)
+            assert shared["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "users-cache")
     assert len({cache for _, cache in caches}) == 2  # one per revision, whatever it runs
 
 

@@ -176,9 +176,12 @@ def revision_env(m: Measuring, c) -> dict:
         here = Path(gembench.__file__).parent.parent  # the folder holding this gembench (a symlink kept)
         env = child_env(Path(f"{first}{c.path}{os.pathsep}{here}"), m.threads)
         env["GEMBENCH_COMMIT"] = c.sha
-    # Each revision compiles into a cache of its own, beside its worktree: with one shared cache the
-    # first process to compile would warm the other revision's start-up (and its startup_s).
-    env["TORCHINDUCTOR_CACHE_DIR"] = str(c.path.parent / f"compile-cache-{c.label.lower()}")
+    # Where start-up is judged each revision compiles into a cache of its own, beside its worktree:
+    # with one shared cache the first process to compile would warm the other revision's startup_s.
+    # Elsewhere both use the cache every `gembench run` uses (the compiled code is the same either
+    # way): graphs compiled before, by either revision or an earlier run, need no cold first batch.
+    if "startup_s" in m.metrics:
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(c.path.parent / f"compile-cache-{c.label.lower()}")
     return env
 
 
