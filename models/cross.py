@@ -17,6 +17,8 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import flop_registry, register_flop_formula
 
+from gembench.models.ops.jagged_pool import jagged_pool
+
 Lengths = Union[Sequence[int], torch.Tensor]
 
 
@@ -162,7 +164,7 @@ class SequenceSummary(nn.Module):
     Each sequence's first token must be its CLS and every sequence must have at least one real
     token besides it. PMA (pooling by multi-head attention, Set Transformer) runs jagged: scores of
     all T tokens against the seeds' queries in one matmul, a per-sequence softmax
-    (fbgemm jagged_softmax) and a per-sequence weighted sum (fbgemm jagged_jagged_bmm), with heads
+    (fbgemm jagged_softmax) and a per-sequence weighted sum (ops/jagged_pool.py), with heads
     folded into the segment axis so no cross-head work is done. PMA attends over all tokens of a
     sequence, CLS included; the recent tokens exclude the CLS and are zero where a sequence has
     fewer than ``recent`` real tokens (oldest slot first, newest last).
@@ -210,7 +212,7 @@ class SequenceSummary(nn.Module):
         shift = T * torch.arange(H, device=offsets.device, dtype=offsets.dtype)
         offsets_h = torch.cat([(offsets[:-1][None, :] + shift[:, None]).reshape(-1), offsets[-1:] * H])
         probs = torch.ops.fbgemm.jagged_softmax(scores, offsets_h, max_len)[0]
-        pooled = torch.ops.fbgemm.jagged_jagged_bmm(probs, vh, offsets_h, max_len)  # (H*B, k_p, d_v)
+        pooled = jagged_pool(probs, vh, offsets_h, max_len)  # (H*B, k_p, d_v)
         pooled = pooled.view(H, B, kp, dh).permute(1, 2, 0, 3).reshape(B, kp, d)
         return self.pma_out(pooled)
 

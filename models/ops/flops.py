@@ -1,8 +1,9 @@
-"""Model FLOPs of the attention custom ops, registered with ``FlopCounterMode``.
+"""Model FLOPs of the custom ops, registered with ``FlopCounterMode``.
 
 FlopCounterMode counts 0 for a custom op it does not know. Every backend of HSTU attention
-registers the same *model* FLOPs (real jagged lengths, causal half), whatever it executes, so the
-counted FLOPs and MFU do not depend on the backend.
+registers the same *model* FLOPs (real jagged lengths, causal half), whatever it executes, and the
+padded jagged pool the FLOPs of its real rows, so the counted FLOPs and MFU do not depend on the
+backend.
 """
 
 from __future__ import annotations
@@ -34,3 +35,20 @@ def register_attention_flops(fwd, bwd) -> None:
         @register_flop_formula(bwd, get_raw=True)
         def _bwd_flops(grad_out, q, k, v, rab, offsets, *args, out_val=None, **kwargs) -> int:
             return 2 * attention_model_flops(q, v, offsets)
+
+
+def register_pool_flops(fwd, bwd) -> None:
+    """Registers forward ``fwd(weights, values, offsets, ...)``, per segment weights^T values over
+    the N real rows: 2 N k d, and backward ``bwd(grad_out, weights, values, offsets, ...)``: twice
+    that (the gradients of both operands), however many padded rows the backend computes."""
+    if fwd not in flop_registry:
+
+        @register_flop_formula(fwd, get_raw=True)
+        def _fwd_flops(weights, values, offsets, *args, out_val=None, **kwargs) -> int:
+            return 2 * weights.shape[0] * weights.shape[1] * values.shape[1]
+
+    if bwd not in flop_registry:
+
+        @register_flop_formula(bwd, get_raw=True)
+        def _bwd_flops(grad_out, weights, values, offsets, *args, out_val=None, **kwargs) -> int:
+            return 4 * weights.shape[0] * weights.shape[1] * values.shape[1]
