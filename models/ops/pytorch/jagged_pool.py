@@ -2,8 +2,8 @@
 
 ``gembench::jagged_pool(weights, values, offsets, max_len)`` is fbgemm's ``jagged_jagged_bmm``
 (per segment s, ``weights_s^T values_s``: (n_s, k) x (n_s, d) -> (k, d)), the PMA pooling of
-models/cross.py. fbgemm's CPU kernel loops over rows at about a GFLOP/s; padded, the same sums are
-one bmm at GEMM speed, and the padding (segments shorter than ``max_len``) costs a few MB of zeros.
+models/cross.py. fbgemm's CPU kernel loops over rows, far from the GEMM peak; padded, the same sums
+are one bmm each way, and the padding (segments shorter than ``max_len``) costs zeros in memory.
 Its FLOPs are registered as the jagged op's (real rows only), so the padding never counts as
 model work.
 """
