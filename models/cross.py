@@ -15,47 +15,10 @@ from typing import Optional, Sequence, Union
 import fbgemm_gpu  # noqa: F401  (registers torch.ops.fbgemm)
 import torch
 from torch import nn
-from torch.utils.flop_counter import flop_registry, register_flop_formula
 
 from gembench.models.ops.jagged_pool import jagged_pool
 
 Lengths = Union[Sequence[int], torch.Tensor]
-
-
-# --------------------------------------------------------------------------------------------
-# FLOP formulas for the fbgemm jagged matmuls (FlopCounterMode counts them as 0 otherwise)
-# --------------------------------------------------------------------------------------------
-
-
-def _register_fbgemm_flops() -> None:
-    """Registers multiply-add = 2 FLOP formulas for the fbgemm jagged bmm ops.
-
-    Under autograd the counter sees the ``*_forward`` ops (fbgemm's autograd kernels call them,
-    in backward too), so both names are registered. Guarded: other modules may register them.
-    """
-    fb = torch.ops.fbgemm
-
-    def jagged_jagged(x_values, y_values, *args, out_val=None, **kwargs) -> int:
-        # per segment x^T y: (T, M) x (T, N) -> (B, M, N)
-        return 2 * x_values.shape[0] * x_values.shape[1] * y_values.shape[1]
-
-    def jagged_dense(x_values, x_offsets, y, *args, out_val=None, **kwargs) -> int:
-        # per segment x y_b: (T, M) x (B, M, N) -> (T, N); fbgemm's signature puts the
-        # offsets second: jagged_dense_bmm(x_values, x_offsets, y, max_L)
-        return 2 * x_values.shape[0] * x_values.shape[1] * y.shape[-1]
-
-    for name, fn in [
-        ("jagged_jagged_bmm", jagged_jagged),
-        ("jagged_jagged_bmm_forward", jagged_jagged),
-        ("jagged_dense_bmm", jagged_dense),
-        ("jagged_dense_bmm_forward", jagged_dense),
-    ]:
-        op = getattr(fb, name, None)
-        if op is not None and op not in flop_registry:
-            register_flop_formula(op, get_raw=True)(fn)
-
-
-_register_fbgemm_flops()
 
 
 # --------------------------------------------------------------------------------------------

@@ -37,18 +37,49 @@ def register_attention_flops(fwd, bwd) -> None:
             return 2 * attention_model_flops(q, v, offsets)
 
 
+def pool_model_flops(weights: torch.Tensor, values: torch.Tensor) -> int:
+    """Forward FLOPs of per-segment ``weights^T values`` over the N real rows, (N, k) and (N, d):
+    2 N k d."""
+    return 2 * weights.shape[0] * weights.shape[1] * values.shape[1]
+
+
 def register_pool_flops(fwd, bwd) -> None:
-    """Registers forward ``fwd(weights, values, offsets, ...)``, per segment weights^T values over
-    the N real rows: 2 N k d, and backward ``bwd(grad_out, weights, values, offsets, ...)``: twice
-    that (the gradients of both operands), however many padded rows the backend computes."""
+    """Registers forward ``fwd(weights, values, offsets, ...)`` (pool_model_flops) and backward
+    ``bwd(grad_out, weights, values, offsets, ...)``: twice that (the gradients of both operands),
+    however many padded rows the backend computes."""
     if fwd not in flop_registry:
 
         @register_flop_formula(fwd, get_raw=True)
         def _fwd_flops(weights, values, offsets, *args, out_val=None, **kwargs) -> int:
-            return 2 * weights.shape[0] * weights.shape[1] * values.shape[1]
+            return pool_model_flops(weights, values)
 
     if bwd not in flop_registry:
 
         @register_flop_formula(bwd, get_raw=True)
         def _bwd_flops(grad_out, weights, values, offsets, *args, out_val=None, **kwargs) -> int:
-            return 4 * weights.shape[0] * weights.shape[1] * values.shape[1]
+            return 2 * pool_model_flops(weights, values)
+
+
+def register_fbgemm_pool_flops() -> None:
+    """Registers fbgemm's jagged bmm ops, the pool's CUDA backend, with the same formula. Under
+    autograd the counter sees the ``*_forward`` ops (fbgemm's autograd kernels call them, in
+    backward too), so both names are registered: ``jagged_jagged_bmm(x, y, offsets, max_L)`` is
+    the pool itself, ``jagged_dense_bmm(x, offsets, y, max_L)`` its values' gradient, per segment
+    x (T, M) times y_b (M, N): 2 T M N."""
+    fb = torch.ops.fbgemm
+
+    def jagged_jagged(x_values, y_values, *args, out_val=None, **kwargs) -> int:
+        return pool_model_flops(x_values, y_values)
+
+    def jagged_dense(x_values, x_offsets, y, *args, out_val=None, **kwargs) -> int:
+        return 2 * x_values.shape[0] * x_values.shape[1] * y.shape[-1]
+
+    for name, fn in [
+        ("jagged_jagged_bmm", jagged_jagged),
+        ("jagged_jagged_bmm_forward", jagged_jagged),
+        ("jagged_dense_bmm", jagged_dense),
+        ("jagged_dense_bmm_forward", jagged_dense),
+    ]:
+        op = getattr(fb, name, None)
+        if op is not None and op not in flop_registry:
+            register_flop_formula(op, get_raw=True)(fn)

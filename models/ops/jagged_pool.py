@@ -12,7 +12,10 @@ from __future__ import annotations
 import fbgemm_gpu  # noqa: F401  (registers torch.ops.fbgemm)
 import torch
 
+from gembench.models.ops.flops import register_fbgemm_pool_flops
 from gembench.models.ops.pytorch.jagged_pool import jagged_pool as padded_jagged_pool
+
+register_fbgemm_pool_flops()
 
 
 def jagged_pool(weights: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor, max_len: int) -> torch.Tensor:
