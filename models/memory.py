@@ -14,7 +14,7 @@ from gembench.models.config import ModelConfig
 from gembench.models.content import content_memory_bytes
 from gembench.models.data import expected_lengths
 from gembench.models.gem import has_sequence_input, interaction_tokens
-from gembench.models.ops.pytorch.hstu_attention import TILE_MAX, TILE_SCORES
+from gembench.models.ops.pytorch.hstu_attention import TILE_MAX, TILE_SCORES, TILE_WASTE
 from gembench.models.sparse import is_embedding_parameter
 
 
@@ -70,6 +70,8 @@ CPU_RUNTIME_BYTES_RANK = {"eager fp32": 4 * 2**20, "eager bf16": 112 * 2**20, "c
 # Sequences per tile of the jagged attention op, at most TILE_SCORES scores per head in a tile: its
 # transient scores are per tile.
 ATTENTION_TILE = TILE_MAX
+# Padded rows per real row in the op's tile order: at most 1 + TILE_WASTE of the square work.
+ATTENTION_PADDING = 1.0 + TILE_WASTE
 
 
 def embedding_param_split(cfg: ModelConfig) -> tuple[int, int]:
@@ -166,10 +168,13 @@ def memory_estimate(
                 transient = max(transient, saved * h.dim * tokens)
             if jagged and device_type != "cuda":  # (on CUDA the Triton kernels keep scores in SRAM)
                 # Inside the op, per tile: scores and SiLU (forward), their gradients (backward),
-                # and with a bias its gradient summed over the tiles.
+                # and with a bias its gradient summed over the tiles; over the whole batch, the
+                # backward's tile-order copies (q, k, v, the gradient in; three gradients out,
+                # padded) and its three results.
                 tile = min(batch_size, ATTENTION_TILE, max(1, TILE_SCORES // int(n.max()) ** 2))
                 bias = h.heads * float(n.max()) ** 2 * 4 if h.rab else 0.0
-                transient = max(transient, 4 * h.heads * tile * float(n.max()) ** 2 * act + bias)
+                copies = (7 * ATTENTION_PADDING + 3) * tokens * h.dim * act
+                transient = max(transient, 4 * h.heads * tile * float(n.max()) ** 2 * act + bias + copies)
             elif not jagged:
                 square = batch_size * h.heads * (s.max_len + prefix) ** 2
                 pad = batch_size * (s.max_len + prefix) * h.dim

@@ -21,7 +21,7 @@ from gembench.models.hstu import (
     hstu_attention_flops,
     hstu_layer_flops,
 )
-from gembench.models.ops.pytorch.hstu_attention import hstu_jagged_attention, padding_waste
+from gembench.models.ops.pytorch.hstu_attention import _layout, _rows, hstu_jagged_attention, padding_waste
 from gembench.models.wukong import InteractionArch, WukongLayer, interaction_arch_flops, wukong_layer_flops
 
 DTYPES = [torch.float32, torch.bfloat16]
@@ -182,6 +182,25 @@ def test_hstu_flops_counted():
     by_op = {str(k): v for k, v in counter.get_flop_counts()["Global"].items()}
     assert by_op["gembench.hstu_jagged_attention"] == layers * hstu_attention_flops(lengths, dim)
     assert by_op["gembench.hstu_jagged_attention_bwd"] == 2 * by_op["gembench.hstu_jagged_attention"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tile_order_round_trips_every_row(dtype):
+    lengths = [0, *_lengths(150, seed=3), 0, 1]
+    off = _offsets(lengths)
+    T, H, D = int(off[-1]), 3, 6
+    x = torch.randn(T, H, D).to(dtype)
+    lay = _layout(off, H)
+    tiled = _rows(x, lay.gather)
+    assert tiled.shape == (lay.slots, D) and lay.slots >= T * H
+    assert torch.equal(_rows(tiled, lay.inverse).view(T, H, D), x)
+    real = 0
+    for _, m, L, weight in lay.tiles:  # 1/n on a sequence's n real positions, 0 on its padding
+        assert weight.shape == (m, L) and torch.allclose(weight.sum(1), torch.ones(m))
+        real += int((weight > 0).sum())
+    assert real == T
+    assert _layout(off.clone(), H) is lay  # planned once for every layer and pass of a batch
+    assert _layout(_offsets(lengths[:-1]), H) is not lay
 
 
 def test_padding_waste():
