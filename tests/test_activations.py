@@ -37,12 +37,13 @@ def test_a_saved_tensor_comes_back_in_its_dtype_and_strides_within_fp8s_precisio
     assert 0 < err < 0.05, err  # e4m3 keeps 3 mantissa bits: ~2-3% of a Gaussian's norm
 
 
-def test_weights_views_small_and_integer_tensors_are_saved_as_they_are():
+def test_weights_views_small_narrow_and_integer_tensors_are_saved_as_they_are():
     hooks, w = Fp8Saves(), torch.nn.Parameter(torch.randn(128, 128))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         cast = w.to(torch.bfloat16)  # what autocast hands a matmul: still a weight
     views = (torch.randn(64, 192)[:, 32:160], torch.randn(1, 128).expand(64, 128))  # across rows, repeated
-    for t in (w, cast, torch.randn(16, 16), torch.arange(8192), torch.randn(128, 128).to_sparse(), *views):
+    narrow = (torch.randn(25000, 1), torch.randn(4096, 8, 2).permute(2, 0, 1))  # rows of 1 and of 8 in memory
+    for t in (w, cast, torch.randn(16, 16), torch.arange(8192), torch.randn(128, 128).to_sparse(), *views, *narrow):
         assert hooks.pack(t) is t
     activation = torch.randn(128, 128)
     first = hooks.pack(activation)

@@ -6,8 +6,10 @@ from outside the model: each floating tensor autograd saves is stored as float8 
 fp32 scale per row (its last dimension in memory), and decompressed to its own dtype and strides
 when the backward reads it. Left as they are: parameters and the casts autocast makes of them
 (weights, not activations), integer tensors (indices, lengths), views that are not a permutation of
-a whole tensor (a slice across rows, an expand) and tensors under MIN_NUMEL elements, whose scales
-would cost more than they save. A tensor saved by several ops is compressed once.
+a whole tensor (a slice across rows, an expand), tensors under MIN_NUMEL elements and rows under
+MIN_ROW elements (a layer norm's per-token statistics: one 4-byte scale per element or two would
+hold more than the tensor, and quantizing them costs as much as a wide tensor's rows). A tensor
+saved by several ops is compressed once.
 
 The two conversions are compiled (one fused pass each way, shapes dynamic): eager they take
 several memory passes and cost a large share of a CPU step.
@@ -24,6 +26,7 @@ import torch
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # e4m3fn's largest finite value
 MIN_NUMEL = 4096
+MIN_ROW = 16  # a row's fp32 scale at most a quarter of its float8 bytes
 # the step's measure of what it saves (memory.SavedForBackward) while one is counting: saved-tensor
 # hooks do not nest, so the hooks here report what they hold to it
 counting = None
@@ -105,7 +108,9 @@ class Fp8Saves:
             and type(t) is torch.Tensor  # not a DTensor, fake or other subclass
             and not is_weight(t)
         ):
-            return memory_order(t)
+            order = memory_order(t)
+            if order is not None and t.shape[order[-1]] >= MIN_ROW:
+                return order
         return None
 
     def pack(self, t: torch.Tensor):
