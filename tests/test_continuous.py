@@ -511,6 +511,21 @@ def test_where_start_up_is_judged_each_revision_compiles_into_a_cache_of_its_own
     assert len({cache for _, cache in caches}) == 2  # one per revision, whatever it runs
 
 
+def test_where_start_up_is_not_judged_processes_serve_the_peaks_the_parent_probed(tmp_path, monkeypatch):
+    from gembench.harness.continuous.config import Measuring
+    from gembench.harness.continuous.pairs import revision_env
+    from gembench.harness.continuous.worktrees import Checkout
+    from gembench.harness.device.calibration import PROBED_ENV
+
+    monkeypatch.setenv(PROBED_ENV, "inherited from the shell")
+    c = Checkout("HEAD", "HEAD", "0" * 40, tmp_path / "head", tmp_path / "path-head")
+    probed = "2.13.0 bf16/1 fp32/1 triad/1"
+    assert revision_env(Measuring(pairs=2, peaks_probed=probed), c)[PROBED_ENV] == probed
+    judged = Measuring(pairs=2, metrics=("step_time_s", "startup_s"), peaks_probed=probed)
+    assert PROBED_ENV not in revision_env(judged, c)  # start-up judged: each process probes, as any run
+    assert PROBED_ENV not in revision_env(Measuring(pairs=2), c)  # nothing probed here
+
+
 @pytest.mark.parametrize("metrics, warmed", [(("step_time_s",), False), (("step_time_s", "startup_s"), True)])
 def test_where_start_up_is_judged_each_revisions_cache_is_warmed_first(tmp_path, monkeypatch, metrics, warmed):
     """Side by side, the first batch's pairs would race to fill each revision's empty compile cache

@@ -135,6 +135,21 @@ def test_a_cached_peak_three_times_too_low_is_corrected_by_the_next_run(cache, m
     assert cpu_peak("bf16").tflops_per_device == 0.5 and machine.gemms == 1  # then only probed
 
 
+def test_a_peak_a_parent_probed_is_served_without_probing_again(cache, monkeypatch):
+    threads = torch.get_num_threads()
+    plant(0.4, threads=threads)
+    machine = FakeMachine(monkeypatch, 0.4)
+    probed = calibration.probe_for_children(("bf16", "fp32"), threads)  # fp32: never calibrated, measured
+    assert probed == f"{torch.__version__} bf16/{threads}" and machine.gemms == 1 + len(calibration.CALIBRATION_SIZES)
+    monkeypatch.setenv(calibration.PROBED_ENV, probed)
+    machine.gemms = 0
+    peak = cpu_peak("bf16")  # a child's: no GEMM at all
+    assert peak.tflops_per_device == 0.4 and machine.gemms == 0 and "probed by the parent" in peak.source
+    assert cpu_peak("fp32").tflops_per_device == 0.4 and machine.gemms == 1  # settled since, not probed by it
+    monkeypatch.setenv(calibration.PROBED_ENV, f"0.0.0 bf16/{threads}")  # another torch's: probed again
+    assert cpu_peak("bf16").tflops_per_device == 0.4 and machine.gemms == 2
+
+
 def test_peak_command_shows_recalibrates_and_clears(cache, monkeypatch, capsys):
     FakeMachine(monkeypatch, 0.4)
     code, out, err = run_cli(["peak", "--recalibrate", "--threads", "1", "--rounds", "3", "--dtype", "bf16"], capsys)

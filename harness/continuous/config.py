@@ -59,6 +59,7 @@ class Measuring:
     timeout: float = 1800.0
     quiet: bool = False
     pythons: tuple[str, str] | None = None  # BASE's and HEAD's interpreters (continuous --python)
+    peaks_probed: str | None = None  # what the parent probed for its children (calibration.PROBED_ENV)
 
     def as_json(self) -> dict:
         return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from gembench.errors import UsageError
 from gembench.harness.continuous.config import Measuring
+from gembench.harness.device.calibration import PROBED_ENV
 
 LABELS = ("BASE", "HEAD")
 
@@ -39,6 +40,8 @@ def run_pairs(m: Measuring, co: dict, say, enough=None) -> tuple[list[tuple[dict
     if "startup_s" in m.metrics:
         say("warming each revision's compile cache: one short untimed process each (start-up is judged)")
         warm_caches(m, co, results_dir)
+    else:
+        m = dataclasses.replace(m, peaks_probed=probe_peaks(m))
     for start in range(0, m.pairs, m.parallel):
         t0 = time.perf_counter()
         batch = []
@@ -182,7 +185,19 @@ def revision_env(m: Measuring, c) -> dict:
     # way): graphs compiled before, by either revision or an earlier run, need no cold first batch.
     if "startup_s" in m.metrics:
         env["TORCHINDUCTOR_CACHE_DIR"] = str(c.path.parent / f"compile-cache-{c.label.lower()}")
+    elif m.peaks_probed:  # probed once here: each process would spend ~1 s re-probing them
+        env[PROBED_ENV] = m.peaks_probed
     return env
+
+
+def probe_peaks(m: Measuring) -> str | None:
+    """Probes the settled CPU peaks and bandwidth the processes will serve, once, in this process:
+    what revision_env tells them (a child of the same torch serves them unprobed). None on a GPU."""
+    from gembench.harness.device.hardware import probe_cpu_calibrations, resolve_device
+
+    if m.benchmark != "run" or resolve_device(m.device).type != "cpu":
+        return None
+    return probe_cpu_calibrations(m.threads)
 
 
 def child_env(pythonpath: Path, threads: int | None = None) -> dict:
@@ -192,6 +207,7 @@ def child_env(pythonpath: Path, threads: int | None = None) -> dict:
     if threads is not None:  # torch takes its intra-op thread count from these at start-up
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
     env["PYTHONPATH"] = str(pythonpath)  # only the revision: an inherited path could shadow it
+    env.pop(PROBED_ENV, None)  # only what this process probed (revision_env)
     # One string-hash seed for every process: randomised hashing changes dict and set layouts from
     # process to process, and with them tiny's Python-bound step time (measured: spread of the best
     # step across 8 fresh processes 3.1% with random seeds, 1.6% with one seed).

@@ -48,6 +48,10 @@ PROBE_SECONDS = 0.1  # the start-of-run check of a cached peak (peak())
 # not a true maximum (and is stored rounded), so a probe a hair above it is noise, not a wrong cache.
 PROBE_MARGIN = 1.05
 HISTORY = 20  # measurements kept per entry (the best is always kept)
+# Set by a parent that probed this machine's settled peaks before starting runs of its own (continuous
+# does, for processes whose start-up is not judged): its torch version and the entries it probed,
+# "2.13.0 bf16/1 triad/1". A child of that version serves those without probing them again.
+PROBED_ENV = "GEMBENCH_PEAKS_PROBED"
 FORMAT = 2
 
 
@@ -400,6 +404,8 @@ def peak(dtype: str, threads: int | None = None) -> Calibrated:
     entry = load_entry(dtype, threads)
     if entry is not None and entry.settled:
         cached = Calibrated(entry.best, False, f"cached best of {len(entry.history)} measurement(s)")
+        if probed_by_parent(dtype, threads):
+            return replace(cached, note=f"{cached.note}, probed by the parent process")
         now = probe(entry.best, dtype, threads)
         if now <= PROBE_MARGIN * entry.best.tflops:
             return cached
@@ -427,6 +433,23 @@ def peak(dtype: str, threads: int | None = None) -> Calibrated:
     result = Calibrated(served, True, why)
     _this_process[(dtype, threads)] = result
     return result
+
+
+def probed_by_parent(dtype: str, threads: int) -> bool:
+    version, *probed = os.environ.get(PROBED_ENV, "").split() or [""]
+    return version == torch.__version__ and f"{dtype}/{threads}" in probed
+
+
+def probe_for_children(kinds: tuple[str, ...], threads: int) -> str:
+    """Serves (probing) each of ``kinds`` on ``threads`` threads in this process: the value of
+    PROBED_ENV for child processes that would probe the same settled entries."""
+    probed = []
+    for kind in kinds:
+        entry = load_entry(kind, threads)
+        peak(kind, threads)
+        if entry is not None and entry.settled:
+            probed.append(f"{kind}/{threads}")
+    return " ".join([torch.__version__, *probed])
 
 
 def recalibrate(dtype: str, threads: int, rounds: int, how: str = "recalibrate") -> tuple[Measurement, Entry, bool]:

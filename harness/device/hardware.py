@@ -146,6 +146,13 @@ def cpu_peak(dtype: str | None = None, threads: int | None = None) -> Peak:
     return _as_peak(calibration.peak(dtype, threads), dtype)
 
 
+def probe_cpu_calibrations(threads: int) -> str:
+    """Probes, in this process, the calibrations a CPU run on ``threads`` threads serves (its
+    reference peak's dtypes and the triad): calibration.PROBED_ENV's value for its children."""
+    dtypes = tuple(calibration.DTYPES) if cpu_native_bf16() else ("fp32",)
+    return calibration.probe_for_children((*dtypes, calibration.TRIAD), threads)
+
+
 def _as_peak(c: "calibration.Calibrated", dtype: str) -> Peak:
     m = c.measurement
     return Peak(
