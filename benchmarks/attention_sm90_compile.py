@@ -8,6 +8,8 @@ first thing to look at when a config is slow.
   python benchmarks/attention_sm90_compile.py                 # bf16, d_head 64, every config
   python benchmarks/attention_sm90_compile.py --dtype fp32 --head-dim 24 --first
   python benchmarks/attention_sm90_compile.py --head-dim 128 --no-rab --first   # MLPerf DLRMv4's
+  python benchmarks/attention_sm90_compile.py --ptx-dir /tmp/ptx-before          # then again after a
+      refactor into another folder, and `diff -r`: PTX without line info, equal if no code changed
 
 Run it without TRITON_INTERPRET (the kernels must be decorated for compilation); it uses
 Triton's compiler API (ASTSource, GPUTarget), not a public contract: adjust on a Triton upgrade.
@@ -16,7 +18,9 @@ Triton's compiler API (ASTSource, GPUTarget), not a public contract: adjust on a
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -27,8 +31,14 @@ from tabulate import tabulate
 TYPES = {"bf16": "bf16", "fp32": "fp32", "fp16": "fp16"}
 
 
+def code_only(ptx: str) -> str:
+    """PTX without its line info and debug sections: what a change of comments or layout leaves alone."""
+    ptx = re.sub(r"\.section\s+\.debug.*?\n\t}\n", "", ptx, flags=re.S)
+    return "\n".join(ln for ln in ptx.splitlines() if ln.strip() and not ln.strip().startswith((".loc", ".file", "//")))
+
+
 def compile_config(kernel, pointers: dict, constants: dict, config, target) -> dict:
-    """Lowers one autotune config to a cubin; returns its ptxas resource usage."""
+    """Lowers one autotune config to a cubin; returns its ptxas resource usage and its PTX."""
     import triton
     from triton.compiler import ASTSource
 
@@ -61,6 +71,7 @@ def compile_config(kernel, pointers: dict, constants: dict, config, target) -> d
         "wgmma": ptx.count("wgmma.mma_async"),
         "mma.sync": ptx.count("mma.sync"),
         "s": seconds,
+        "ptx": code_only(ptx),
     }
 
 
@@ -70,6 +81,9 @@ def main() -> int:
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--first", action="store_true", help="only the first config of each kernel (a quick check)")
     p.add_argument("--no-rab", action="store_true", help="the kernels without a relative bias (HAS_RAB false)")
+    p.add_argument(
+        "--ptx-dir", help="write each config's PTX (line info stripped) here, to diff against another commit's"
+    )
     args = p.parse_args()
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         print("TRITON_INTERPRET=1 is set: run without it (kernels must be decorated for compilation)")
@@ -109,6 +123,12 @@ def main() -> int:
     for kernel, pointers in kernels:
         for config in kernel.configs[:1] if args.first else kernel.configs:
             r = compile_config(kernel, pointers, constants, config, target)
+            tile = "-".join(f"{k}{v}" for k, v in config.kwargs.items())
+            if args.ptx_dir:
+                os.makedirs(args.ptx_dir, exist_ok=True)
+                name = f"{kernel.fn.__name__}-{tile}-w{config.num_warps}s{config.num_stages}.ptx"
+                with open(os.path.join(args.ptx_dir, name), "w") as fh:
+                    fh.write(r["ptx"])
             rows.append(
                 [
                     kernel.fn.__name__,
@@ -120,6 +140,7 @@ def main() -> int:
                     r["smem"],
                     r["wgmma"],
                     r["mma.sync"],
+                    hashlib.sha256(r["ptx"].encode()).hexdigest()[:12],
                     f"{r['s']:.1f}",
                 ]
             )
@@ -138,6 +159,7 @@ def main() -> int:
                 "smem B",
                 "wgmma (ptx)",
                 "mma.sync (ptx)",
+                "ptx code",
                 "compile s",
             ],
         )

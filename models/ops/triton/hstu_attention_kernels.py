@@ -159,16 +159,9 @@ def _add_rab_grad(drab_row, vec, first, n, num_buckets, BLOCK: tl.constexpr):
 def _fwd_tile(
     acc,
     q,
-    k_base,
-    v_base,
-    rab_row,
     m0,
     n0,
-    n,
-    inv_n,
-    stride_kt,
-    stride_vt,
-    num_buckets,
+    kside,
     D_QK: tl.constexpr,
     D_V: tl.constexpr,
     BLOCK_DQK: tl.constexpr,
@@ -180,7 +173,10 @@ def _fwd_tile(
     HAS_RAB: tl.constexpr,
 ):
     """acc += (SiLU(q k^T + rab) / n) v for the key block at n0; only blocks that cross the
-    diagonal (CAUSAL) need the mask: earlier key blocks are whole and all before the queries."""
+    diagonal (CAUSAL) need the mask: earlier key blocks are whole and all before the queries.
+    ``kside``: the (sequence, head)'s key side, one tuple for the calls alike (constexprs stay apart:
+    a tuple's members are values)."""
+    k_base, v_base, rab_row, n, inv_n, stride_kt, stride_vt, num_buckets = kside
     cols = n0 + tl.arange(0, BLOCK_N)
     k = _load_rows(k_base, cols, n, stride_kt, D_QK, BLOCK_DQK, CAUSAL)
     v = _load_rows(v_base, cols, n, stride_vt, D_V, BLOCK_DV, CAUSAL)
@@ -237,6 +233,7 @@ def hstu_fwd_kernel(
     v_base = V + start * stride_vt + h * stride_vh
     o_base = OUT + start * stride_ot + h * stride_oh
     rab_row = RAB + h * stride_rh
+    kside = (k_base, v_base, rab_row, n, inv_n, stride_kt, stride_vt, num_buckets)
     for m0 in range(tl.program_id(0) * BLOCK_M, n, tl.num_programs(0) * BLOCK_M):
         rows = m0 + tl.arange(0, BLOCK_M)
         q = _load_rows(q_base, rows, n, stride_qt, D_QK, BLOCK_DQK, True)
@@ -244,51 +241,11 @@ def hstu_fwd_kernel(
         diag = (m0 // BLOCK_N) * BLOCK_N  # first key block that reaches row m0
         for n0 in range(0, diag, BLOCK_N):
             acc = _fwd_tile(
-                acc,
-                q,
-                k_base,
-                v_base,
-                rab_row,
-                m0,
-                n0,
-                n,
-                inv_n,
-                stride_kt,
-                stride_vt,
-                num_buckets,
-                D_QK,
-                D_V,
-                BLOCK_DQK,
-                BLOCK_DV,
-                PRECISION,
-                BLOCK_M,
-                BLOCK_N,
-                False,
-                HAS_RAB,
+                acc, q, m0, n0, kside, D_QK, D_V, BLOCK_DQK, BLOCK_DV, PRECISION, BLOCK_M, BLOCK_N, False, HAS_RAB
             )
         for n0 in range(diag, tl.minimum(m0 + BLOCK_M, n), BLOCK_N):
             acc = _fwd_tile(
-                acc,
-                q,
-                k_base,
-                v_base,
-                rab_row,
-                m0,
-                n0,
-                n,
-                inv_n,
-                stride_kt,
-                stride_vt,
-                num_buckets,
-                D_QK,
-                D_V,
-                BLOCK_DQK,
-                BLOCK_DV,
-                PRECISION,
-                BLOCK_M,
-                BLOCK_N,
-                True,
-                HAS_RAB,
+                acc, q, m0, n0, kside, D_QK, D_V, BLOCK_DQK, BLOCK_DV, PRECISION, BLOCK_M, BLOCK_N, True, HAS_RAB
             )
         _store_rows(o_base, acc, rows, n, stride_ot, D_V, BLOCK_DV)
 
@@ -332,19 +289,10 @@ def _bwd_kv_tile(
     dk,
     dv,
     carry,
-    k,
-    v,
-    q_base,
-    do_base,
-    rab_row,
-    drab_row,
+    kv,
     m0,
     p0,
-    n,
-    inv_n,
-    stride_qt,
-    stride_dot,
-    num_buckets,
+    qside,
     D_QK: tl.constexpr,
     D_V: tl.constexpr,
     BLOCK_DQK: tl.constexpr,
@@ -362,8 +310,11 @@ def _bwd_kv_tile(
     where di < t ("upper"). The upper half of this tile and the lower half of the previous one
     (distances m0 - p0 - BLOCK + t) are added and sent with one atomic vector; the last lower
     half is sent by the caller. So each (sequence, head, key block) sends one atomic add per
-    BLOCK distances and query block, instead of one per score.
+    BLOCK distances and query block, instead of one per score. ``kv``: the key block's (k, v);
+    ``qside``: the (sequence, head)'s query side (q, dO, the bias row and its gradient's).
     """
+    q_base, do_base, rab_row, drab_row, n, inv_n, stride_qt, stride_dot, num_buckets = qside
+    k, v = kv
     rows = m0 + tl.arange(0, BLOCK)
     cols = p0 + tl.arange(0, BLOCK)
     q = _load_rows(q_base, rows, n, stride_qt, D_QK, BLOCK_DQK, ROW_MASK)
@@ -390,16 +341,9 @@ def _bwd_q_tile(
     dq,
     q,
     do,
-    k_base,
-    v_base,
-    rab_row,
     m0,
     n0,
-    n,
-    inv_n,
-    stride_kt,
-    stride_vt,
-    num_buckets,
+    kside,
     D_QK: tl.constexpr,
     D_V: tl.constexpr,
     BLOCK_DQK: tl.constexpr,
@@ -409,7 +353,8 @@ def _bwd_q_tile(
     CAUSAL: tl.constexpr,
     HAS_RAB: tl.constexpr,
 ):
-    """One key block n0 against the program's query block m0: dQ."""
+    """One key block n0 against the program's query block m0: dQ (``kside`` as in _fwd_tile)."""
+    k_base, v_base, rab_row, n, inv_n, stride_kt, stride_vt, num_buckets = kside
     rows = m0 + tl.arange(0, BLOCK)
     cols = n0 + tl.arange(0, BLOCK)
     k = _load_rows(k_base, cols, n, stride_kt, D_QK, BLOCK_DQK, CAUSAL)
@@ -475,40 +420,19 @@ def hstu_bwd_kernel(
     do_base = DO + start * stride_dot + h * stride_doh
     rab_row = RAB + h * stride_rh
     drab_row = DRAB + h * num_buckets
+    qside = (q_base, do_base, rab_row, drab_row, n, inv_n, stride_qt, stride_dot, num_buckets)
+    kside = (k_base, v_base, rab_row, n, inv_n, stride_kt, stride_vt, num_buckets)
     for p0 in range(tl.program_id(0) * BLOCK, n, tl.num_programs(0) * BLOCK):
         rows = p0 + tl.arange(0, BLOCK)
         # dK, dV of keys p0.. against every query from p0 on.
         k = _load_rows(k_base, rows, n, stride_kt, D_QK, BLOCK_DQK, True)
         v = _load_rows(v_base, rows, n, stride_vt, D_V, BLOCK_DV, True)
+        kv = (k, v)
         dk = tl.zeros((BLOCK, BLOCK_DQK), dtype=tl.float32)
         dv = tl.zeros((BLOCK, BLOCK_DV), dtype=tl.float32)
         carry = tl.zeros((BLOCK,), dtype=tl.float32)
         dk, dv, carry = _bwd_kv_tile(
-            dk,
-            dv,
-            carry,
-            k,
-            v,
-            q_base,
-            do_base,
-            rab_row,
-            drab_row,
-            p0,
-            p0,
-            n,
-            inv_n,
-            stride_qt,
-            stride_dot,
-            num_buckets,
-            D_QK,
-            D_V,
-            BLOCK_DQK,
-            BLOCK_DV,
-            PRECISION,
-            BLOCK,
-            True,
-            True,
-            HAS_RAB,
+            dk, dv, carry, kv, p0, p0, qside, D_QK, D_V, BLOCK_DQK, BLOCK_DV, PRECISION, BLOCK, True, True, HAS_RAB
         )
         # Whole query blocks load without row masks; the sequence's last, partial one with them.
         whole = p0 + ((n - p0) // BLOCK) * BLOCK
@@ -517,19 +441,10 @@ def hstu_bwd_kernel(
                 dk,
                 dv,
                 carry,
-                k,
-                v,
-                q_base,
-                do_base,
-                rab_row,
-                drab_row,
+                kv,
                 m0,
                 p0,
-                n,
-                inv_n,
-                stride_qt,
-                stride_dot,
-                num_buckets,
+                qside,
                 D_QK,
                 D_V,
                 BLOCK_DQK,
@@ -542,31 +457,7 @@ def hstu_bwd_kernel(
             )
         for m0 in range(tl.maximum(whole, p0 + BLOCK), n, BLOCK):
             dk, dv, carry = _bwd_kv_tile(
-                dk,
-                dv,
-                carry,
-                k,
-                v,
-                q_base,
-                do_base,
-                rab_row,
-                drab_row,
-                m0,
-                p0,
-                n,
-                inv_n,
-                stride_qt,
-                stride_dot,
-                num_buckets,
-                D_QK,
-                D_V,
-                BLOCK_DQK,
-                BLOCK_DV,
-                PRECISION,
-                BLOCK,
-                False,
-                True,
-                HAS_RAB,
+                dk, dv, carry, kv, m0, p0, qside, D_QK, D_V, BLOCK_DQK, BLOCK_DV, PRECISION, BLOCK, False, True, HAS_RAB
             )
         if HAS_RAB:
             last = ((n - 1 - p0) // BLOCK) * BLOCK  # distance offset of the last query block
@@ -578,52 +469,8 @@ def hstu_bwd_kernel(
         do = _load_rows(do_base, rows, n, stride_dot, D_V, BLOCK_DV, True)
         dq = tl.zeros((BLOCK, BLOCK_DQK), dtype=tl.float32)
         for n0 in range(0, p0, BLOCK):
-            dq = _bwd_q_tile(
-                dq,
-                q,
-                do,
-                k_base,
-                v_base,
-                rab_row,
-                p0,
-                n0,
-                n,
-                inv_n,
-                stride_kt,
-                stride_vt,
-                num_buckets,
-                D_QK,
-                D_V,
-                BLOCK_DQK,
-                BLOCK_DV,
-                PRECISION,
-                BLOCK,
-                False,
-                HAS_RAB,
-            )
-        dq = _bwd_q_tile(
-            dq,
-            q,
-            do,
-            k_base,
-            v_base,
-            rab_row,
-            p0,
-            p0,
-            n,
-            inv_n,
-            stride_kt,
-            stride_vt,
-            num_buckets,
-            D_QK,
-            D_V,
-            BLOCK_DQK,
-            BLOCK_DV,
-            PRECISION,
-            BLOCK,
-            True,
-            HAS_RAB,
-        )
+            dq = _bwd_q_tile(dq, q, do, p0, n0, kside, D_QK, D_V, BLOCK_DQK, BLOCK_DV, PRECISION, BLOCK, False, HAS_RAB)
+        dq = _bwd_q_tile(dq, q, do, p0, p0, kside, D_QK, D_V, BLOCK_DQK, BLOCK_DV, PRECISION, BLOCK, True, HAS_RAB)
         _store_rows(DQ + start * stride_dqt + h * stride_dqh, dq, rows, n, stride_dqt, D_QK, BLOCK_DQK)
 
 
@@ -641,6 +488,19 @@ def _precision(dtype: torch.dtype) -> str:
     if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
         return "ieee"
     return "tf32"
+
+
+def _sizes(q: torch.Tensor, v: torch.Tensor, rab: torch.Tensor) -> dict:
+    """The kernels' constexprs for these heads: sizes, their blocks, dot precision, bias or none."""
+    d_qk, d_v = q.shape[2], v.shape[2]
+    return dict(
+        D_QK=d_qk,
+        D_V=d_v,
+        BLOCK_DQK=_block_d(d_qk),
+        BLOCK_DV=_block_d(d_v),
+        PRECISION=_precision(q.dtype),
+        HAS_RAB=rab.shape[1] > 0,
+    )
 
 
 def _unit_last(t: torch.Tensor) -> torch.Tensor:
@@ -663,10 +523,9 @@ def _launch(kernel, grid_rows: int, batch: int, heads: int, args: tuple, config:
 def forward(q, k, v, rab, offsets, max_len: int, config: dict | None = None) -> torch.Tensor:
     """(T, H, D_QK) q, k, (T, H, D_V) v, (H, R) rab (R = 0: no bias), (B + 1,) offsets -> (T, H, D_V)."""
     q, k, v, rab = _unit_last(q), _unit_last(k), _unit_last(v), _unit_last(rab)
-    T, H, d_qk = q.shape
-    d_v = v.shape[2]
+    T, H = q.shape[:2]
     B = offsets.shape[0] - 1
-    out = torch.empty((T, H, d_v), dtype=v.dtype, device=v.device)
+    out = torch.empty((T, H, v.shape[2]), dtype=v.dtype, device=v.device)
     if T == 0 or B == 0 or max_len <= 0:
         return out
     args = (
@@ -688,28 +547,14 @@ def forward(q, k, v, rab, offsets, max_len: int, config: dict | None = None) -> 
         rab.shape[1],
         triton.next_power_of_2(max_len),
     )
-    _launch(
-        hstu_fwd_kernel,
-        max_len,
-        B,
-        H,
-        args,
-        config,
-        D_QK=d_qk,
-        D_V=d_v,
-        BLOCK_DQK=_block_d(d_qk),
-        BLOCK_DV=_block_d(d_v),
-        PRECISION=_precision(q.dtype),
-        HAS_RAB=rab.shape[1] > 0,
-    )
+    _launch(hstu_fwd_kernel, max_len, B, H, args, config, **_sizes(q, v, rab))
     return out
 
 
 def backward(grad_out, q, k, v, rab, offsets, max_len: int, config: dict | None = None):
     """Gradients (dq, dk, dv, drab) of :func:`forward`; drab in rab's dtype."""
     grad_out, q, k, v, rab = (_unit_last(t) for t in (grad_out, q, k, v, rab))
-    T, H, d_qk = q.shape
-    d_v = v.shape[2]
+    T, H = q.shape[:2]
     B = offsets.shape[0] - 1
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     drab = torch.zeros(rab.shape, dtype=torch.float32, device=rab.device)  # atomics target
@@ -743,18 +588,5 @@ def backward(grad_out, q, k, v, rab, offsets, max_len: int, config: dict | None 
             rab.shape[1],
             triton.next_power_of_2(max_len),
         )
-        _launch(
-            hstu_bwd_kernel,
-            max_len,
-            B,
-            H,
-            args,
-            config,
-            D_QK=d_qk,
-            D_V=d_v,
-            BLOCK_DQK=_block_d(d_qk),
-            BLOCK_DV=_block_d(d_v),
-            PRECISION=_precision(q.dtype),
-            HAS_RAB=rab.shape[1] > 0,
-        )
+        _launch(hstu_bwd_kernel, max_len, B, H, args, config, **_sizes(q, v, rab))
     return dq, dk, dv, drab.to(rab.dtype)
