@@ -20,21 +20,21 @@ def attention_model_flops(q: torch.Tensor, v: torch.Tensor, offsets: torch.Tenso
     return int(heads * (q.shape[2] + v.shape[2]) * int((lengths * lengths).sum()))
 
 
-def register_attention_flops(fwd, bwd) -> None:
-    """Registers forward ``fwd(q, k, v, rab, offsets, ...)`` and backward
-    ``bwd(grad_out, q, k, v, rab, offsets, ...)`` (model backward = 2 x forward: gradients of both
-    matmuls w.r.t. both operands). Guarded so that a module reload does not register twice."""
+def register_model_flops(fwd, bwd, forward_flops) -> None:
+    """Registers ``forward_flops(*args)`` for the forward op ``fwd(*args)`` and twice that for its
+    backward ``bwd(grad_out, *args)`` (the gradients w.r.t. both operands of every matmul). Guarded
+    so that a module reload does not register twice."""
     if fwd not in flop_registry:
-
-        @register_flop_formula(fwd, get_raw=True)
-        def _fwd_flops(q, k, v, rab, offsets, *args, out_val=None, **kwargs) -> int:
-            return attention_model_flops(q, v, offsets)
-
+        register_flop_formula(fwd, get_raw=True)(lambda *args, out_val=None, **kwargs: forward_flops(*args))
     if bwd not in flop_registry:
+        register_flop_formula(bwd, get_raw=True)(
+            lambda grad_out, *args, out_val=None, **kwargs: 2 * forward_flops(*args)
+        )
 
-        @register_flop_formula(bwd, get_raw=True)
-        def _bwd_flops(grad_out, q, k, v, rab, offsets, *args, out_val=None, **kwargs) -> int:
-            return 2 * attention_model_flops(q, v, offsets)
+
+def register_attention_flops(fwd, bwd) -> None:
+    """Attention's pair: ``fwd(q, k, v, rab, offsets, ...)``, ``bwd(grad_out, q, k, v, rab, offsets, ...)``."""
+    register_model_flops(fwd, bwd, lambda q, k, v, rab, offsets, *args: attention_model_flops(q, v, offsets))
 
 
 def pool_model_flops(weights: torch.Tensor, values: torch.Tensor) -> int:
@@ -44,20 +44,9 @@ def pool_model_flops(weights: torch.Tensor, values: torch.Tensor) -> int:
 
 
 def register_pool_flops(fwd, bwd) -> None:
-    """Registers forward ``fwd(weights, values, offsets, ...)`` (pool_model_flops) and backward
-    ``bwd(grad_out, weights, values, offsets, ...)``: twice that (the gradients of both operands),
-    however many padded rows the backend computes."""
-    if fwd not in flop_registry:
-
-        @register_flop_formula(fwd, get_raw=True)
-        def _fwd_flops(weights, values, offsets, *args, out_val=None, **kwargs) -> int:
-            return pool_model_flops(weights, values)
-
-    if bwd not in flop_registry:
-
-        @register_flop_formula(bwd, get_raw=True)
-        def _bwd_flops(grad_out, weights, values, offsets, *args, out_val=None, **kwargs) -> int:
-            return 2 * pool_model_flops(weights, values)
+    """The padded pool's pair: ``fwd(weights, values, offsets, ...)``, ``bwd(grad_out, weights,
+    values, offsets, ...)``: its real rows' FLOPs, however many padded rows it computes."""
+    register_model_flops(fwd, bwd, lambda weights, values, *args: pool_model_flops(weights, values))
 
 
 def register_fbgemm_pool_flops() -> None:
