@@ -198,7 +198,7 @@ def test_tile_order_round_trips_every_row(dtype):
     for _, m, L, weight in lay.tiles:  # 1/n on a sequence's n real positions, 0 on its padding
         assert weight.shape == (m, L) and torch.allclose(weight.sum(1), torch.ones(m))
         real += int((weight > 0).sum())
-    assert real == T
+    assert real == T and lay.longest == max(lengths)
     assert _layout(off.clone(), H) is lay  # planned once for every layer and pass of a batch
     assert _layout(_offsets(lengths[:-1]), H) is not lay
 

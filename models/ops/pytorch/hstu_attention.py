@@ -120,6 +120,11 @@ class _Layout:
     tiles: tuple[tuple[int, int, int, torch.Tensor], ...]  # (first slot, m, L, row weight (m, L))
     slots: int  # P
 
+    @property
+    def longest(self) -> int:
+        """The longest sequence: the first tile's length (tiles go longest first)."""
+        return self.tiles[0][2] if self.tiles else 0
+
 
 def _layout(offsets: torch.Tensor, heads: int) -> _Layout:
     """The tile layout of a batch, planned once for all the layers and passes that share offsets
@@ -194,7 +199,7 @@ def hstu_jagged_attention(
     if T == 0:
         return torch.zeros_like(v)
     lay = _layout(offsets, H)
-    bias = _masked_bias(rab, int((offsets[1:] - offsets[:-1]).max()))
+    bias = _masked_bias(rab, lay.longest)
     Q, K, V = (_rows(t, lay.gather) for t in (q, k, v))
     Y = V.new_empty(lay.slots, D)
     for first, m, L, weight in lay.tiles:
@@ -232,7 +237,7 @@ def hstu_jagged_attention_bwd(
     if T == 0:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), torch.zeros_like(rab)
     lay = _layout(offsets, H)
-    Lmax = int((offsets[1:] - offsets[:-1]).max())
+    Lmax = lay.longest
     bias = _masked_bias(rab, Lmax)
     Q, K, V, G = (_rows(t, lay.gather) for t in (q, k, v, grad_out))
     GQ, GK, GV = (Q.new_empty(lay.slots, D) for _ in range(3))
