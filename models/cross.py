@@ -110,15 +110,16 @@ def prepend_tokens(
     T, (B, k) = values.shape[0], tokens.shape[:2]
     ar = torch.arange(B + 1, device=offsets.device, dtype=offsets.dtype)
     new_offsets = offsets + k * ar
-    new_lengths = new_offsets[1:] - new_offsets[:-1]
-    seg = torch.repeat_interleave(ar[:-1], new_lengths, output_size=T + k * B)
-    # Output row p of sequence b comes from values[p - k (b + 1)], its first k rows from tokens[b]
-    # (rows T + k b.. of the concatenation below): one gather keeps autograd simple for both inputs.
-    p = torch.arange(T + k * B, device=offsets.device, dtype=offsets.dtype)
-    pos = p - new_offsets[:-1][seg]
-    src = torch.where(pos < k, T + k * seg + pos, p - k * (seg + 1))
-    both = torch.cat([values, tokens.reshape(B * k, -1).to(values.dtype)], dim=0)
-    return both.index_select(0, src), new_offsets
+    seg = torch.repeat_interleave(ar[:-1], offsets[1:] - offsets[:-1], output_size=T)
+    # Row t of sequence b moves to t + k (b + 1); tokens[b] fill rows new_offsets[b].. . Each output
+    # row is written once by a scatter, so both inputs' gradients are gathers of the output's: the
+    # backward of a gather would be an accumulating scatter (atomic adds, a tenth of a small step).
+    value_rows = torch.arange(T, device=offsets.device, dtype=offsets.dtype) + k * (seg + 1)
+    token_rows = (new_offsets[:-1, None] + torch.arange(k, device=offsets.device, dtype=offsets.dtype)).reshape(-1)
+    out = values.new_empty(T + k * B, values.shape[1])
+    out.index_copy_(0, value_rows, values)
+    out.index_copy_(0, token_rows, tokens.reshape(B * k, -1).to(values.dtype))
+    return out, new_offsets
 
 
 class SequenceSummary(nn.Module):
