@@ -16,7 +16,8 @@ scores, SiLU, mask, back to jagged). Goals, printed and never asserted:
   python benchmarks/attention_gpu.py --device cpu --dtype bf16
 
 Without CUDA the Triton kernels are not timed (the interpreter tests in tests/test_hstu_triton.py
-check them).
+check them). On a CPU the tiled op is timed twice: on the one batch (the goals' figure, beside the
+padded path), and on a new batch each call, as training calls it (its tiles' shapes change).
 """
 
 from __future__ import annotations
@@ -109,6 +110,22 @@ def time_ms(fn, args, device: torch.device, reps: int) -> float:
     return float(np.median(times))
 
 
+def time_fresh_ms(fn, make, reps: int, warm: int = 10) -> tuple[float, float]:
+    """(median ms, total model FLOPs / total s) of one forward+backward on a new batch each call, as a
+    training step sees them: a shape-specialized kernel built for one batch's shapes is built again
+    for the next one's. ``make(seed)`` gives (call args, model FLOPs); the first ``warm`` batches
+    are not timed."""
+    times, flops = [], 0.0
+    for seed in range(1, 1 + warm + reps):
+        args, batch_flops = make(seed)
+        t0 = time.perf_counter()
+        fwd_bwd(fn, *args)
+        if seed > warm:
+            times.append(time.perf_counter() - t0)
+            flops += batch_flops
+    return 1e3 * float(np.median(times)), flops / sum(times)
+
+
 def count_launches(fn, args) -> int:
     """Device kernels (fills, casts and copies included) in one forward+backward (torch.profiler)."""
     from torch.profiler import ProfilerActivity, profile
@@ -194,6 +211,20 @@ def main() -> None:
                 "n/a (CPU)" if launches is None else launches,
             ]
         )
+    if not cuda and "tiled" in times_ms:
+
+        def fresh(seed):
+            q, k, v, rab, offsets, cap, lengths = make_batch(
+                args.batch, args.max_len, DTYPES[dtype_name], device, seed=seed, config=config
+            )
+            return (q, k, v, rab, offsets, cap, torch.randn_like(v)), model_flops(lengths, heads, d_head, d_head)
+
+        ms, per_s = time_fresh_ms(paths(device)["tiled"], fresh, 2 * reps)
+        tflops = per_s / 1e12
+        rows.append(
+            ["tiled, a new batch a call", f"{ms:.3f}", f"{tflops:.3g}", f"{100 * tflops / peak.tflops_per_device:.2f}%"]
+        )
+        rows[-1] += ["n/a (CPU)", "n/a (CPU)"]
     print(
         tabulate(
             rows,

@@ -61,7 +61,7 @@ SEQUENCE_INPUT_PLAIN_BYTES = 4.25
 # eager bf16 rose 126 MiB over 17 MiB of tensors; eager fp32 26 MiB over 24, file pages (libraries'
 # code read in as it runs) excepted. On CUDA the measured peak is torch.cuda.max_memory_allocated,
 # tensors only: no runtime term.
-CPU_RUNTIME_BYTES = {"eager fp32": 4 * 2**20, "eager bf16": 112 * 2**20, "compile": 280 * 2**20}
+CPU_RUNTIME_BYTES = {"eager fp32": 4 * 2**20, "eager bf16": 112 * 2**20, "compile": 190 * 2**20}
 # The same for one torchrun rank (1 thread, after the rank has set up its process group and its
 # peak): compile grows it less than it grows one process, measured with benchmarks/rank_memory.py
 # on tiny (2 gloo ranks: a 185-204 MiB rise around 12 MiB of tensors); eager as one process

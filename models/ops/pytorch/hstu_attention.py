@@ -34,6 +34,11 @@ TILE_MAX = 64
 TILE_MIN = 8
 TILE_WASTE = 0.25
 TILE_SCORES = 2**26
+# A tile's shape comes from a few: its length is a multiple of TILE_LEN, its sequences a multiple of
+# TILE_ROWS (empty ones complete the last tile). oneDNN builds (JIT-compiles) a matmul for every new
+# shape, about a millisecond each on a CPU; tiles of any shape gave every batch new ones.
+TILE_LEN = 8
+TILE_ROWS = 16
 
 
 # --------------------------------------------------------------------------------------------
@@ -41,30 +46,30 @@ TILE_SCORES = 2**26
 # --------------------------------------------------------------------------------------------
 
 
-def _tile_plan(lengths: list[int]) -> list[tuple[list[int], int]]:
-    """Cuts sequences (sorted by length, longest first) into tiles: [(sequence ids, tile len)]."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    tiles: list[tuple[list[int], int]] = []
-    cur: list[int] = []
-    cur_len = 0
-    real = 0
-    for i in order:
-        n = lengths[i]
-        if n == 0:  # empty sequences hold no tokens and no work
-            continue
-        if cur:
-            grown_padded = cur_len * cur_len * (len(cur) + 1)
-            over = grown_padded > (1.0 + TILE_WASTE) * (real + n * n)
-            full = len(cur) >= TILE_MAX or (len(cur) + 1) * cur_len * cur_len > TILE_SCORES
-            if full or (len(cur) >= TILE_MIN and over):
-                tiles.append((cur, cur_len))
-                cur, cur_len, real = [], 0, 0
-        if not cur:
-            cur_len = n
-        cur.append(i)
-        real += n * n
-    if cur:
-        tiles.append((cur, cur_len))
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def _tile_plan(lengths: list[int]) -> list[tuple[list[int], int, int]]:
+    """Cuts sequences (sorted by length, longest first) into tiles: [(sequence ids, tile len,
+    sequence slots)], slots >= len(ids) (the rest empty). Sequences join a tile TILE_ROWS at a
+    time, where TILE_ROWS of its length fit in TILE_SCORES (one at a time past that)."""
+    order = [i for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]) if lengths[i] > 0]
+    tiles: list[tuple[list[int], int, int]] = []
+    first = 0
+    while first < len(order):
+        L = _round_up(lengths[order[first]], TILE_LEN)
+        rows = TILE_ROWS if TILE_ROWS * L * L <= TILE_SCORES else 1
+        m = real = 0
+        while first + m < len(order) and m + rows <= max(TILE_MAX, rows):
+            block = order[first + m : first + m + rows]
+            work = sum(lengths[i] ** 2 for i in block)
+            grown = (m + rows) * L * L
+            if m and (grown > TILE_SCORES or (m >= TILE_MIN and grown > (1.0 + TILE_WASTE) * (real + work))):
+                break
+            m, real = m + len(block), real + work
+        tiles.append((order[first : first + m], L, _round_up(m, rows)))
+        first += m
     return tiles
 
 
@@ -78,7 +83,7 @@ def padding_waste(offsets: torch.Tensor) -> float:
     real = sum(n * n for n in lengths)
     if real == 0:
         return 0.0
-    executed = sum(len(ids) * L * L for ids, L in _tile_plan(lengths))
+    executed = sum(slots * L * L for _, L, slots in _tile_plan(lengths))
     return executed / real - 1.0
 
 
@@ -140,21 +145,22 @@ def _layout_cached(key: bytes, H: int, device: str) -> _Layout:
     lengths = lengths_t.tolist()
     B, T = len(lengths), int(offsets[-1])
     heads = torch.arange(H)
-    pos_all = torch.arange(max(lengths, default=0))
+    plan = _tile_plan(lengths)
+    pos_all = torch.arange(max((L for _, L, _ in plan), default=0))
     seq_slot = torch.zeros(B, dtype=torch.int64)  # slot of a sequence's first token, head 0
     head_stride = torch.zeros(B, dtype=torch.int64)  # slots between one head's rows and the next's
     gathers, tiles, first = [], [], 0
-    for ids, L in _tile_plan(lengths):
-        m = len(ids)
+    for ids, L, m in plan:
         ids_t = torch.tensor(ids, dtype=torch.int64)
-        start = offsets[ids_t][:, None]
-        n = lengths_t[ids_t][:, None]
+        empty = m - len(ids)  # empty sequences: every slot reads row 0, weight 0
+        start = torch.cat([offsets[ids_t], offsets.new_zeros(empty)])[:, None]
+        n = torch.cat([lengths_t[ids_t], lengths_t.new_zeros(empty)])[:, None]
         valid = pos_all[None, :L] < n  # (m, L)
         rows = torch.where(valid, start + pos_all[None, :L], start)
         gathers.append((rows[None] * H + heads[:, None, None]).reshape(-1))
-        seq_slot[ids_t] = first + torch.arange(m) * L
+        seq_slot[ids_t] = first + torch.arange(len(ids)) * L
         head_stride[ids_t] = m * L
-        weight = valid.to(torch.float32) / n.to(torch.float32)  # 1/n on real tokens, 0 on padding
+        weight = valid.to(torch.float32) / n.clamp(min=1).to(torch.float32)  # 1/n on real tokens, 0 on padding
         tiles.append((first, m, L, weight.to(device)))
         first += H * m * L
     seq = torch.repeat_interleave(torch.arange(B), lengths_t, output_size=T)
