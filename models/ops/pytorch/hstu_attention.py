@@ -21,6 +21,7 @@ import functools
 from dataclasses import dataclass
 
 import fbgemm_gpu  # noqa: F401  (registers torch.ops.fbgemm)
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -140,34 +141,34 @@ def _layout(offsets: torch.Tensor, heads: int) -> _Layout:
 
 @functools.lru_cache(maxsize=8)
 def _layout_cached(key: bytes, H: int, device: str) -> _Layout:
-    offsets = torch.frombuffer(bytearray(key), dtype=torch.int64)
-    lengths_t = offsets[1:] - offsets[:-1]
-    lengths = lengths_t.tolist()
+    # numpy, not torch: a batch has a few dozen tiles, and per-tile torch calls cost milliseconds
+    offsets = np.frombuffer(key, dtype=np.int64)
+    lengths = offsets[1:] - offsets[:-1]
     B, T = len(lengths), int(offsets[-1])
-    heads = torch.arange(H)
-    plan = _tile_plan(lengths)
-    pos_all = torch.arange(max((L for _, L, _ in plan), default=0))
-    seq_slot = torch.zeros(B, dtype=torch.int64)  # slot of a sequence's first token, head 0
-    head_stride = torch.zeros(B, dtype=torch.int64)  # slots between one head's rows and the next's
+    heads = np.arange(H)
+    plan = _tile_plan(lengths.tolist())
+    pos_all = np.arange(max((L for _, L, _ in plan), default=0))
+    seq_slot = np.zeros(B, dtype=np.int64)  # slot of a sequence's first token, head 0
+    head_stride = np.zeros(B, dtype=np.int64)  # slots between one head's rows and the next's
     gathers, tiles, first = [], [], 0
     for ids, L, m in plan:
-        ids_t = torch.tensor(ids, dtype=torch.int64)
         empty = m - len(ids)  # empty sequences: every slot reads row 0, weight 0
-        start = torch.cat([offsets[ids_t], offsets.new_zeros(empty)])[:, None]
-        n = torch.cat([lengths_t[ids_t], lengths_t.new_zeros(empty)])[:, None]
+        start = np.concatenate([offsets[ids], np.zeros(empty, dtype=np.int64)])[:, None]
+        n = np.concatenate([lengths[ids], np.zeros(empty, dtype=np.int64)])[:, None]
         valid = pos_all[None, :L] < n  # (m, L)
-        rows = torch.where(valid, start + pos_all[None, :L], start)
+        rows = np.where(valid, start + pos_all[None, :L], start)
         gathers.append((rows[None] * H + heads[:, None, None]).reshape(-1))
-        seq_slot[ids_t] = first + torch.arange(len(ids)) * L
-        head_stride[ids_t] = m * L
-        weight = valid.to(torch.float32) / n.clamp(min=1).to(torch.float32)  # 1/n on real tokens, 0 on padding
-        tiles.append((first, m, L, weight.to(device)))
+        seq_slot[ids] = first + np.arange(len(ids)) * L
+        head_stride[ids] = m * L
+        weight = valid / np.maximum(n, 1).astype(np.float32)  # 1/n on real tokens, 0 on padding
+        tiles.append((first, m, L, torch.from_numpy(weight.astype(np.float32)).to(device)))
         first += H * m * L
-    seq = torch.repeat_interleave(torch.arange(B), lengths_t, output_size=T)
-    token_slot = seq_slot[seq] + torch.arange(T) - offsets[seq]
+    seq = np.repeat(np.arange(B), lengths)
+    token_slot = seq_slot[seq] + np.arange(T) - offsets[seq]
     inverse = token_slot[:, None] + head_stride[seq][:, None] * heads  # (T, H)
-    gather = torch.cat(gathers) if gathers else torch.zeros(0, dtype=torch.int64)
-    return _Layout(gather.to(device), inverse.reshape(-1).to(device), tuple(tiles), first)
+    gather = np.concatenate(gathers) if gathers else np.zeros(0, dtype=np.int64)
+    as_index = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(device)  # noqa: E731
+    return _Layout(as_index(gather), as_index(inverse.reshape(-1)), tuple(tiles), first)
 
 
 def _rows(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
