@@ -59,8 +59,8 @@ SEQUENCE_INPUT_PLAIN_BYTES = 4.25
 # bf16 autocast (eager bf16), and torch.compile's FX graphs and generated code (compile, bf16).
 # Measured with `gembench run --config tiny` (torch 2.13, 2-core x86), where tensors are a few MiB:
 # eager bf16 rose 126 MiB over 17 MiB of tensors; eager fp32 26 MiB over 24; compile 188-193 MiB in
-# all, file pages (libraries' code read in as it runs) excepted. On CUDA the measured peak is torch.cuda.max_memory_allocated,
-# tensors only: no runtime term.
+# all, file pages (libraries' code read in as it runs) excepted. On CUDA the measured peak is
+# torch.cuda.max_memory_allocated, tensors only: no runtime term.
 CPU_RUNTIME_BYTES = {"eager fp32": 4 * 2**20, "eager bf16": 112 * 2**20, "compile": 190 * 2**20}
 # The same for one torchrun rank (1 thread, after the rank has set up its process group and its
 # peak): compile grows it less than it grows one process, measured with benchmarks/rank_memory.py
