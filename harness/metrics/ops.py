@@ -5,7 +5,8 @@ OpRecorder, a TorchDispatchMode whose clock around an op holds the op alone; its
 timed apart (``own_s``), so that the ops' times can be held against the step without it. Per call
 of an op (aten, fbgemm, gembench's own: what the dispatcher sees, after autocast and composite
 decompositions; an inductor graph shows the ops it calls out to; on a CPU its fused kernels are
-timed too, by a profiler over the op step, as ops named ``inductor.<kernel>``):
+timed too, by a profiler over the op step, as ops named ``inductor.<kernel>``, and their bytes
+noted from the buffers each call is handed):
 
 - time: wall time around the call; CPU ops are synchronous, and on CUDA the device is synchronised
   before and after, so the time is the op's kernels';
@@ -19,8 +20,8 @@ timed too, by a profiler over the op step, as ops named ``inductor.<kernel>``):
 ``table`` rolls the calls into one row per (stage, block, op) and sets each against the roofline
 of the device: an op of intensity I = FLOPs / bytes can run at min(peak, I x bandwidth), so its
 time at the bound is max(FLOPs / peak, bytes / bandwidth); the rest is ``lost_s``. Rows are
-sorted by time lost. A fused kernel's tensors are not seen, so neither are its bytes: its bound is
-"fused" and its whole time is counted lost, an upper bound.
+sorted by time lost. A fused kernel's bytes are those of the buffers it is handed (fused.py); one
+whose buffers went unseen (compiled during the op step) is bound "fused", its whole time lost.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from torch.utils.module_tracker import ModuleTracker
 
 from gembench.harness.metrics import trace
 from gembench.harness.metrics.counters import tensors_in
+from gembench.harness.metrics.fused import KernelBytes
 
 OUTSIDE = "outside stages"
 ROOT = "model"  # the tracker's name of the model: a block is a top-level submodule of it
@@ -85,6 +87,7 @@ class OpRecorder(TorchDispatchMode):
         self._depth = 0
         self.own_s = 0.0  # the recorder's bookkeeping: FLOP formulas, byte counts, module lookups
         self._profile = None if self.cuda else trace.profiler(torch.device("cpu"), shapes=False)
+        self._kernel_bytes = None if self.cuda else KernelBytes()
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
@@ -99,6 +102,7 @@ class OpRecorder(TorchDispatchMode):
         self._tracker.__enter__()
         if self._profile is not None:
             start = time.perf_counter()
+            self._kernel_bytes.__enter__()
             self._profile.__enter__()
             self.own_s += time.perf_counter() - start
         return super().__enter__()
@@ -110,6 +114,7 @@ class OpRecorder(TorchDispatchMode):
         if self._profile is not None:
             start = time.perf_counter()
             self._profile.__exit__(*exc)
+            self._kernel_bytes.__exit__(*exc)
             self.calls += self._fused_calls(self._profile.events())
             self.own_s += time.perf_counter() - start
         return out
@@ -136,7 +141,8 @@ class OpRecorder(TorchDispatchMode):
             if self.split is not None and stage == self.split[0]:
                 stage = self.split[1]
             seconds = (e.time_range.end - e.time_range.start) / 1e6
-            calls.append([FUSED_OP + e.name, stage, "other", seconds, 0.0, 0, 0, False])
+            read, written = self._kernel_bytes.take(e.name)
+            calls.append([FUSED_OP + e.name, stage, "other", seconds, 0.0, read, written, False])
         return calls
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -198,7 +204,7 @@ def table(calls: list[list], peak_tflops: float, bandwidth_gbs: float) -> list[d
         r["written"] += written
     out = []
     for r in rows.values():
-        if r["op"].startswith(FUSED_OP):  # bytes unseen: no bound, all its time above one
+        if r["op"].startswith(FUSED_OP) and not r["read"] + r["written"]:  # bytes unseen: no bound, all lost
             t = r["time_s"]
             out.append(
                 r | {"tflops": 0.0, "gbs": 0.0, "intensity": None, "bound": "fused", "bound_s": 0.0, "lost_s": t}
