@@ -62,6 +62,20 @@ def test_a_compiled_graphs_fused_cpu_kernels_are_timed_in_their_stage():
     assert not any(recorder._kernel_bytes.calls.values())
 
 
+def test_a_generated_module_whose_file_is_gone_is_passed_over(monkeypatch, tmp_path):
+    import types
+
+    from torch._inductor.codecache import PyCodeCache
+
+    from gembench.harness.metrics.fused import KernelBytes
+
+    gone = types.ModuleType("gone")
+    gone.__file__ = str(tmp_path / "removed.py")  # its cache folder cleaned since it was loaded
+    monkeypatch.setattr(PyCodeCache, "modules", [*PyCodeCache.modules, gone])
+    with KernelBytes() as kb:
+        assert kb.take("graph_0_cpp_fused_x_0") == (0, 0)
+
+
 def test_a_fused_kernel_compiled_during_the_op_step_keeps_its_bytes_unseen():
     import torch._inductor.config
 
