@@ -117,8 +117,9 @@ class _Layout:
 
     The buffer holds the tiles back to back; a tile of m sequences padded to L is H * m * L rows
     ordered (head, sequence, position), so ``buffer[first:first + H*m*L].view(H*m, L, D)`` is
-    one batch of matrices for all heads. Padded slots read their sequence's first token (harmless:
-    a padded query's weight is 0, and a real query i < n sees only keys j <= i, which are real).
+    one batch of matrices for all heads. Padded slots read their sequence's first token, an empty
+    sequence's slots row 0 (harmless: a padded query's weight is 0, and a real query i < n sees only
+    keys j <= i, which are real).
     """
 
     gather: torch.Tensor  # (P,): the row of the (T * H, D) view each buffer slot reads
@@ -167,8 +168,11 @@ def _layout_cached(key: bytes, H: int, device: str) -> _Layout:
     token_slot = seq_slot[seq] + np.arange(T) - offsets[seq]
     inverse = token_slot[:, None] + head_stride[seq][:, None] * heads  # (T, H)
     gather = np.concatenate(gathers) if gathers else np.zeros(0, dtype=np.int64)
-    as_index = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(device)  # noqa: E731
-    return _Layout(as_index(gather), as_index(inverse.reshape(-1)), tuple(tiles), first)
+    return _Layout(_index(gather, device), _index(inverse.reshape(-1), device), tuple(tiles), first)
+
+
+def _index(a: np.ndarray, device: str) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(device)
 
 
 def _rows(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
