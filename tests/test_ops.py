@@ -55,7 +55,7 @@ def test_a_compiled_graphs_fused_cpu_kernels_are_timed_in_their_stage():
     assert fused and all(r["stage"] == "dense_forward" and r["bound"] == "memory" for r in fused), rows
     # the buffers each kernel is handed: x read (fp32), and the 4-byte sum written
     assert sum(r["read"] for r in fused) == 512 * 64 * 4 and sum(r["written"] for r in fused) == 4, fused
-    assert all(0 < r["bound_s"] and r["lost_s"] == pytest.approx(r["time_s"] - r["bound_s"]) for r in fused)
+    assert all(0 < r["bound_s"] and r["lost_s"] == pytest.approx(max(r["time_s"] - r["bound_s"], 0.0)) for r in fused)
     assert {r["stage"] for r in rows if r["op"] == "aten.mm.default"} == {"sparse_forward"}
     # the kernels are put back after the op step: a call outside it notes nothing
     f(x)
