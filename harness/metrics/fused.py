@@ -14,8 +14,9 @@ from __future__ import annotations
 import re
 from collections import defaultdict, deque
 
-import torch
-
+# The op table's name for a compiled graph's fused kernel: this prefix and its profiler range. Here
+# (torch imported only when kernels are wrapped) so that the report reads it without torch.
+FUSED_OP = "inductor."
 # one kernel of a generated module: its name, and its C++ source (signature and profiler range)
 _KERNEL = re.compile(r"^(\w+) = async_compile\.cpp_pybinding\(\[[^\]]*\], r'''(.*?)'''\)", re.M | re.S)
 _PARAMS = re.compile(r'extern "C"\s+void\s+kernel\((.*?)\)\s*\{', re.S)
@@ -49,6 +50,7 @@ class KernelBytes:
         self._wrapped: list[tuple[dict, str, object]] = []
 
     def __enter__(self):
+        import torch
         from torch._inductor.codecache import PyCodeCache
 
         seen = set()
@@ -66,7 +68,7 @@ class KernelBytes:
             for name, record, roles in kernels(source):
                 if callable(space.get(name)):
                     self._wrapped.append((space, name, space[name]))
-                    space[name] = self._counted(space[name], self.calls[record], roles)
+                    space[name] = self._counted(space[name], self.calls[record], roles, torch.Tensor)
         return self
 
     def __exit__(self, *exc):
@@ -82,11 +84,11 @@ class KernelBytes:
         return calls.popleft() if calls else (0, 0)
 
     @staticmethod
-    def _counted(kernel, calls: deque, roles: list[str | None]):
+    def _counted(kernel, calls: deque, roles: list[str | None], tensor: type):
         def counted(*args):
             read = written = 0
             for arg, role in zip(args, roles):
-                if role is not None and isinstance(arg, torch.Tensor):
+                if role is not None and isinstance(arg, tensor):
                     n = arg.numel() * arg.element_size()
                     read += n if role != "out" else 0
                     written += n if role != "in" else 0

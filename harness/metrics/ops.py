@@ -36,14 +36,13 @@ from torch.utils.module_tracker import ModuleTracker
 
 from gembench.harness.metrics import trace
 from gembench.harness.metrics.counters import tensors_in
-from gembench.harness.metrics.fused import KernelBytes
+from gembench.harness.metrics.fused import FUSED_OP, KernelBytes
 
 OUTSIDE = "outside stages"
 ROOT = "model"  # the tracker's name of the model: a block is a top-level submodule of it
 # inductor's CPU kernels, which it wraps in a profiler range of their name
 # (torch._inductor.config.cpp.enable_kernel_profile, set where the stack compiles)
 FUSED = "cpp_fused_"
-FUSED_OP = "inductor."
 STAGE_MARK = "gembench.stage_end:"  # a profiler range at each stage's end: the fused kernels' clock
 
 

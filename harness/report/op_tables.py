@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from tabulate import tabulate
 
+from gembench.harness.metrics.fused import FUSED_OP
 from gembench.harness.report.numbers import pct, si
-
-FUSED_OP = "inductor."  # the op table's name for a compiled graph's fused kernel (metrics/ops.py)
 
 TOP = 10  # rows printed; the JSON keeps every row
 STAGE_ORDER = ("data", "sparse_forward", "input_dist", "embedding_lookup", "output_dist", "dense_forward")
