@@ -221,10 +221,8 @@ def main() -> None:
 
         ms, per_s = time_fresh_ms(paths(device)["tiled"], fresh, 2 * reps)
         tflops = per_s / 1e12
-        rows.append(
-            ["tiled, a new batch a call", f"{ms:.3f}", f"{tflops:.3g}", f"{100 * tflops / peak.tflops_per_device:.2f}%"]
-        )
-        rows[-1] += ["n/a (CPU)", "n/a (CPU)"]
+        share = f"{100 * tflops / peak.tflops_per_device:.2f}%"
+        rows.append(["tiled, a new batch a call", f"{ms:.3f}", f"{tflops:.3g}", share, "n/a (CPU)", "n/a (CPU)"])
     print(
         tabulate(
             rows,

@@ -161,8 +161,8 @@ def _layout_cached(key: bytes, H: int, device: str) -> _Layout:
         gathers.append((rows[None] * H + heads[:, None, None]).reshape(-1))
         seq_slot[ids] = first + np.arange(len(ids)) * L
         head_stride[ids] = m * L
-        weight = valid / np.maximum(n, 1).astype(np.float32)  # 1/n on real tokens, 0 on padding
-        tiles.append((first, m, L, torch.from_numpy(weight.astype(np.float32)).to(device)))
+        weight = valid / np.maximum(n, 1).astype(np.float32)  # float32: 1/n on real tokens, 0 on padding
+        tiles.append((first, m, L, torch.from_numpy(weight).to(device)))
         first += H * m * L
     seq = np.repeat(np.arange(B), lengths)
     token_slot = seq_slot[seq] + np.arange(T) - offsets[seq]
